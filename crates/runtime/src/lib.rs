@@ -1,0 +1,3 @@
+//! The kintsugi runtime, linked into every component.
+pub mod stub;
+pub mod wire;

@@ -1,0 +1,226 @@
+//! The types that generated stubs are written against.
+//!
+//! Server stubs implement [`Service`] by decoding a request, checking its
+//! arguments and calling the component's trait; client stubs keep a
+//! [`DescTable`] of the descriptors the server handed out and turn transport
+//! [`Fault`]s into recovery and retries, surfacing only [`CallError`]s that a
+//! caller must see.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use thiserror::Error;
+
+use crate::wire::{Reader, WireError};
+
+/// Static facts about one interface, emitted by the IDL compiler.
+#[derive(Debug)]
+pub struct InterfaceInfo {
+    /// The interface's name, as written in the system description.
+    pub name: &'static str,
+    /// A hash of the interface's normalized definition; client and server
+    /// must agree on it.
+    pub hash: u64,
+    /// Function names, indexed by function id.
+    pub functions: &'static [&'static str],
+}
+
+/// The component that made an invocation, as the supervisor wired it: the
+/// channel identifies the caller, so it cannot be forged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Caller {
+    /// The client component's id in the system.
+    pub component: u32,
+    /// The channel slot (one per client thread) the call came on.
+    pub slot: u32,
+}
+
+/// Why a server stub refused an invocation without running it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum Refusal {
+    #[error("no function with id {0}")]
+    UnknownFunction(u32),
+    #[error("malformed arguments: {0}")]
+    Malformed(WireError),
+    #[error("argument `{0}` out of range")]
+    OutOfRange(&'static str),
+    #[error("interface mismatch")]
+    InterfaceMismatch,
+}
+
+impl Refusal {
+    /// A compact code for the response header.
+    pub fn code(self) -> u32 {
+        match self {
+            Refusal::UnknownFunction(_) => 1,
+            Refusal::Malformed(_) => 2,
+            Refusal::OutOfRange(_) => 3,
+            Refusal::InterfaceMismatch => 4,
+        }
+    }
+}
+
+impl From<WireError> for Refusal {
+    fn from(e: WireError) -> Self {
+        Refusal::Malformed(e)
+    }
+}
+
+/// What a server stub's dispatch produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dispatched {
+    /// Success; the response payload holds this many encoded bytes.
+    Ok(usize),
+    /// The component returned one of the interface's declared errors.
+    AppError(u32),
+    /// The stub refused the invocation before it reached the component.
+    Refused(Refusal),
+}
+
+/// A server stub: decodes invocations of one interface and dispatches them to
+/// the component's implementation.
+pub trait Service: Send + Sync + 'static {
+    fn interface(&self) -> &'static InterfaceInfo;
+    /// Runs function `func` with the encoded arguments `request`, writing the
+    /// encoded result into `response`.
+    fn dispatch(&self, caller: &Caller, func: u32, request: &[u8], response: &mut [u8]) -> Dispatched;
+}
+
+/// A reply that reached the client.
+pub enum ReplyStatus<'a> {
+    Ok(Reader<'a>),
+    AppError(u32),
+}
+
+/// Why an invocation did not produce a reply. Client stubs handle every
+/// variant but `Lost` and `Refused` themselves.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Fault {
+    /// The server was rebooted before the call ran: the call had no effect.
+    #[error("server rebooted before the call ran")]
+    Stale,
+    /// The server failed while the call was in flight: it may or may not have
+    /// taken effect.
+    #[error("server failed during the call")]
+    Interrupted,
+    /// The server is gone for good (its restart policy gave up, or the system
+    /// is stopping).
+    #[error("server component `{0}` is gone")]
+    Lost(String),
+    /// The server stub refused the invocation.
+    #[error("invocation refused: {0}")]
+    Refused(Refusal),
+    /// The request did not fit the channel slot.
+    #[error("request encoding: {0}")]
+    Encode(WireError),
+    /// The reply did not decode.
+    #[error("reply decoding: {0}")]
+    Decode(WireError),
+}
+
+impl From<WireError> for Fault {
+    fn from(e: WireError) -> Self {
+        Fault::Decode(e)
+    }
+}
+
+/// What a client stub's caller sees: an interface error, or a failure that
+/// recovery cannot hide.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum CallError<E> {
+    #[error("{0}")]
+    Server(E),
+    #[error("descriptor {0} is not open")]
+    BadDescriptor(u32),
+    #[error(transparent)]
+    Fault(Fault),
+}
+
+/// One descriptor tracked by a client stub.
+#[derive(Debug, Clone)]
+pub struct Tracked<R> {
+    /// The id the current server incarnation knows the descriptor by.
+    pub server_id: u64,
+    /// The server epoch in which `server_id` was valid.
+    pub epoch: u64,
+    /// The interface-specific record: creation data and tracked fields.
+    pub record: R,
+}
+
+/// A client stub's table of descriptors, keyed by stable virtual ids that
+/// survive server reboots.
+pub struct DescTable<R> {
+    inner: Mutex<TableInner<R>>,
+}
+
+struct TableInner<R> {
+    next: u32,
+    entries: HashMap<u32, Tracked<R>>,
+}
+
+impl<R: Clone> Default for DescTable<R> {
+    fn default() -> Self {
+        Self { inner: Mutex::new(TableInner { next: 1, entries: HashMap::new() }) }
+    }
+}
+
+impl<R: Clone> DescTable<R> {
+    /// Starts tracking a new descriptor and returns its virtual id.
+    pub fn insert(&self, server_id: u64, epoch: u64, record: R) -> u32 {
+        let mut inner = self.inner.lock().unwrap();
+        let id = inner.next;
+        inner.next = inner.next.wrapping_add(1).max(1);
+        inner.entries.insert(id, Tracked { server_id, epoch, record });
+        id
+    }
+
+    pub fn get(&self, id: u32) -> Option<Tracked<R>> {
+        self.inner.lock().unwrap().entries.get(&id).cloned()
+    }
+
+    /// Applies `f` to a descriptor; false if it is not tracked.
+    pub fn update(&self, id: u32, f: impl FnOnce(&mut Tracked<R>)) -> bool {
+        match self.inner.lock().unwrap().entries.get_mut(&id) {
+            Some(t) => {
+                f(t);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn remove(&self, id: u32) -> Option<Tracked<R>> {
+        self.inner.lock().unwrap().entries.remove(&id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap().entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn virtual_ids_are_stable_and_distinct() {
+        let t = DescTable::<String>::default();
+        let a = t.insert(10, 1, "a".into());
+        let b = t.insert(10, 1, "b".into());
+        assert_ne!(a, b);
+        assert!(t.update(a, |e| {
+            e.server_id = 99;
+            e.epoch = 2
+        }));
+        let e = t.get(a).unwrap();
+        assert_eq!((e.server_id, e.epoch, e.record.as_str()), (99, 2, "a"));
+        assert_eq!(t.remove(b).unwrap().record, "b");
+        assert!(t.get(b).is_none());
+        assert!(!t.update(b, |_| {}));
+        assert_eq!(t.len(), 1);
+    }
+}

@@ -1,3 +1,23 @@
-//! The kintsugi runtime, linked into every component.
+//! The kintsugi runtime, linked into every component and into the
+//! supervisor: shared-memory channels and the invocation protocol, the types
+//! that generated stubs use, the component lifecycle (pristine image, warm
+//! standby, incarnation), and the state vault's protocol.
+
+pub mod boot;
+pub mod channel;
+pub mod client;
+pub mod component;
+pub mod fdpass;
+pub mod futex;
+mod logging;
+pub mod process;
+pub mod server;
+pub mod shm;
 pub mod stub;
+pub mod testing;
+pub mod vault;
 pub mod wire;
+
+pub use client::Connection;
+pub use component::{run, ConnectError, Incarnation, Runtime};
+pub use stub::{CallError, Caller, Fault};

@@ -107,9 +107,9 @@ pub enum Fault {
     /// is stopping).
     #[error("server component `{0}` is gone")]
     Lost(String),
-    /// The server stub refused the invocation.
+    /// The server stub refused the invocation (the server's reason).
     #[error("invocation refused: {0}")]
-    Refused(Refusal),
+    Refused(String),
     /// The request did not fit the channel slot.
     #[error("request encoding: {0}")]
     Encode(WireError),

@@ -1,0 +1,119 @@
+//! What the supervisor tells a component at exec: its identity, its
+//! descriptors (control block, sockets, one shared region per edge) and its
+//! configuration, as JSON in the `KINTSUGI_BOOT` environment variable.
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::futex;
+use crate::shm::SharedPod;
+
+/// The environment variable that carries [`BootInfo`].
+pub const BOOT_ENV: &str = "KINTSUGI_BOOT";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BootInfo {
+    pub component: String,
+    pub id: u32,
+    /// Region holding the [`ControlBlock`].
+    pub control_fd: RawFd,
+    /// Seqpacket socket on which the supervisor asks the pristine image to fork.
+    pub zygote_fd: RawFd,
+    /// Seqpacket socket to the supervisor's state vault.
+    pub vault_fd: RawFd,
+    pub provides: Vec<ProvidedEdge>,
+    pub uses: Vec<UsedEdge>,
+    pub config: serde_json::Value,
+}
+
+/// An edge on which this component serves a client.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProvidedEdge {
+    pub interface: String,
+    pub client: String,
+    pub client_id: u32,
+    pub fd: RawFd,
+}
+
+/// An edge on which this component calls a server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UsedEdge {
+    pub interface: String,
+    pub server: String,
+    pub fd: RawFd,
+}
+
+/// Shared between the supervisor and one component's processes: how the
+/// supervisor wakes a warm standby and learns that it is ready.
+#[repr(C)]
+pub struct ControlBlock {
+    /// Generation of the standby to activate (futex).
+    pub go: AtomicU32,
+    /// Generation that finished initialization (futex).
+    pub ready: AtomicU32,
+    /// Generation whose initialization failed.
+    pub failed: AtomicU32,
+    _pad: AtomicU32,
+    /// Epoch of the incarnation being activated.
+    pub epoch: AtomicU64,
+}
+// SAFETY: repr(C), atomics only, all-zero means "nothing activated yet".
+unsafe impl SharedPod for ControlBlock {}
+
+/// How an activation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Ready,
+    Failed,
+    TimedOut,
+}
+
+impl ControlBlock {
+    /// Supervisor: lets standby `generation` run as incarnation `epoch`.
+    pub fn activate(&self, generation: u32, epoch: u64) {
+        self.epoch.store(epoch, Ordering::SeqCst);
+        self.go.store(generation, Ordering::SeqCst);
+        futex::wake_all(&self.go);
+    }
+
+    /// Supervisor: waits until `generation` reports ready or failed.
+    pub fn wait_ready(&self, generation: u32, timeout: Duration) -> Activation {
+        let deadline = Instant::now() + timeout;
+        let _ = futex::spin_until(&self.ready, futex::spin_budget(), |v| v == generation);
+        loop {
+            let r = self.ready.load(Ordering::SeqCst);
+            if r == generation {
+                return Activation::Ready;
+            }
+            if self.failed.load(Ordering::SeqCst) == generation {
+                return Activation::Failed;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Activation::TimedOut;
+            }
+            futex::wait(&self.ready, r, Some((deadline - now).min(Duration::from_millis(20))));
+        }
+    }
+
+    /// Standby: sleeps until the supervisor activates `generation`; returns the epoch.
+    pub fn wait_activation(&self, generation: u32) -> u64 {
+        loop {
+            let g = self.go.load(Ordering::SeqCst);
+            if g == generation {
+                return self.epoch.load(Ordering::SeqCst);
+            }
+            futex::wait(&self.go, g, None);
+        }
+    }
+
+    /// Incarnation: reports the end of initialization.
+    pub fn report(&self, generation: u32, ok: bool) {
+        let word = if ok { &self.ready } else { &self.failed };
+        word.store(generation, Ordering::SeqCst);
+        futex::wake_all(&self.ready);
+    }
+}

@@ -1,0 +1,254 @@
+//! Channels: the shared-memory layout of one client→server edge and the
+//! protocol both sides follow on it.
+//!
+//! An edge is one memfd region created by the supervisor for a client
+//! component's use of a server's interface. It holds a header (the server's
+//! epoch and liveness, which slots are claimed) and a fixed number of slots,
+//! one per concurrently calling client thread. Each slot has a state word
+//! that is also its futex:
+//!
+//! ```text
+//!  IDLE --client posts--> REQUEST --server replies--> RESPONSE --client reads--> IDLE
+//!                            \--supervisor: server died--> FAILED --client reads--> IDLE
+//! ```
+//!
+//! Whoever the state names owns the slot's buffers: the client in IDLE,
+//! RESPONSE and FAILED, the server in REQUEST. Request and response have
+//! separate buffers, so a server reads its arguments in place while it
+//! writes its result.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::futex;
+use crate::shm::{Region, SharedPod};
+
+/// Largest byte payload of one invocation (plus room for the other arguments).
+pub const MAX_PAYLOAD: usize = 64 * 1024;
+/// Size of each of a slot's request and response buffers.
+pub const BUFFER_SIZE: usize = MAX_PAYLOAD + 4096;
+/// Most slots an edge can have.
+pub const MAX_SLOTS: u32 = 64;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"kintsug1");
+const HEADER_SIZE: usize = 4096;
+const SLOT_HEADER_SIZE: usize = 64;
+const SLOT_SIZE: usize = SLOT_HEADER_SIZE + 2 * BUFFER_SIZE;
+
+/// Slot states.
+pub mod state {
+    pub const IDLE: u32 = 0;
+    pub const REQUEST: u32 = 1;
+    pub const RESPONSE: u32 = 2;
+    pub const FAILED: u32 = 3;
+}
+
+/// Server liveness, as seen on an edge.
+pub mod liveness {
+    /// Rebooting: calls wait.
+    pub const DOWN: u32 = 0;
+    pub const LIVE: u32 = 1;
+    /// Gone for good: calls fail with `Fault::Lost`.
+    pub const GONE: u32 = 2;
+}
+
+/// Response status codes.
+pub mod status {
+    pub const OK: u32 = 0;
+    pub const APP_ERROR: u32 = 1;
+    pub const REFUSED: u32 = 2;
+    pub const STALE: u32 = 3;
+}
+
+#[repr(C)]
+pub struct EdgeHeader {
+    magic: AtomicU64,
+    /// Hash of the interface the server serves on this edge (0 until known).
+    pub interface_hash: AtomicU64,
+    /// Current server incarnation; raised by the supervisor at each reboot.
+    pub epoch: AtomicU64,
+    /// Descriptors rebuilt by the client stub, for the event log.
+    pub recovered: AtomicU64,
+    /// Bitmap of slots claimed by client threads.
+    pub claimed: AtomicU64,
+    /// `liveness::*`; also a futex for clients waiting out a reboot.
+    pub liveness: AtomicU32,
+    pub slot_count: AtomicU32,
+    /// Process id of the live server incarnation (0 while down).
+    pub server_pid: AtomicU32,
+}
+// SAFETY: repr(C), atomics only, all-zero is a valid (unset) header.
+unsafe impl SharedPod for EdgeHeader {}
+
+#[repr(C)]
+pub struct SlotHeader {
+    pub state: AtomicU32,
+    pub server_sleeping: AtomicU32,
+    pub client_sleeping: AtomicU32,
+    pub func: AtomicU32,
+    pub status: AtomicU32,
+    /// Application error or refusal code.
+    pub code: AtomicU32,
+    pub request_len: AtomicU32,
+    pub response_len: AtomicU32,
+    /// Epoch the request's descriptors belong to (0: any).
+    pub epoch: AtomicU64,
+    /// Calls made on this slot (diagnostics: which call a fault hit).
+    pub seq: AtomicU64,
+}
+// SAFETY: repr(C), atomics only, all-zero is IDLE.
+unsafe impl SharedPod for SlotHeader {}
+
+const _: () = assert!(std::mem::size_of::<SlotHeader>() <= SLOT_HEADER_SIZE);
+const _: () = assert!(std::mem::size_of::<EdgeHeader>() <= HEADER_SIZE);
+
+/// One mapped edge.
+#[derive(Debug)]
+pub struct Edge {
+    region: Region,
+    slots: u32,
+}
+
+impl Edge {
+    /// Bytes an edge with `slots` slots needs.
+    pub fn region_size(slots: u32) -> usize {
+        HEADER_SIZE + slots as usize * SLOT_SIZE
+    }
+
+    /// Creates a new edge (supervisor side), server down, epoch 0.
+    pub fn create(name: &str, slots: u32) -> std::io::Result<Self> {
+        assert!((1..=MAX_SLOTS).contains(&slots));
+        let region = Region::create(name, Self::region_size(slots))?;
+        let edge = Self { region, slots };
+        let h = edge.header();
+        h.slot_count.store(slots, Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Release);
+        Ok(edge)
+    }
+
+    /// Adopts a mapped region created by [`Edge::create`] in another process.
+    pub fn open(region: Region) -> std::io::Result<Self> {
+        let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string());
+        if region.len() < HEADER_SIZE {
+            return Err(bad("edge region too small"));
+        }
+        let h: &EdgeHeader = region.at(0);
+        if h.magic.load(Ordering::Acquire) != MAGIC {
+            return Err(bad("not a kintsugi edge region"));
+        }
+        let slots = h.slot_count.load(Ordering::Relaxed);
+        if slots == 0 || slots > MAX_SLOTS || region.len() < Self::region_size(slots) {
+            return Err(bad("edge region has a bad slot count"));
+        }
+        Ok(Self { region, slots })
+    }
+
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+
+    pub fn header(&self) -> &EdgeHeader {
+        self.region.at(0)
+    }
+
+    pub fn slot_count(&self) -> u32 {
+        self.slots
+    }
+
+    fn slot_offset(&self, slot: u32) -> usize {
+        assert!(slot < self.slots);
+        HEADER_SIZE + slot as usize * SLOT_SIZE
+    }
+
+    pub fn slot(&self, slot: u32) -> &SlotHeader {
+        self.region.at(self.slot_offset(slot))
+    }
+
+    /// The slot's request buffer.
+    ///
+    /// # Safety
+    /// The caller must own the slot's request buffer under the protocol
+    /// (client in IDLE, server in REQUEST) for as long as the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn request_buffer(&self, slot: u32) -> &mut [u8] {
+        // SAFETY: exclusivity is the caller's contract; bounds are checked by Region.
+        unsafe { self.region.bytes_mut(self.slot_offset(slot) + SLOT_HEADER_SIZE, BUFFER_SIZE) }
+    }
+
+    /// The slot's response buffer.
+    ///
+    /// # Safety
+    /// As for [`Edge::request_buffer`]: server in REQUEST, client in RESPONSE.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn response_buffer(&self, slot: u32) -> &mut [u8] {
+        // SAFETY: exclusivity is the caller's contract; bounds are checked by Region.
+        unsafe {
+            self.region
+                .bytes_mut(self.slot_offset(slot) + SLOT_HEADER_SIZE + BUFFER_SIZE, BUFFER_SIZE)
+        }
+    }
+
+    // ---- supervisor side -------------------------------------------------
+
+    /// The server died: calls now wait, and every call in flight fails with
+    /// `FAILED` so that its client learns at once. Returns the function ids
+    /// of the calls that were in flight.
+    pub fn server_down(&self) -> Vec<u32> {
+        self.mark_down();
+        self.fail_in_flight()
+    }
+
+    /// New calls wait until the server is live again.
+    pub fn mark_down(&self) {
+        let h = self.header();
+        h.liveness.store(liveness::DOWN, Ordering::SeqCst);
+        h.server_pid.store(0, Ordering::Relaxed);
+    }
+
+    /// Fails every call in flight (its server is dead); returns their function ids.
+    pub fn fail_in_flight(&self) -> Vec<u32> {
+        let mut in_flight = Vec::new();
+        for i in 0..self.slots {
+            let s = self.slot(i);
+            if s
+                .state
+                .compare_exchange(state::REQUEST, state::FAILED, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                in_flight.push(s.func.load(Ordering::Relaxed));
+                futex::wake_all(&s.state);
+            }
+        }
+        in_flight
+    }
+
+    /// A new incarnation with `epoch` serves this edge from `pid`.
+    pub fn server_live(&self, epoch: u64, pid: u32) {
+        let h = self.header();
+        h.epoch.store(epoch, Ordering::SeqCst);
+        h.server_pid.store(pid, Ordering::Relaxed);
+        h.liveness.store(liveness::LIVE, Ordering::SeqCst);
+        futex::wake_all(&h.liveness);
+    }
+
+    /// The server will not come back: every waiting and future call fails.
+    pub fn server_gone(&self) {
+        let h = self.header();
+        h.liveness.store(liveness::GONE, Ordering::SeqCst);
+        futex::wake_all(&h.liveness);
+        self.fail_in_flight();
+    }
+
+    /// The client died: its threads' slot claims go with it.
+    pub fn client_down(&self) {
+        self.header().claimed.store(0, Ordering::SeqCst);
+    }
+
+    /// Function ids of the calls in flight right now (for fault reports).
+    pub fn in_flight(&self) -> Vec<u32> {
+        (0..self.slots)
+            .map(|i| self.slot(i))
+            .filter(|s| s.state.load(Ordering::Acquire) == state::REQUEST)
+            .map(|s| s.func.load(Ordering::Relaxed))
+            .collect()
+    }
+}

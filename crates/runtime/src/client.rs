@@ -1,0 +1,200 @@
+//! The client side of invocation: a [`Connection`] per used interface, a
+//! channel slot per calling thread, and the wait for a reply that never
+//! outlives the server.
+
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::channel::{liveness, state, status, Edge};
+use crate::futex;
+use crate::stub::{Fault, InterfaceInfo, ReplyStatus};
+use crate::wire::{Reader, WireError, Writer};
+
+/// How often a sleeping client re-checks the server's liveness; a dead
+/// server's clients are woken by the supervisor long before this.
+const RECHECK: Duration = Duration::from_millis(100);
+
+/// A client's connection to one interface of one server component.
+#[derive(Clone)]
+pub struct Connection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    edge: Arc<Edge>,
+    server: String,
+    info: &'static InterfaceInfo,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("interface", &self.inner.info.name)
+            .field("server", &self.inner.server)
+            .finish()
+    }
+}
+
+impl Connection {
+    pub(crate) fn new(edge: Arc<Edge>, server: String, info: &'static InterfaceInfo) -> Self {
+        Self { inner: Arc::new(Inner { edge, server, info }) }
+    }
+
+    pub fn interface(&self) -> &'static InterfaceInfo {
+        self.inner.info
+    }
+
+    /// The server component's name.
+    pub fn server(&self) -> &str {
+        &self.inner.server
+    }
+
+    /// The server's current epoch (incarnation number).
+    pub fn epoch(&self) -> u64 {
+        self.inner.edge.header().epoch.load(Ordering::SeqCst)
+    }
+
+    /// Counts descriptors this client rebuilt (shown in the event log).
+    pub fn note_recovered(&self, n: u64) {
+        self.inner.edge.header().recovered.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Invokes `func`. With `epoch: Some(e)` the call carries descriptor ids
+    /// of epoch `e`, and a server of another epoch refuses it as
+    /// [`Fault::Stale`] without running it.
+    pub fn call<T>(
+        &self,
+        func: u32,
+        epoch: Option<u64>,
+        encode: impl FnOnce(&mut Writer<'_>) -> Result<(), WireError>,
+        decode: impl FnOnce(ReplyStatus<'_>) -> Result<T, WireError>,
+    ) -> Result<T, Fault> {
+        let edge = &self.inner.edge;
+        self.wait_until_up()?;
+        let slot = claimed_slot(edge);
+        let s = edge.slot(slot);
+        {
+            // SAFETY: the slot is IDLE and claimed by this thread alone, so the
+            // client owns its request buffer.
+            let request = unsafe { edge.request_buffer(slot) };
+            let mut w = Writer::new(request);
+            encode(&mut w).map_err(Fault::Encode)?;
+            s.request_len.store(w.len() as u32, Ordering::Relaxed);
+        }
+        s.func.store(func, Ordering::Relaxed);
+        s.epoch.store(epoch.unwrap_or(0), Ordering::Relaxed);
+        s.seq.fetch_add(1, Ordering::Relaxed);
+        s.state.store(state::REQUEST, Ordering::SeqCst);
+        if s.server_sleeping.load(Ordering::SeqCst) != 0 {
+            futex::wake(&s.state, 1);
+        }
+
+        let outcome = self.wait_for_reply(slot);
+        let result = match outcome {
+            state::RESPONSE => {
+                let len = (s.response_len.load(Ordering::Relaxed) as usize).min(crate::channel::BUFFER_SIZE);
+                // SAFETY: in RESPONSE the client owns the response buffer.
+                let response = unsafe { &edge.response_buffer(slot)[..len] };
+                match s.status.load(Ordering::Relaxed) {
+                    status::OK => decode(ReplyStatus::Ok(Reader::new(response))).map_err(Fault::Decode),
+                    status::APP_ERROR => {
+                        decode(ReplyStatus::AppError(s.code.load(Ordering::Relaxed))).map_err(Fault::Decode)
+                    }
+                    status::STALE => Err(Fault::Stale),
+                    _ => Err(Fault::Refused(String::from_utf8_lossy(response).into_owned())),
+                }
+            }
+            _ => match edge.header().liveness.load(Ordering::SeqCst) {
+                liveness::GONE => Err(self.lost()),
+                _ => Err(Fault::Interrupted),
+            },
+        };
+        s.state.store(state::IDLE, Ordering::Release);
+        result
+    }
+
+    fn lost(&self) -> Fault {
+        Fault::Lost(self.inner.server.clone())
+    }
+
+    /// Waits while the server reboots; fails if it is gone.
+    fn wait_until_up(&self) -> Result<(), Fault> {
+        let h = self.inner.edge.header();
+        loop {
+            match h.liveness.load(Ordering::SeqCst) {
+                liveness::LIVE => return Ok(()),
+                liveness::GONE => return Err(self.lost()),
+                _ => futex::wait(&h.liveness, liveness::DOWN, Some(RECHECK)),
+            }
+        }
+    }
+
+    /// Spins, then sleeps, until the slot leaves REQUEST; returns its state.
+    fn wait_for_reply(&self, slot: u32) -> u32 {
+        let s = self.inner.edge.slot(slot);
+        let (v, done) = futex::spin_until(&s.state, futex::spin_budget(), |v| v != state::REQUEST);
+        if done {
+            return v;
+        }
+        s.client_sleeping.store(1, Ordering::SeqCst);
+        let v = loop {
+            let v = s.state.load(Ordering::SeqCst);
+            if v != state::REQUEST {
+                break v;
+            }
+            futex::wait(&s.state, state::REQUEST, Some(RECHECK));
+        };
+        s.client_sleeping.store(0, Ordering::Relaxed);
+        v
+    }
+}
+
+/// A slot claimed by the current thread, released when the thread exits.
+struct Claim {
+    edge: Arc<Edge>,
+    slot: u32,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.edge.header().claimed.fetch_and(!(1u64 << self.slot), Ordering::AcqRel);
+    }
+}
+
+thread_local! {
+    static CLAIMS: RefCell<Vec<Claim>> = const { RefCell::new(Vec::new()) };
+}
+
+/// This thread's slot on `edge`, claimed on first use. Waits if every slot is
+/// taken by other threads.
+fn claimed_slot(edge: &Arc<Edge>) -> u32 {
+    CLAIMS.with(|claims| {
+        let mut claims = claims.borrow_mut();
+        if let Some(c) = claims.iter().find(|c| Arc::ptr_eq(&c.edge, edge)) {
+            return c.slot;
+        }
+        let h = edge.header();
+        let all = if edge.slot_count() == 64 { u64::MAX } else { (1u64 << edge.slot_count()) - 1 };
+        let slot = loop {
+            let cur = h.claimed.load(Ordering::Acquire);
+            let free = !cur & all;
+            if free == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+                continue;
+            }
+            let slot = free.trailing_zeros();
+            if h.claimed.compare_exchange(cur, cur | (1 << slot), Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                break slot;
+            }
+        };
+        // A slot left by a crashed incarnation of this client may still hold
+        // that incarnation's request: let the server finish with it first.
+        while edge.slot(slot).state.load(Ordering::Acquire) == state::REQUEST {
+            futex::wait(&edge.slot(slot).state, state::REQUEST, Some(RECHECK));
+        }
+        claims.push(Claim { edge: edge.clone(), slot });
+        slot
+    })
+}

@@ -1,0 +1,346 @@
+//! A component's life: boot from what the supervisor passed at exec, become
+//! the pristine image, and fork incarnations from it on request.
+//!
+//! ```text
+//! exec ─▶ boot: map control block and edges ─▶ pristine image (zygote)
+//!                                                  │ "fork" from the supervisor
+//!                                                  ▼
+//!            warm standby: worker threads parked, waiting for activation
+//!                                                  │ supervisor: go (epoch N)
+//!                                                  ▼
+//!            incarnation N: init() rebuilds execution state, services open, ready
+//! ```
+//!
+//! The pristine image is everything the process holds when it calls [`run`]:
+//! code, statics, whatever `main` built before. Each incarnation is forked
+//! from that image, so a reboot costs the same however much the failed
+//! incarnation had allocated. Incarnations are forked with `CLONE_PARENT`,
+//! which makes them children of the supervisor: it holds their pidfds and
+//! reads their exit status directly.
+
+use std::collections::HashMap;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use serde::de::DeserializeOwned;
+use thiserror::Error;
+
+use crate::boot::{BootInfo, ControlBlock, BOOT_ENV};
+use crate::channel::Edge;
+use crate::client::Connection;
+use crate::fdpass;
+use crate::futex;
+use crate::process;
+use crate::server::SlotWorker;
+use crate::shm::Region;
+use crate::stub::{InterfaceInfo, Service};
+use crate::vault::Vault;
+
+/// Zygote commands, as sent by the supervisor: `[op: u32][generation: u32]`.
+pub mod zygote {
+    pub const FORK: u32 = 1;
+    /// The zygote's reply: `[generation: u32][pid: u32]`.
+    pub fn encode(op: u32, generation: u32) -> [u8; 8] {
+        let mut b = [0u8; 8];
+        b[..4].copy_from_slice(&op.to_le_bytes());
+        b[4..].copy_from_slice(&generation.to_le_bytes());
+        b
+    }
+    pub fn decode(b: &[u8]) -> Option<(u32, u32)> {
+        (b.len() == 8).then(|| {
+            (u32::from_le_bytes(b[..4].try_into().unwrap()), u32::from_le_bytes(b[4..].try_into().unwrap()))
+        })
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ConnectError {
+    #[error("component `{component}` is not granted interface `{interface}` by the system description")]
+    NotGranted { component: String, interface: String },
+    #[error("interface `{interface}`: the server speaks another version (hash {found:#x}, this client {expected:#x})")]
+    InterfaceMismatch { interface: String, expected: u64, found: u64 },
+}
+
+/// What one incarnation runs: the services it provides and, for active
+/// components, a main function (the component exits when it returns).
+pub struct Incarnation {
+    services: Vec<Arc<dyn Service>>,
+    main: Option<Box<dyn FnOnce() -> anyhow::Result<()> + Send>>,
+}
+
+impl Incarnation {
+    /// A passive server.
+    pub fn serve(services: Vec<Arc<dyn Service>>) -> Self {
+        Self { services, main: None }
+    }
+
+    /// An active component with no services.
+    pub fn main(f: impl FnOnce() -> anyhow::Result<()> + Send + 'static) -> Self {
+        Self { services: Vec::new(), main: Some(Box::new(f)) }
+    }
+}
+
+/// The component's view of the system: its identity, configuration,
+/// granted interfaces and vault.
+pub struct Runtime {
+    boot: BootInfo,
+    used: Vec<Arc<Edge>>,
+    vault: Vault,
+    epoch: u64,
+    stop: Arc<AtomicBool>,
+}
+
+impl Runtime {
+    pub fn name(&self) -> &str {
+        &self.boot.component
+    }
+
+    pub fn id(&self) -> u32 {
+        self.boot.id
+    }
+
+    /// This incarnation's epoch (1 for the first).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The component's `[component.config]` table.
+    pub fn config<T: DeserializeOwned>(&self) -> anyhow::Result<T> {
+        serde_json::from_value(self.boot.config.clone())
+            .map_err(|e| anyhow::anyhow!("component `{}`: bad [component.config]: {e}", self.name()))
+    }
+
+    pub fn vault(&self) -> &Vault {
+        &self.vault
+    }
+
+    /// True once the supervisor asked this component to stop (SIGTERM).
+    pub fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// A connection to a granted interface. There is no other way to reach a
+    /// server: the supervisor created the only channels that exist.
+    pub fn connect(&self, info: &'static InterfaceInfo) -> Result<Connection, ConnectError> {
+        let (used, edge) = self
+            .boot
+            .uses
+            .iter()
+            .zip(&self.used)
+            .find(|(u, _)| u.interface == info.name)
+            .ok_or_else(|| ConnectError::NotGranted {
+                component: self.name().to_string(),
+                interface: info.name.to_string(),
+            })?;
+        let found = edge.header().interface_hash.load(Ordering::SeqCst);
+        if found != 0 && found != info.hash {
+            return Err(ConnectError::InterfaceMismatch {
+                interface: info.name.to_string(),
+                expected: info.hash,
+                found,
+            });
+        }
+        Ok(Connection::new(edge.clone(), used.server.clone(), info))
+    }
+}
+
+/// Runs this process as a kintsugi component. `init` runs at the start of
+/// every incarnation and returns what it serves; everything built before
+/// `run` is called is part of the pristine image.
+pub fn run<F>(init: F) -> !
+where
+    F: FnOnce(&Arc<Runtime>) -> anyhow::Result<Incarnation>,
+{
+    let boot = match std::env::var(BOOT_ENV) {
+        Ok(json) => match serde_json::from_str::<BootInfo>(&json) {
+            Ok(b) => b,
+            Err(e) => fatal(&format!("malformed {BOOT_ENV}: {e}")),
+        },
+        Err(_) => {
+            let exe = std::env::args().next().unwrap_or_default();
+            eprintln!("{exe} is a kintsugi component: start it with `kintsugi run SYSTEM.toml`");
+            std::process::exit(2);
+        }
+    };
+    crate::logging::init(&boot.component);
+    match Boot::new(boot) {
+        Ok(b) => b.zygote(init),
+        Err(e) => fatal(&format!("boot failed: {e:#}")),
+    }
+}
+
+fn fatal(msg: &str) -> ! {
+    tracing::error!("{msg}");
+    eprintln!("kintsugi component: {msg}");
+    std::process::exit(3);
+}
+
+/// Everything mapped at boot, inherited by every incarnation.
+struct Boot {
+    info: BootInfo,
+    supervisor: u32,
+    control: Region,
+    zygote: OwnedFd,
+    vault: OwnedFd,
+    provided: Vec<Arc<Edge>>,
+    used: Vec<Arc<Edge>>,
+}
+
+impl Boot {
+    fn new(info: BootInfo) -> anyhow::Result<Self> {
+        let supervisor = rustix::process::getppid().map(|p| p.as_raw_nonzero().get() as u32).unwrap_or(0);
+        process::die_with_parent(supervisor)?;
+        process::disable_core_dumps()?;
+        // SAFETY (all four): the supervisor passed these descriptors for this
+        // process alone, and nothing else in it owns them.
+        let control = unsafe { Region::from_raw_fd(info.control_fd)? };
+        let zygote = unsafe { OwnedFd::from_raw_fd(info.zygote_fd) };
+        let vault = unsafe { OwnedFd::from_raw_fd(info.vault_fd) };
+        let map_edge = |fd| -> anyhow::Result<Arc<Edge>> {
+            // SAFETY: as above.
+            Ok(Arc::new(Edge::open(unsafe { Region::from_raw_fd(fd)? })?))
+        };
+        let provided = info.provides.iter().map(|e| map_edge(e.fd)).collect::<anyhow::Result<_>>()?;
+        let used = info.uses.iter().map(|e| map_edge(e.fd)).collect::<anyhow::Result<_>>()?;
+        Ok(Self { info, supervisor, control, zygote, vault, provided, used })
+    }
+
+    /// The pristine image's loop: fork a standby whenever the supervisor asks.
+    fn zygote<F>(self, init: F) -> !
+    where
+        F: FnOnce(&Arc<Runtime>) -> anyhow::Result<Incarnation>,
+    {
+        loop {
+            let (msg, _) = match fdpass::recv(&self.zygote) {
+                Ok(m) => m,
+                Err(e) => fatal(&format!("zygote socket: {e}")),
+            };
+            if msg.is_empty() {
+                std::process::exit(0); // the supervisor is gone or done with us
+            }
+            let Some((zygote::FORK, generation)) = zygote::decode(&msg) else {
+                fatal("malformed zygote command");
+            };
+            match process::fork_sibling() {
+                Ok(None) => self.standby(generation, init),
+                Ok(Some(pid)) => {
+                    if let Err(e) = fdpass::send(&self.zygote, &zygote::encode(generation, pid), &[]) {
+                        fatal(&format!("zygote reply: {e}"));
+                    }
+                }
+                Err(e) => fatal(&format!("fork from the pristine image: {e}")),
+            }
+        }
+    }
+
+    /// A forked incarnation-to-be: park the workers, wait for activation,
+    /// initialize, serve.
+    fn standby<F>(self, generation: u32, init: F) -> !
+    where
+        F: FnOnce(&Arc<Runtime>) -> anyhow::Result<Incarnation>,
+    {
+        let Boot { info, supervisor, control, zygote, vault, provided, used } = self;
+        drop(zygote);
+        if let Err(e) = process::die_with_parent(supervisor) {
+            fatal(&format!("standby: {e}"));
+        }
+        let gate = Arc::new(Gate::default());
+        for (i, edge) in provided.iter().enumerate() {
+            for slot in 0..edge.slot_count() {
+                let worker = SlotWorker {
+                    edge: edge.clone(),
+                    slot,
+                    client: info.provides[i].client_id,
+                    retire: Arc::new(AtomicBool::new(false)),
+                };
+                let gate = gate.clone();
+                let interface = info.provides[i].interface.clone();
+                std::thread::Builder::new()
+                    .name(format!("{}:{}", interface, slot))
+                    .stack_size(256 * 1024)
+                    .spawn(move || {
+                        let (service, epoch) = gate.wait(&interface);
+                        worker.run(service.as_ref(), epoch);
+                    })
+                    .unwrap_or_else(|e| fatal(&format!("spawn worker: {e}")));
+            }
+        }
+
+        let ctl: &ControlBlock = control.at(0);
+        let epoch = ctl.wait_activation(generation);
+        let stop = Arc::new(AtomicBool::new(false));
+        let runtime = Arc::new(Runtime { boot: info, used, vault: Vault::new(vault), epoch, stop: stop.clone() });
+        let incarnation = match init(&runtime).and_then(|inc| open_services(&runtime.boot, &provided, inc)) {
+            Ok(inc) => inc,
+            Err(e) => {
+                tracing::error!("initialization failed: {e:#}");
+                ctl.report(generation, false);
+                std::process::exit(1);
+            }
+        };
+        let Incarnation { services, main } = incarnation;
+        gate.open(services, epoch);
+        ctl.report(generation, true);
+        match main {
+            Some(main) => {
+                let _ = signal_hook::flag::register(signal_hook::consts::SIGTERM, stop);
+                match main() {
+                    Ok(()) => std::process::exit(0),
+                    Err(e) => {
+                        tracing::error!("{e:#}");
+                        std::process::exit(1);
+                    }
+                }
+            }
+            None => loop {
+                std::thread::park();
+            },
+        }
+    }
+}
+
+/// Checks that the incarnation serves exactly what the system description
+/// says the component provides, and publishes the interface hashes.
+fn open_services(boot: &BootInfo, provided: &[Arc<Edge>], inc: Incarnation) -> anyhow::Result<Incarnation> {
+    for (p, edge) in boot.provides.iter().zip(provided) {
+        let service = inc.services.iter().find(|s| s.interface().name == p.interface).ok_or_else(|| {
+            anyhow::anyhow!(
+                "the system description says `{}` provides `{}`, but it serves only [{}]",
+                boot.component,
+                p.interface,
+                inc.services.iter().map(|s| s.interface().name).collect::<Vec<_>>().join(", ")
+            )
+        })?;
+        edge.header().interface_hash.store(service.interface().hash, Ordering::SeqCst);
+    }
+    Ok(inc)
+}
+
+/// Holds parked workers until the incarnation's services exist.
+#[derive(Default)]
+struct Gate {
+    open: AtomicU32,
+    services: OnceLock<(HashMap<&'static str, Arc<dyn Service>>, u64)>,
+}
+
+impl Gate {
+    fn open(&self, services: Vec<Arc<dyn Service>>, epoch: u64) {
+        let map = services.into_iter().map(|s| (s.interface().name, s)).collect();
+        let _ = self.services.set((map, epoch));
+        self.open.store(1, Ordering::SeqCst);
+        futex::wake_all(&self.open);
+    }
+
+    fn wait(&self, interface: &str) -> (Arc<dyn Service>, u64) {
+        while self.open.load(Ordering::SeqCst) == 0 {
+            futex::wait(&self.open, 0, None);
+        }
+        let (map, epoch) = self.services.get().expect("gate opened without services");
+        match map.get(interface) {
+            Some(s) => (s.clone(), *epoch),
+            // open_services checked this before the gate opened.
+            None => unreachable!("no service for a provided interface"),
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! Messages with file descriptors attached (SCM_RIGHTS) over Unix seqpacket
+//! sockets: how the state vault receives and hands back memfds and sockets.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+/// Most descriptors one message carries (the kernel's SCM_MAX_FD is 253).
+pub const MAX_FDS: usize = 200;
+/// Largest message.
+pub const MAX_MESSAGE: usize = 128 * 1024;
+
+/// Sends one message with `fds` attached.
+pub fn send(sock: impl AsFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+    assert!(fds.len() <= MAX_FDS);
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(std::io::Error::other("too many descriptors for one message"));
+    }
+    let n = sendmsg(sock, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)?;
+    if n != bytes.len() {
+        return Err(std::io::Error::other("short send on a seqpacket socket"));
+    }
+    Ok(())
+}
+
+/// Receives one message; returns its bytes (empty at end of stream) and the
+/// descriptors attached to it.
+pub fn recv(sock: impl AsFd) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let msg = loop {
+        match recvmsg(&sock, &mut [IoSliceMut::new(&mut buf)], &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => break r?,
+        }
+    };
+    let mut fds = Vec::new();
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(it) = m {
+            fds.extend(it);
+        }
+    }
+    buf.truncate(msg.bytes);
+    Ok((buf, fds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+    use std::io::{Read, Seek, Write};
+
+    #[test]
+    fn a_memfd_crosses_a_socket() {
+        let (a, b) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+        let memfd = rustix::fs::memfd_create("t", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let mut f = std::fs::File::from(memfd);
+        f.write_all(b"kept").unwrap();
+        send(&a, b"hello", &[f.as_fd()]).unwrap();
+        let (bytes, fds) = recv(&b).unwrap();
+        assert_eq!(bytes, b"hello");
+        let mut g = std::fs::File::from(fds.into_iter().next().unwrap());
+        g.seek(std::io::SeekFrom::Start(0)).unwrap();
+        let mut s = String::new();
+        g.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "kept");
+    }
+}

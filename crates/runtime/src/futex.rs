@@ -1,0 +1,95 @@
+//! Futex wait and wake on words in shared memory, and the spin-then-sleep
+//! wait that invocations use.
+//!
+//! The futexes are shared (not `FUTEX_PRIVATE`) because the words live in
+//! memfd mappings seen by several processes.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use rustix::thread::futex;
+
+/// Sleeps while `word == expected`, at most `timeout` (forever if `None`).
+/// Returns on wake-up, value change, timeout or signal; callers re-check.
+pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+    let ts = timeout.map(|d| rustix::time::Timespec {
+        tv_sec: d.as_secs() as i64,
+        tv_nsec: d.subsec_nanos() as i64,
+    });
+    let _ = futex::wait(word, futex::Flags::empty(), expected, ts.as_ref());
+}
+
+/// Wakes up to `n` sleepers on `word`.
+pub fn wake(word: &AtomicU32, n: u32) {
+    let _ = futex::wake(word, futex::Flags::empty(), n);
+}
+
+/// Wakes every sleeper on `word`.
+pub fn wake_all(word: &AtomicU32) {
+    wake(word, i32::MAX as u32);
+}
+
+/// How long a waiter spins before it sleeps: `KINTSUGI_SPIN_US` (default 20 µs).
+/// On the project's 2-core machines a futex round trip costs about 9 µs and a
+/// spinning one about 0.3 µs, so a short spin catches the common fast reply
+/// without burning a core when the peer is slow.
+pub fn spin_budget() -> Duration {
+    static BUDGET: OnceLock<Duration> = OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        let us = std::env::var("KINTSUGI_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+        Duration::from_micros(us)
+    })
+}
+
+/// Spins until `done(word value)` or the budget runs out; returns the last value
+/// seen and whether it satisfied `done`.
+pub fn spin_until(word: &AtomicU32, budget: Duration, done: impl Fn(u32) -> bool) -> (u32, bool) {
+    let v = word.load(Ordering::Acquire);
+    if done(v) || budget.is_zero() {
+        return (v, done(v));
+    }
+    let start = Instant::now();
+    loop {
+        for _ in 0..64 {
+            std::hint::spin_loop();
+            let v = word.load(Ordering::Acquire);
+            if done(v) {
+                return (v, true);
+            }
+        }
+        if start.elapsed() >= budget {
+            let v = word.load(Ordering::Acquire);
+            return (v, done(v));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn wake_releases_a_sleeper() {
+        let w = Arc::new(AtomicU32::new(0));
+        let w2 = w.clone();
+        let t = std::thread::spawn(move || {
+            while w2.load(Ordering::Acquire) == 0 {
+                wait(&w2, 0, Some(Duration::from_secs(5)));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(10));
+        w.store(1, Ordering::Release);
+        wake_all(&w);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn wait_times_out() {
+        let w = AtomicU32::new(0);
+        let t = Instant::now();
+        wait(&w, 0, Some(Duration::from_millis(5)));
+        assert!(t.elapsed() >= Duration::from_millis(4));
+    }
+}

@@ -1,0 +1,136 @@
+//! Shared memory regions: memfd-backed mappings shared between processes.
+//!
+//! The supervisor creates every region (a memfd), hands the descriptor to the
+//! components it wires together, and each side maps it `MAP_SHARED`. Nothing
+//! is ever named in `/dev/shm`, so nothing is left behind when the processes
+//! are gone. This module holds the unsafe code that views a region's bytes
+//! as typed, atomics-only headers.
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::AtomicU8;
+
+use memmap2::{MmapOptions, MmapRaw};
+use rustix::fs::{MemfdFlags, SealFlags};
+
+/// A mapped memfd.
+pub struct Region {
+    map: MmapRaw,
+    file: File,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region").field("len", &self.len()).finish()
+    }
+}
+
+/// Marker for types that may be viewed in shared memory: `repr(C)`, made
+/// only of atomics (or plain integers never written after creation), valid
+/// for every bit pattern including all zeroes.
+///
+/// # Safety
+/// Implementors must satisfy the above.
+pub unsafe trait SharedPod: Sync {}
+
+impl Region {
+    /// Creates a zero-filled memfd region of `len` bytes (rounded up to a page).
+    pub fn create(name: &str, len: usize) -> std::io::Result<Self> {
+        let len = len.next_multiple_of(page_size());
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        rustix::fs::ftruncate(&fd, len as u64)?;
+        // The size is fixed for life: a peer can never shrink it under a mapping.
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+        Self::map(File::from(fd))
+    }
+
+    /// Maps an inherited region descriptor.
+    ///
+    /// # Safety
+    /// `fd` must be an open descriptor that the caller owns from now on.
+    pub unsafe fn from_raw_fd(fd: RawFd) -> std::io::Result<Self> {
+        // SAFETY: ownership of `fd` is transferred to us by the caller's contract.
+        let file = unsafe { File::from_raw_fd(fd) };
+        Self::map(file)
+    }
+
+    fn map(file: File) -> std::io::Result<Self> {
+        let map = MmapOptions::new().map_raw(&file)?;
+        Ok(Self { map, file })
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// A duplicate of the region's descriptor (for handing to a child).
+    pub fn dup_fd(&self) -> std::io::Result<OwnedFd> {
+        Ok(self.file.as_fd().try_clone_to_owned()?)
+    }
+
+    /// A typed view of the region at `offset`.
+    pub fn at<T: SharedPod>(&self, offset: usize) -> &T {
+        assert!(offset % std::mem::align_of::<T>() == 0, "misaligned shared view");
+        assert!(offset + std::mem::size_of::<T>() <= self.len(), "shared view out of bounds");
+        // SAFETY: the range is inside the mapping (checked above) and aligned; the
+        // mapping lives as long as `self`; `T: SharedPod` is valid for any bytes and
+        // only mutated through atomics, so shared references from several processes
+        // are sound.
+        unsafe { &*(self.map.as_ptr().add(offset) as *const T) }
+    }
+
+    /// The bytes at `offset..offset+len`, as atomics (safe to share).
+    pub fn bytes(&self, offset: usize, len: usize) -> &[AtomicU8] {
+        assert!(offset + len <= self.len(), "shared bytes out of bounds");
+        // SAFETY: in bounds; AtomicU8 has the layout of u8 and every value is valid.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(offset) as *const AtomicU8, len) }
+    }
+
+    /// The bytes at `offset..offset+len` as a plain slice.
+    ///
+    /// # Safety
+    /// The caller must own this range under the channel protocol: no other
+    /// process or thread writes it while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn bytes_mut(&self, offset: usize, len: usize) -> &mut [u8] {
+        assert!(offset + len <= self.len(), "shared bytes out of bounds");
+        // SAFETY: in bounds; exclusivity is the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(offset), len) }
+    }
+}
+
+pub fn page_size() -> usize {
+    rustix::param::page_size()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[repr(C)]
+    struct Word(AtomicU64);
+    // SAFETY: repr(C), one atomic, valid for all bit patterns.
+    unsafe impl SharedPod for Word {}
+
+    #[test]
+    fn two_mappings_of_one_memfd_share_bytes() {
+        let a = Region::create("test", 100).unwrap();
+        assert_eq!(a.len(), page_size());
+        let fd = a.dup_fd().unwrap();
+        use std::os::fd::IntoRawFd;
+        // SAFETY: we own the duplicated descriptor.
+        let b = unsafe { Region::from_raw_fd(fd.into_raw_fd()) }.unwrap();
+        a.at::<Word>(64).0.store(0xfeed, Ordering::SeqCst);
+        assert_eq!(b.at::<Word>(64).0.load(Ordering::SeqCst), 0xfeed);
+        assert!(rustix::fs::ftruncate(a.fd(), 0).is_err(), "sealed against shrinking");
+    }
+}

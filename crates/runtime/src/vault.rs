@@ -1,0 +1,156 @@
+//! The state vault's protocol and its client.
+//!
+//! The vault keeps, per component, the records and descriptors that must
+//! outlive an incarnation: ramfs's metadata and the memfds holding file
+//! contents, netd's sockets. It lives in the supervisor, which survives every
+//! component. Each request is applied whole or not at all, so a component
+//! that dies mid-request leaves the vault as it was before or after it.
+//! Requests carry ids because a reply meant for a dead incarnation may still
+//! be queued on the socket when its successor starts.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::fdpass;
+
+/// One change to a component's records.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum VaultOp {
+    /// Sets `key` to `value`; with `fd` the request carries a descriptor that
+    /// replaces the one kept under `key` (without, a kept descriptor stays).
+    Put { key: String, value: serde_json::Value, fd: bool },
+    /// Removes `key` and its descriptor.
+    Delete { key: String },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum VaultRequest {
+    Apply { id: u64, ops: Vec<VaultOp> },
+    /// Records with keys after `after`, in key order, a page at a time.
+    List { id: u64, after: Option<String> },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VaultReply {
+    pub id: u64,
+    pub error: Option<String>,
+    pub records: Vec<RecordHeader>,
+    pub more: bool,
+}
+
+/// A record as listed; when `fd` is set its descriptor rides along, in order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RecordHeader {
+    pub key: String,
+    pub value: serde_json::Value,
+    pub fd: bool,
+}
+
+/// Records per list page (each may carry a descriptor).
+pub const LIST_PAGE: usize = 128;
+
+#[derive(Debug, Error)]
+pub enum VaultError {
+    #[error("state vault: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("state vault: malformed message: {0}")]
+    Protocol(String),
+    #[error("state vault refused: {0}")]
+    Refused(String),
+}
+
+/// A record fetched back from the vault.
+#[derive(Debug)]
+pub struct VaultRecord {
+    pub key: String,
+    pub value: serde_json::Value,
+    pub fd: Option<OwnedFd>,
+}
+
+/// A component's handle on its part of the vault.
+pub struct Vault {
+    sock: OwnedFd,
+    next_id: Mutex<u64>,
+}
+
+impl Vault {
+    pub fn new(sock: OwnedFd) -> Self {
+        // Ids start from the clock so that a new incarnation never reuses an id
+        // whose reply a dead one left queued.
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        Self { sock, next_id: Mutex::new(seed) }
+    }
+
+    /// Applies `ops` atomically; `fds` are the descriptors of the `Put { fd: true }` ops, in order.
+    pub fn apply(&self, ops: Vec<VaultOp>, fds: &[BorrowedFd<'_>]) -> Result<(), VaultError> {
+        let wanted = ops.iter().filter(|op| matches!(op, VaultOp::Put { fd: true, .. })).count();
+        if wanted != fds.len() {
+            return Err(VaultError::Protocol(format!("{wanted} descriptors announced, {} given", fds.len())));
+        }
+        self.round_trip(|id| VaultRequest::Apply { id, ops }, fds).map(|_| ())
+    }
+
+    pub fn put(&self, key: &str, value: serde_json::Value, fd: Option<BorrowedFd<'_>>) -> Result<(), VaultError> {
+        let op = VaultOp::Put { key: key.to_string(), value, fd: fd.is_some() };
+        self.apply(vec![op], fd.as_slice())
+    }
+
+    pub fn delete(&self, key: &str) -> Result<(), VaultError> {
+        self.apply(vec![VaultOp::Delete { key: key.to_string() }], &[])
+    }
+
+    /// Every record this component has kept, in key order.
+    pub fn list(&self) -> Result<Vec<VaultRecord>, VaultError> {
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            let (reply, fds) = self.round_trip(|id| VaultRequest::List { id, after: after.clone() }, &[])?;
+            let mut fds = fds.into_iter();
+            for h in reply.records {
+                let fd = if h.fd {
+                    Some(fds.next().ok_or_else(|| VaultError::Protocol("missing descriptor".into()))?)
+                } else {
+                    None
+                };
+                after = Some(h.key.clone());
+                out.push(VaultRecord { key: h.key, value: h.value, fd });
+            }
+            if !reply.more {
+                return Ok(out);
+            }
+        }
+    }
+
+    fn round_trip(
+        &self,
+        make: impl FnOnce(u64) -> VaultRequest,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(VaultReply, Vec<OwnedFd>), VaultError> {
+        let mut next = self.next_id.lock().unwrap();
+        *next += 1;
+        let id = *next;
+        let bytes = serde_json::to_vec(&make(id)).map_err(|e| VaultError::Protocol(e.to_string()))?;
+        fdpass::send(self.sock.as_fd(), &bytes, fds)?;
+        loop {
+            let (bytes, fds) = fdpass::recv(self.sock.as_fd())?;
+            if bytes.is_empty() {
+                return Err(VaultError::Io(std::io::Error::other("the vault closed the connection")));
+            }
+            let reply: VaultReply =
+                serde_json::from_slice(&bytes).map_err(|e| VaultError::Protocol(e.to_string()))?;
+            if reply.id != id {
+                continue; // a reply meant for a dead incarnation
+            }
+            if let Some(e) = reply.error {
+                return Err(VaultError::Refused(e));
+            }
+            return Ok((reply, fds));
+        }
+    }
+}

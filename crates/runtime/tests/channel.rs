@@ -1,0 +1,141 @@
+//! The invocation protocol over real shared memory: a server in a forked
+//! process, and a server rebooted under a client (loopback).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use kintsugi_runtime::channel::Edge;
+use kintsugi_runtime::server::SlotWorker;
+use kintsugi_runtime::stub::{Caller, Dispatched, Fault, InterfaceInfo, ReplyStatus, Service};
+use kintsugi_runtime::testing::Loopback;
+use kintsugi_runtime::wire::{Reader, Writer};
+
+static ECHO: InterfaceInfo = InterfaceInfo { name: "echo", hash: 0xec40, functions: &["echo", "count"] };
+
+/// Echoes its argument; counts calls per instance.
+#[derive(Default)]
+struct EchoService {
+    calls: AtomicU64,
+}
+
+impl Service for EchoService {
+    fn interface(&self) -> &'static InterfaceInfo {
+        &ECHO
+    }
+    fn dispatch(&self, _c: &Caller, func: u32, req: &[u8], resp: &mut [u8]) -> Dispatched {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut r = Reader::new(req);
+        let mut w = Writer::new(resp);
+        match func {
+            0 => {
+                let b = match r.bytes() {
+                    Ok(b) => b,
+                    Err(e) => return Dispatched::Refused(e.into()),
+                };
+                w.bytes(b).unwrap();
+            }
+            1 => w.u64(n).unwrap(),
+            f => return Dispatched::Refused(kintsugi_runtime::stub::Refusal::UnknownFunction(f)),
+        }
+        Dispatched::Ok(w.len())
+    }
+}
+
+fn echo(conn: &kintsugi_runtime::Connection, data: &[u8], epoch: Option<u64>) -> Result<Vec<u8>, Fault> {
+    conn.call(
+        0,
+        epoch,
+        |w| w.bytes(data),
+        |r| match r {
+            ReplyStatus::Ok(mut r) => Ok(r.bytes()?.to_vec()),
+            ReplyStatus::AppError(_) => unreachable!(),
+        },
+    )
+}
+
+#[test]
+fn loopback_round_trip_and_refusal() {
+    let lb = Loopback::new(Arc::new(EchoService::default()));
+    let conn = lb.connection();
+    let big = vec![7u8; 65536];
+    assert_eq!(echo(&conn, b"hi", None).unwrap(), b"hi");
+    assert_eq!(echo(&conn, &big, None).unwrap(), big);
+    let refused = conn.call(9, None, |_| Ok(()), |_| Ok(()));
+    assert!(matches!(refused, Err(Fault::Refused(ref m)) if m.contains("no function with id 9")), "{refused:?}");
+}
+
+#[test]
+fn reboot_raises_epoch_and_stale_calls_are_refused_unrun() {
+    let lb = Loopback::new(Arc::new(EchoService::default()));
+    let conn = lb.connection();
+    assert_eq!(conn.epoch(), 1);
+    let fresh = Arc::new(EchoService::default());
+    lb.reboot(fresh.clone());
+    assert_eq!(conn.epoch(), 2);
+    assert_eq!(echo(&conn, b"x", Some(1)), Err(Fault::Stale));
+    assert_eq!(fresh.calls.load(Ordering::Relaxed), 0, "a stale call must not reach the server");
+    assert_eq!(echo(&conn, b"x", Some(2)).unwrap(), b"x");
+}
+
+#[test]
+fn many_threads_share_a_connection() {
+    let lb = Loopback::new(Arc::new(EchoService::default()));
+    let conn = lb.connection();
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            let conn = conn.clone();
+            s.spawn(move || {
+                for i in 0..500u32 {
+                    let msg = [t, (i % 251) as u8, 0xAB];
+                    assert_eq!(echo(&conn, &msg, None).unwrap(), msg);
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn a_dead_server_fails_the_call_in_flight() {
+    // A server process that takes the request and dies without replying.
+    let edge = Arc::new(Edge::create("test", 1).unwrap());
+    edge.server_live(1, 1);
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let s = edge.slot(0);
+        while s.state.load(Ordering::SeqCst) != kintsugi_runtime::channel::state::REQUEST {
+            std::hint::spin_loop();
+        }
+        unsafe { libc::_exit(0) };
+    }
+    let conn_edge = edge.clone();
+    let watcher = std::thread::spawn(move || {
+        let mut status = 0;
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        // What the supervisor does when the server's pidfd fires.
+        conn_edge.server_down()
+    });
+    let conn = kintsugi_runtime::testing::connection_for_tests(edge.clone(), &ECHO);
+    assert_eq!(echo(&conn, b"lost", None), Err(Fault::Interrupted));
+    assert_eq!(watcher.join().unwrap(), vec![0]);
+    edge.server_gone();
+    assert!(matches!(echo(&conn, b"x", None), Err(Fault::Lost(_))));
+}
+
+#[test]
+fn a_server_in_another_process_serves() {
+    let edge = Arc::new(Edge::create("test", 2).unwrap());
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let svc = EchoService::default();
+        let w = SlotWorker { edge: edge.clone(), slot: 0, client: 1, retire: Default::default() };
+        w.run(&svc, 1);
+        unsafe { libc::_exit(0) };
+    }
+    edge.server_live(1, pid as u32);
+    let conn = kintsugi_runtime::testing::connection_for_tests(edge.clone(), &ECHO);
+    for i in 0..1000u32 {
+        assert_eq!(echo(&conn, &i.to_le_bytes(), Some(1)).unwrap(), i.to_le_bytes());
+    }
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+}

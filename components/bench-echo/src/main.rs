@@ -1,1 +1,81 @@
-fn main() {}
+//! bench-echo: the server side of kintsugi's benchmarks. Besides null and
+//! echo calls it hands out objects (descriptors with a tracked position) so
+//! that recovery can be timed, and it can grow its heap after it starts
+//! (`grow_mib` in its config) so that reboot time can be measured against
+//! the memory a failed incarnation held.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kintsugi_interfaces::bench::{self, Error};
+use kintsugi_runtime::{Caller, Incarnation};
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Config {
+    /// MiB to allocate and touch right after each incarnation starts.
+    grow_mib: u32,
+}
+
+#[derive(Default)]
+struct Echo {
+    heap: Mutex<Vec<Vec<u8>>>,
+    objects: Mutex<HashMap<(u32, u64), u64>>,
+    next: Mutex<u64>,
+}
+
+impl Echo {
+    fn grow(&self, mib: u32) -> u64 {
+        let mut heap = self.heap.lock().unwrap();
+        for _ in 0..mib {
+            // Touch every page so that the memory is really resident.
+            heap.push(vec![0xA5u8; 1 << 20]);
+        }
+        heap.len() as u64
+    }
+}
+
+impl bench::Server for Echo {
+    fn null(&self, _c: &Caller) -> Result<(), Error> {
+        Ok(())
+    }
+    fn echo(&self, _c: &Caller, data: &[u8], out: &mut [u8]) -> Result<usize, Error> {
+        let n = data.len().min(out.len());
+        out[..n].copy_from_slice(&data[..n]);
+        Ok(n)
+    }
+    fn grow(&self, _c: &Caller, mib: u32) -> Result<u64, Error> {
+        Ok(self.grow(mib))
+    }
+    fn crash(&self, _c: &Caller) -> Result<(), Error> {
+        std::process::abort()
+    }
+    fn make(&self, c: &Caller, tag: u64) -> Result<u64, Error> {
+        let mut next = self.next.lock().unwrap();
+        *next += 1;
+        self.objects.lock().unwrap().insert((c.component, *next), tag);
+        Ok(*next)
+    }
+    fn touch(&self, c: &Caller, o: u64, step: u64) -> Result<u64, Error> {
+        self.objects.lock().unwrap().get(&(c.component, o)).map(|_| step).ok_or(Error::Failed)
+    }
+    fn put(&self, c: &Caller, o: u64, pos: u64) -> Result<u64, Error> {
+        self.objects.lock().unwrap().get(&(c.component, o)).map(|_| pos).ok_or(Error::Failed)
+    }
+    fn drop(&self, c: &Caller, o: u64) -> Result<(), Error> {
+        self.objects.lock().unwrap().remove(&(c.component, o)).map(|_| ()).ok_or(Error::Failed)
+    }
+}
+
+fn main() {
+    kintsugi_runtime::run(|rt| {
+        let config: Config = rt.config()?;
+        let echo = Arc::new(Echo::default());
+        if config.grow_mib > 0 {
+            let e = echo.clone();
+            std::thread::spawn(move || e.grow(config.grow_mib));
+        }
+        Ok(Incarnation::serve(vec![bench::service(echo)]))
+    })
+}

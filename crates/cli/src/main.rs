@@ -1,1 +1,79 @@
-fn main() {}
+//! The `kintsugi` command: run a system, check a system file, benchmark.
+
+mod bench;
+mod stats;
+mod run;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kintsugi", version, about = "A self-healing component runtime for Linux")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the built-in demo: ramfs and a verifying workload, with ramfs
+    /// killed at random instants.
+    Demo(run::DemoArgs),
+    /// Run a system described by a TOML file until Ctrl-C.
+    Run(run::RunArgs),
+    /// Check a system file and print its start order.
+    Check {
+        system: PathBuf,
+    },
+    /// Benchmarks (build with --release).
+    #[command(subcommand)]
+    Bench(bench::Bench),
+    /// Print each interface's IDL line count.
+    IdlLines {
+        /// Folder of .kidl files.
+        #[arg(default_value = "interfaces")]
+        dir: PathBuf,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KINTSUGI_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).without_time().init();
+    let result = match cli.command {
+        Command::Demo(args) => run::demo(args),
+        Command::Run(args) => run::run(args),
+        Command::Check { system } => run::check(&system),
+        Command::Bench(b) => bench::run(b),
+        Command::IdlLines { dir } => idl_lines(&dir),
+    };
+    match result {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn idl_lines(dir: &std::path::Path) -> anyhow::Result<bool> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "kidl"))
+        .collect();
+    files.sort();
+    println!("| interface | IDL lines |\n| --- | --- |");
+    let mut ok = true;
+    for f in files {
+        let text = std::fs::read_to_string(&f)?;
+        kintsugi_idl::parse(&f, &text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let n = kintsugi_idl::spec_lines(&text);
+        ok &= n <= 40;
+        println!("| {} | {n} |", f.file_stem().unwrap().to_string_lossy());
+    }
+    Ok(ok)
+}

@@ -1,1 +1,25 @@
-//! Generated interface stubs.
+//! Client and server stubs for every interface in `interfaces/`, generated at
+//! build time by `kintsugi-idl` (see `build.rs`). Each module holds the
+//! interface's `INFO`, `Error`, records, descriptor handles, the `Server`
+//! trait with `service()` (the server stub), and the recovering `Client`.
+
+/// `interfaces/fs.kidl`: the file system served by ramfs.
+pub mod fs {
+    include!(concat!(env!("OUT_DIR"), "/fs.rs"));
+}
+
+/// `interfaces/bench.kidl`: the benchmark interface served by bench-echo.
+pub mod bench {
+    include!(concat!(env!("OUT_DIR"), "/bench.rs"));
+}
+
+/// Flags of `fs.open`.
+pub mod fs_flags {
+    /// Create the file if it does not exist.
+    pub const CREATE: u32 = 1;
+    /// Truncate the file to zero length.
+    pub const TRUNCATE: u32 = 2;
+}
+
+/// Every interface this crate knows, for naming functions in event logs.
+pub static ALL: &[&kintsugi_runtime::stub::InterfaceInfo] = &[&fs::INFO, &bench::INFO];

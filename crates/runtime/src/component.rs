@@ -192,6 +192,7 @@ impl Boot {
         let supervisor = rustix::process::getppid().map(|p| p.as_raw_nonzero().get() as u32).unwrap_or(0);
         process::die_with_parent(supervisor)?;
         process::disable_core_dumps()?;
+        process::default_fault_signals()?;
         // SAFETY (all four): the supervisor passed these descriptors for this
         // process alone, and nothing else in it owns them.
         let control = unsafe { Region::from_raw_fd(info.control_fd)? };

@@ -4,8 +4,7 @@
 //! The futexes are shared (not `FUTEX_PRIVATE`) because the words live in
 //! memfd mappings seen by several processes.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::thread::futex;
@@ -30,17 +29,27 @@ pub fn wake_all(word: &AtomicU32) {
     wake(word, i32::MAX as u32);
 }
 
-/// How long a waiter spins before it sleeps: `KINTSUGI_SPIN_US` (default 20 µs).
-/// On the project's 2-core machines a futex round trip costs about 9 µs and a
-/// spinning one about 0.3 µs, so a short spin catches the common fast reply
-/// without burning a core when the peer is slow.
+/// How long a waiter spins before it sleeps: `KINTSUGI_SPIN_US` (default 20 µs),
+/// or what [`set_spin_budget`] set. On the project's 2-core machines a futex
+/// round trip costs about 9 µs and a spinning one about 0.3 µs, so a short spin
+/// catches the common fast reply without burning a core when the peer is slow.
 pub fn spin_budget() -> Duration {
-    static BUDGET: OnceLock<Duration> = OnceLock::new();
-    *BUDGET.get_or_init(|| {
-        let us = std::env::var("KINTSUGI_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
-        Duration::from_micros(us)
-    })
+    let ns = SPIN_NS.load(Ordering::Relaxed);
+    if ns != UNSET {
+        return Duration::from_nanos(ns);
+    }
+    let us = std::env::var("KINTSUGI_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(20u64);
+    SPIN_NS.store(us * 1000, Ordering::Relaxed);
+    Duration::from_micros(us)
 }
+
+/// Overrides the spin budget for this process (and children forked later).
+pub fn set_spin_budget(budget: Duration) {
+    SPIN_NS.store(budget.as_nanos() as u64, Ordering::Relaxed);
+}
+
+const UNSET: u64 = u64::MAX;
+static SPIN_NS: AtomicU64 = AtomicU64::new(UNSET);
 
 /// Spins until `done(word value)` or the budget runs out; returns the last value
 /// seen and whether it satisfied `done`.

@@ -8,19 +8,36 @@ use rustix::process::{Resource, Rlimit, Signal};
 /// it and read its exit status through a pidfd. Returns the child's pid in
 /// the parent and `None` in the child.
 pub fn fork_sibling() -> std::io::Result<Option<u32>> {
+    fork_with((libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong)
+}
+
+/// Runs `body` in a forked child process of this (single-threaded) process
+/// and returns the child's pid; the child exits when `body` returns.
+/// Benchmarks use it to put a peer in a real second address space.
+pub fn fork_child(body: impl FnOnce()) -> std::io::Result<u32> {
+    match fork_with(libc::SIGCHLD as libc::c_ulong)? {
+        Some(pid) => Ok(pid),
+        None => {
+            body();
+            // SAFETY: _exit ends the child without running the parent's atexit
+            // handlers or flushing buffers that belong to the parent.
+            unsafe { libc::_exit(0) }
+        }
+    }
+}
+
+fn fork_with(flags: libc::c_ulong) -> std::io::Result<Option<u32>> {
     let threads = thread_count()?;
     if threads != 1 {
         return Err(std::io::Error::other(format!(
-            "the pristine image must be single-threaded to fork, but has {threads} threads"
+            "a process must be single-threaded to fork, but this one has {threads} threads"
         )));
     }
     // SAFETY: a raw clone without CLONE_VM behaves like fork(2): the child gets
     // a copy of the address space and continues on a copy of this stack. The
     // process has exactly one thread (checked above), so no lock can be held by
     // a thread that does not exist in the child.
-    let ret = unsafe {
-        libc::syscall(libc::SYS_clone, (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong, 0usize, 0usize, 0usize, 0usize)
-    };
+    let ret = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
     match ret {
         -1 => Err(std::io::Error::last_os_error()),
         0 => Ok(None),
@@ -48,5 +65,19 @@ pub fn die_with_parent(expected_parent: u32) -> std::io::Result<()> {
 /// core dump of it would take milliseconds and disk.
 pub fn disable_core_dumps() -> std::io::Result<()> {
     rustix::process::setrlimit(Resource::Core, Rlimit { current: Some(0), maximum: Some(0) })?;
+    Ok(())
+}
+
+/// Restores the default action of the fault signals. Rust's standard library
+/// catches SIGSEGV and SIGBUS to report stack overflows, and its handler
+/// swallows one such signal when it was sent rather than caused by a fault;
+/// a component must die of it, so that the supervisor reboots it.
+pub fn default_fault_signals() -> std::io::Result<()> {
+    for sig in [libc::SIGSEGV, libc::SIGBUS] {
+        // SAFETY: installing SIG_DFL runs no code of ours in signal context.
+        if unsafe { libc::signal(sig, libc::SIG_DFL) } == libc::SIG_ERR {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
     Ok(())
 }

@@ -1,1 +1,16 @@
-//! The supervisor.
+//! The kintsugi supervisor: starts a system from its description, wires the
+//! only channels that exist between its components, detects component deaths
+//! through pidfds, micro-reboots components from their pristine images,
+//! applies restart policies, keeps the state vault, and stops everything
+//! cleanly.
+
+pub mod chaos;
+pub mod events;
+mod policy;
+mod process;
+mod supervisor;
+mod vault;
+
+pub use chaos::{parse_signal, ChaosPlan};
+pub use events::{Event, Exit};
+pub use supervisor::{run, Options, Report, StopReason, SupervisorError};

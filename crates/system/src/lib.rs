@@ -1,1 +1,350 @@
-//! System descriptions.
+//! System descriptions: the TOML file naming a kintsugi system's components,
+//! their binaries, the interfaces each provides and uses, and their restart,
+//! reboot and recovery policies.
+//!
+//! [`load`] reads, validates and resolves a file; [`parse`] validates text
+//! without looking for binaries. Every error found in the text displays as
+//! `path:line:col: message`.
+//!
+//! ```toml
+//! [system]
+//! name = "demo"
+//! description = "ramfs with a verifying file workload"
+//!
+//! [[component]]
+//! name = "ramfs"
+//! binary = "ramfs"          # looked up in the search dirs, or a path relative to this file if it contains '/'
+//! provides = ["fs"]
+//! priority = 0              # nice value, -20..=19
+//! recovery = "on-demand"    # on-demand | eager
+//! reboot = "standby"        # standby | fork | exec
+//! restart = { max = 1000, window_ms = 1000 }
+//! slots = 8                 # 1..=64
+//!
+//! [[component]]
+//! name = "workload"
+//! binary = "fs-workload"
+//! uses = ["fs"]             # or "fs@ramfs" to pick a provider
+//! [component.config]        # free-form, handed to the component as JSON
+//! files = 16
+//! ```
+
+mod error;
+mod parse;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use error::{ErrorKind, Location, SystemError};
+
+/// Nice values a component's `priority` may take.
+pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -20..=19;
+/// Values `slots` may take.
+pub const SLOTS_RANGE: std::ops::RangeInclusive<u32> = 1..=64;
+/// `slots` when not given.
+pub const DEFAULT_SLOTS: u32 = 8;
+
+/// A validated system description.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct System {
+    pub name: String,
+    pub description: String,
+    /// The file it was read from (as given to [`load`] / [`parse`]).
+    pub path: PathBuf,
+    /// Components in start order: every provider before its users
+    /// (topological, and otherwise in file order).
+    pub components: Vec<ComponentSpec>,
+    /// Where each component's `binary` value lies in the text, for errors of
+    /// [`System::resolve_binaries`].
+    #[serde(skip)]
+    binary_locations: BTreeMap<String, Location>,
+}
+
+/// One component of a system.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ComponentSpec {
+    /// 1-based, in file order.
+    pub id: u32,
+    pub name: String,
+    /// As written by [`parse`]; the resolved path after [`System::resolve_binaries`].
+    pub binary: PathBuf,
+    pub provides: Vec<String>,
+    pub uses: Vec<Use>,
+    /// Nice value, in [`PRIORITY_RANGE`].
+    pub priority: i32,
+    pub recovery: RecoveryMode,
+    pub reboot: RebootMode,
+    pub restart: RestartPolicy,
+    /// Channel slots per client edge, in [`SLOTS_RANGE`].
+    pub slots: u32,
+    /// Free-form configuration, always a JSON object (`{}` if absent).
+    pub config: serde_json::Value,
+}
+
+/// A dependency of a component on an interface of another.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct Use {
+    pub interface: String,
+    /// The providing component's name.
+    pub server: String,
+}
+
+impl fmt::Display for Use {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.interface, self.server)
+    }
+}
+
+/// How a rebooted server's descriptors are rebuilt for its clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RecoveryMode {
+    /// Lazily, in the client thread that next touches a descriptor.
+    #[default]
+    OnDemand,
+    /// All at once, at reboot.
+    Eager,
+}
+
+impl RecoveryMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecoveryMode::OnDemand => "on-demand",
+            RecoveryMode::Eager => "eager",
+        }
+    }
+}
+
+impl fmt::Display for RecoveryMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a micro-rebooted component comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebootMode {
+    /// A warm standby forked from the pristine image, ready to take over.
+    #[default]
+    Standby,
+    /// Fork the pristine image on demand.
+    Fork,
+    /// Cold start from disk (for comparison).
+    Exec,
+}
+
+impl RebootMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RebootMode::Standby => "standby",
+            RebootMode::Fork => "fork",
+            RebootMode::Exec => "exec",
+        }
+    }
+}
+
+impl fmt::Display for RebootMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// At most `max` restarts within any `window`, else give up (OTP intensity/period).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RestartPolicy {
+    pub max: u32,
+    pub window: Duration,
+}
+
+impl RestartPolicy {
+    pub const DEFAULT_MAX: u32 = 5;
+    pub const DEFAULT_WINDOW: Duration = Duration::from_millis(1000);
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        RestartPolicy {
+            max: Self::DEFAULT_MAX,
+            window: Self::DEFAULT_WINDOW,
+        }
+    }
+}
+
+impl Serialize for RestartPolicy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("RestartPolicy", 2)?;
+        st.serialize_field("max", &self.max)?;
+        st.serialize_field("window_ms", &(self.window.as_millis() as u64))?;
+        st.end()
+    }
+}
+
+impl ComponentSpec {
+    /// Sets (or overrides) top-level key `key` of the component's config.
+    pub fn set_config(&mut self, key: &str, value: serde_json::Value) {
+        if !self.config.is_object() {
+            self.config = serde_json::Value::Object(serde_json::Map::new());
+        }
+        if let serde_json::Value::Object(map) = &mut self.config {
+            map.insert(key.to_owned(), value);
+        }
+    }
+
+    /// Overrides the restart policy.
+    pub fn set_restart(&mut self, max: u32, window: Duration) {
+        self.restart = RestartPolicy { max, window };
+    }
+
+    /// The component providing `interface` to this one, if it uses it.
+    pub fn server_of(&self, interface: &str) -> Option<&str> {
+        self.uses
+            .iter()
+            .find(|u| u.interface == interface)
+            .map(|u| u.server.as_str())
+    }
+
+    /// The config as a JSON string, as handed to the component.
+    pub fn config_json(&self) -> String {
+        self.config.to_string()
+    }
+}
+
+impl System {
+    /// The component called `name`.
+    pub fn component(&self, name: &str) -> Option<&ComponentSpec> {
+        self.components.iter().find(|c| c.name == name)
+    }
+
+    /// The component called `name`, mutably (to override its config or restart policy).
+    pub fn component_mut(&mut self, name: &str) -> Option<&mut ComponentSpec> {
+        self.components.iter_mut().find(|c| c.name == name)
+    }
+
+    /// The component with id `id`.
+    pub fn component_by_id(&self, id: u32) -> Option<&ComponentSpec> {
+        self.components.iter().find(|c| c.id == id)
+    }
+
+    /// The components that provide `interface`, in start order.
+    pub fn providers(&self, interface: &str) -> impl Iterator<Item = &ComponentSpec> {
+        let interface = interface.to_owned();
+        self.components
+            .iter()
+            .filter(move |c| c.provides.contains(&interface))
+    }
+
+    /// The components that use some interface of `server`, in start order.
+    pub fn clients_of<'a>(&'a self, server: &'a str) -> impl Iterator<Item = &'a ComponentSpec> {
+        self.components
+            .iter()
+            .filter(move |c| c.uses.iter().any(|u| u.server == server))
+    }
+
+    /// Replaces each component's `binary` by the path of the executable it names.
+    ///
+    /// A binary containing `/` is a path, relative to the directory of the
+    /// system description's file; any other is looked for in `search_dirs`, in
+    /// order. Stops at the first component whose binary cannot be found.
+    pub fn resolve_binaries(&mut self, search_dirs: &[PathBuf]) -> Result<(), SystemError> {
+        let base = match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let mut resolved = Vec::with_capacity(self.components.len());
+        for c in &self.components {
+            resolved.push(self.resolve_one(c, &base, search_dirs)?);
+        }
+        for (c, bin) in self.components.iter_mut().zip(resolved) {
+            c.binary = bin;
+        }
+        Ok(())
+    }
+
+    fn resolve_one(
+        &self,
+        c: &ComponentSpec,
+        base: &Path,
+        search_dirs: &[PathBuf],
+    ) -> Result<PathBuf, SystemError> {
+        let err = |kind, message: String| SystemError::Invalid {
+            path: self.path.clone(),
+            location: self.binary_locations.get(&c.name).copied(),
+            kind,
+            message,
+        };
+        let written = c.binary.display().to_string();
+        let is_path = c.binary.as_os_str().as_encoded_bytes().contains(&b'/');
+        let candidates: Vec<(PathBuf, PathBuf)> = if is_path {
+            let p = base.join(&c.binary); // join keeps an absolute binary as is
+            let dir = p
+                .parent()
+                .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
+            vec![(dir, p)]
+        } else {
+            search_dirs
+                .iter()
+                .map(|d| (d.clone(), d.join(&c.binary)))
+                .collect()
+        };
+        let mut not_executable = None;
+        for (_, p) in &candidates {
+            match std::fs::metadata(p) {
+                Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return Ok(p.clone()),
+                Ok(m) if m.is_file() => {
+                    not_executable.get_or_insert_with(|| p.clone());
+                }
+                _ => {}
+            }
+        }
+        if let Some(p) = not_executable {
+            return Err(err(
+                ErrorKind::BinaryNotExecutable,
+                format!(
+                    "component `{}`: binary `{written}` found at {} but it is not executable",
+                    c.name,
+                    p.display()
+                ),
+            ));
+        }
+        let looked = if candidates.is_empty() {
+            "no search directories given".to_owned()
+        } else {
+            candidates
+                .iter()
+                .map(|(d, _)| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        Err(err(
+            ErrorKind::BinaryNotFound,
+            format!(
+                "component `{}`: binary `{written}` not found (looked in: {looked})",
+                c.name
+            ),
+        ))
+    }
+}
+
+/// Reads, validates and resolves the binaries of the system description at `path`.
+pub fn load(path: &Path, search_dirs: &[PathBuf]) -> Result<System, SystemError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SystemError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut system = parse(path, &text)?;
+    system.resolve_binaries(search_dirs)?;
+    Ok(system)
+}
+
+/// Validates the system description `text` (read from `path`, used in errors
+/// and to resolve relative binaries later). Binaries are kept as written.
+pub fn parse(path: &Path, text: &str) -> Result<System, SystemError> {
+    parse::parse(path, text)
+}

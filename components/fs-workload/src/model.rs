@@ -1,0 +1,281 @@
+//! The workload's operations and the model they are checked against.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kintsugi_interfaces::fs::{self, Client, File};
+use kintsugi_interfaces::fs_flags::CREATE;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::Config;
+
+struct Handle {
+    path: String,
+    fd: File,
+    offset: u64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    pub seed: u64,
+    pub ops: u64,
+    pub errors: u64,
+    pub first_errors: Vec<String>,
+    pub bytes_written: u64,
+    pub bytes_read: u64,
+    pub verified_files: u64,
+    pub verified_bytes: u64,
+    pub descriptors_open_at_end: usize,
+}
+
+pub struct Workload {
+    fs: Client,
+    rng: StdRng,
+    files: BTreeMap<String, Vec<u8>>,
+    dirs: BTreeSet<String>,
+    open: Vec<Handle>,
+    names: Vec<String>,
+    max_write: usize,
+    max_open: usize,
+    report: Report,
+}
+
+impl Workload {
+    pub fn new(fs: Client, config: &Config) -> anyhow::Result<Self> {
+        let mut dirs = BTreeSet::new();
+        let mut names = Vec::new();
+        for d in 0..config.dirs.max(1) {
+            let dir = format!("/d{d}");
+            fs.mkdir(&dir).map_err(|e| anyhow::anyhow!("mkdir {dir}: {e}"))?;
+            for f in 0..config.files.max(1) {
+                names.push(format!("{dir}/f{f}"));
+            }
+            dirs.insert(dir);
+        }
+        Ok(Self {
+            fs,
+            rng: StdRng::seed_from_u64(config.seed),
+            files: BTreeMap::new(),
+            dirs,
+            open: Vec::new(),
+            names,
+            max_write: config.max_write.clamp(1, 65536),
+            max_open: config.max_open.max(1),
+            report: Report { seed: config.seed, ..Default::default() },
+        })
+    }
+
+    fn fail(&mut self, what: String) {
+        self.report.errors += 1;
+        if self.report.first_errors.len() < 10 {
+            tracing::error!("{what}");
+            self.report.first_errors.push(what);
+        }
+    }
+
+    fn is_open(&self, path: &str) -> bool {
+        self.open.iter().any(|h| h.path == path)
+    }
+
+    /// One random operation, checked.
+    pub fn step(&mut self) {
+        self.report.ops += 1;
+        let roll = self.rng.gen_range(0..100);
+        if self.open.is_empty() || (roll < 10 && self.open.len() < self.max_open) {
+            return self.open_one();
+        }
+        let h = self.rng.gen_range(0..self.open.len());
+        match roll {
+            0..=39 => self.write(h),
+            40..=64 => self.read(h),
+            65..=72 => self.seek(h),
+            73..=75 => self.truncate(h),
+            76..=82 => self.close(h),
+            83..=87 => self.stat(),
+            88..=91 => self.readdir(),
+            92..=95 => self.unlink(),
+            _ => self.rename(),
+        }
+    }
+
+    fn open_one(&mut self) {
+        let path = self.names[self.rng.gen_range(0..self.names.len())].clone();
+        match self.fs.open(&path, CREATE) {
+            Ok(fd) => {
+                self.files.entry(path.clone()).or_default();
+                self.open.push(Handle { path, fd, offset: 0 });
+            }
+            Err(e) => self.fail(format!("open {path}: {e}")),
+        }
+    }
+
+    fn write(&mut self, h: usize) {
+        let len = if self.rng.gen_bool(0.05) { self.max_write } else { self.rng.gen_range(1..=self.max_write.min(4096)) };
+        let data: Vec<u8> = (0..len).map(|_| self.rng.gen()).collect();
+        let (path, fd, offset) = (self.open[h].path.clone(), self.open[h].fd, self.open[h].offset);
+        match self.fs.write(fd, &data) {
+            Ok(n) if n as usize == len => {
+                let file = self.files.get_mut(&path).expect("open files are modelled");
+                let end = offset as usize + len;
+                if file.len() < end {
+                    file.resize(end, 0);
+                }
+                file[offset as usize..end].copy_from_slice(&data);
+                self.open[h].offset += len as u64;
+                self.report.bytes_written += len as u64;
+            }
+            Ok(n) => self.fail(format!("write {path}@{offset}: wrote {n} of {len}")),
+            Err(e) => self.fail(format!("write {path}@{offset}: {e}")),
+        }
+    }
+
+    fn read(&mut self, h: usize) {
+        let len = self.rng.gen_range(1..=self.max_write) as u32;
+        let (path, fd, offset) = (self.open[h].path.clone(), self.open[h].fd, self.open[h].offset);
+        let file = &self.files[&path];
+        let start = (offset as usize).min(file.len());
+        let end = (start + len as usize).min(file.len());
+        let expected = file[start..end].to_vec();
+        match self.fs.read(fd, len) {
+            Ok(got) if got == expected => {
+                self.open[h].offset += got.len() as u64;
+                self.report.bytes_read += got.len() as u64;
+            }
+            Ok(got) => {
+                let at = got.iter().zip(&expected).position(|(a, b)| a != b).unwrap_or(got.len().min(expected.len()));
+                self.fail(format!(
+                    "read {path}@{offset}+{len}: got {} bytes, expected {}; first difference at byte {at}",
+                    got.len(),
+                    expected.len()
+                ))
+            }
+            Err(e) => self.fail(format!("read {path}@{offset}: {e}")),
+        }
+    }
+
+    fn seek(&mut self, h: usize) {
+        let size = self.files[&self.open[h].path].len() as u64;
+        let pos = self.rng.gen_range(0..=size + 64);
+        match self.fs.seek(self.open[h].fd, pos) {
+            Ok(p) if p == pos => self.open[h].offset = pos,
+            Ok(p) => self.fail(format!("seek {} to {pos}: server says {p}", self.open[h].path)),
+            Err(e) => self.fail(format!("seek {}: {e}", self.open[h].path)),
+        }
+    }
+
+    fn truncate(&mut self, h: usize) {
+        let path = self.open[h].path.clone();
+        let size = self.files[&path].len() as u64;
+        let len = self.rng.gen_range(0..=size);
+        match self.fs.truncate(self.open[h].fd, len) {
+            Ok(()) => self.files.get_mut(&path).unwrap().truncate(len as usize),
+            Err(e) => self.fail(format!("truncate {path} to {len}: {e}")),
+        }
+    }
+
+    fn close(&mut self, h: usize) {
+        let handle = self.open.swap_remove(h);
+        if let Err(e) = self.fs.close(handle.fd) {
+            self.fail(format!("close {}: {e}", handle.path));
+        }
+    }
+
+    fn stat(&mut self) {
+        let Some(path) = self.pick_file() else { return };
+        let size = self.files[&path].len() as u64;
+        match self.fs.stat(&path) {
+            Ok(s) if s.size == size && !s.is_dir => {}
+            Ok(s) => self.fail(format!("stat {path}: {s:?}, expected size {size}")),
+            Err(e) => self.fail(format!("stat {path}: {e}")),
+        }
+    }
+
+    fn readdir(&mut self) {
+        let dirs: Vec<String> = self.dirs.iter().cloned().collect();
+        let dir = &dirs[self.rng.gen_range(0..dirs.len())];
+        let expected = self.listing(dir);
+        match self.fs.readdir(dir) {
+            Ok(names) if names == expected => {}
+            Ok(names) => self.fail(format!("readdir {dir}: {names:?}, expected {expected:?}")),
+            Err(e) => self.fail(format!("readdir {dir}: {e}")),
+        }
+    }
+
+    fn listing(&self, dir: &str) -> Vec<String> {
+        let prefix = format!("{dir}/");
+        self.files.keys().filter_map(|p| p.strip_prefix(&prefix)).map(str::to_string).collect()
+    }
+
+    /// A modelled file that no descriptor holds open.
+    fn pick_file(&mut self) -> Option<String> {
+        let closed: Vec<&String> = self.files.keys().filter(|p| !self.is_open(p)).collect();
+        (!closed.is_empty()).then(|| closed[self.rng.gen_range(0..closed.len())].clone())
+    }
+
+    fn unlink(&mut self) {
+        let Some(path) = self.pick_file() else { return };
+        match self.fs.unlink(&path) {
+            Ok(()) => {
+                self.files.remove(&path);
+            }
+            Err(e) => self.fail(format!("unlink {path}: {e}")),
+        }
+    }
+
+    fn rename(&mut self) {
+        let Some(from) = self.pick_file() else { return };
+        let to = self.names[self.rng.gen_range(0..self.names.len())].clone();
+        if to == from || self.is_open(&to) {
+            return;
+        }
+        match self.fs.rename(&from, &to) {
+            Ok(()) => {
+                let data = self.files.remove(&from).unwrap();
+                self.files.insert(to, data);
+            }
+            Err(e) => self.fail(format!("rename {from} -> {to}: {e}")),
+        }
+    }
+
+    /// Closes everything and verifies every file and directory.
+    pub fn finish(mut self) -> Report {
+        while !self.open.is_empty() {
+            self.close(0);
+        }
+        for dir in self.dirs.clone() {
+            let expected = self.listing(&dir);
+            match self.fs.readdir(&dir) {
+                Ok(names) if names == expected => {}
+                Ok(names) => self.fail(format!("final readdir {dir}: {names:?}, expected {expected:?}")),
+                Err(e) => self.fail(format!("final readdir {dir}: {e}")),
+            }
+        }
+        for (path, expected) in self.files.clone() {
+            match self.read_whole(&path) {
+                Ok(got) if got == expected => {
+                    self.report.verified_files += 1;
+                    self.report.verified_bytes += got.len() as u64;
+                }
+                Ok(got) => self.fail(format!("final {path}: {} bytes differ from the model's {}", got.len(), expected.len())),
+                Err(e) => self.fail(format!("final read {path}: {e}")),
+            }
+        }
+        self.report.descriptors_open_at_end = self.fs.tracked_files();
+        self.report
+    }
+
+    fn read_whole(&self, path: &str) -> Result<Vec<u8>, kintsugi_runtime::CallError<fs::Error>> {
+        let fd = self.fs.open(path, 0)?;
+        let mut out = Vec::new();
+        loop {
+            let chunk = self.fs.read(fd, 65536)?;
+            if chunk.is_empty() {
+                break;
+            }
+            out.extend_from_slice(&chunk);
+        }
+        self.fs.close(fd)?;
+        Ok(out)
+    }
+}

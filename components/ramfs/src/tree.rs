@@ -1,0 +1,335 @@
+//! The file tree, its open files, and how both map onto the state vault.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
+
+use kintsugi_interfaces::fs::{self, Error, Stat};
+use kintsugi_runtime::vault::VaultOp;
+use kintsugi_runtime::{Caller, Runtime};
+use serde::{Deserialize, Serialize};
+
+const ROOT: u64 = 1;
+
+/// What the vault keeps per node (the memfd rides along for files).
+#[derive(Debug, Serialize, Deserialize)]
+struct NodeRecord {
+    parent: u64,
+    name: String,
+    dir: bool,
+}
+
+enum Kind {
+    Dir(BTreeMap<String, u64>),
+    File(Arc<File>),
+}
+
+struct Node {
+    parent: u64,
+    name: String,
+    kind: Kind,
+}
+
+struct OpenFile {
+    data: Arc<File>,
+    offset: u64,
+}
+
+#[derive(Default)]
+struct State {
+    nodes: HashMap<u64, Node>,
+    next_ino: u64,
+    /// Open files per (client component, descriptor id): a local namespace.
+    open: HashMap<(u32, u64), OpenFile>,
+    next_fd: u64,
+}
+
+pub struct RamFs {
+    rt: Arc<Runtime>,
+    state: Mutex<State>,
+}
+
+fn key(ino: u64) -> String {
+    format!("{ino:016x}")
+}
+
+fn io_err(e: std::io::Error) -> Error {
+    tracing::error!("ramfs I/O: {e}");
+    Error::NoSpace
+}
+
+/// Splits an absolute path into its names; rejects `.`/`..`/empty names.
+fn split(path: &str) -> Result<Vec<&str>, Error> {
+    let rest = path.strip_prefix('/').ok_or(Error::Invalid)?;
+    if rest.is_empty() {
+        return Ok(Vec::new());
+    }
+    let names: Vec<&str> = rest.split('/').collect();
+    if names.iter().any(|n| n.is_empty() || *n == "." || *n == "..") {
+        return Err(Error::Invalid);
+    }
+    Ok(names)
+}
+
+impl RamFs {
+    /// Rebuilds the tree from the vault (empty on the first incarnation).
+    pub fn restore(rt: Arc<Runtime>) -> anyhow::Result<Self> {
+        let mut state = State { next_ino: ROOT + 1, next_fd: 1, ..Default::default() };
+        state.nodes.insert(ROOT, Node { parent: ROOT, name: String::new(), kind: Kind::Dir(BTreeMap::new()) });
+        let mut links = Vec::new();
+        for rec in rt.vault().list()? {
+            let ino = u64::from_str_radix(&rec.key, 16)?;
+            let meta: NodeRecord = serde_json::from_value(rec.value)?;
+            let kind = match (meta.dir, rec.fd) {
+                (true, _) => Kind::Dir(BTreeMap::new()),
+                (false, Some(fd)) => Kind::File(Arc::new(File::from(fd))),
+                (false, None) => anyhow::bail!("vault record {ino} is a file without contents"),
+            };
+            links.push((meta.parent, meta.name.clone(), ino));
+            state.nodes.insert(ino, Node { parent: meta.parent, name: meta.name, kind });
+            state.next_ino = state.next_ino.max(ino + 1);
+        }
+        for (parent, name, ino) in links {
+            match state.nodes.get_mut(&parent).map(|n| &mut n.kind) {
+                Some(Kind::Dir(children)) => {
+                    children.insert(name, ino);
+                }
+                _ => anyhow::bail!("vault record {ino} names parent {parent}, which is not a directory"),
+            }
+        }
+        Ok(Self { rt, state: Mutex::new(state) })
+    }
+}
+
+impl State {
+    fn lookup(&self, path: &str) -> Result<u64, Error> {
+        let mut ino = ROOT;
+        for name in split(path)? {
+            match &self.nodes[&ino].kind {
+                Kind::Dir(children) => ino = *children.get(name).ok_or(Error::NotFound)?,
+                Kind::File(_) => return Err(Error::NotDir),
+            }
+        }
+        Ok(ino)
+    }
+
+    /// The parent directory's inode and the last name of `path`.
+    fn parent_of<'p>(&self, path: &'p str) -> Result<(u64, &'p str), Error> {
+        let names = split(path)?;
+        let (last, dirs) = names.split_last().ok_or(Error::Invalid)?;
+        let mut ino = ROOT;
+        for name in dirs {
+            match &self.nodes[&ino].kind {
+                Kind::Dir(children) => ino = *children.get(*name).ok_or(Error::NotFound)?,
+                Kind::File(_) => return Err(Error::NotDir),
+            }
+        }
+        match self.nodes[&ino].kind {
+            Kind::Dir(_) => Ok((ino, last)),
+            Kind::File(_) => Err(Error::NotDir),
+        }
+    }
+
+    fn child(&self, dir: u64, name: &str) -> Option<u64> {
+        match &self.nodes[&dir].kind {
+            Kind::Dir(children) => children.get(name).copied(),
+            Kind::File(_) => None,
+        }
+    }
+
+    fn children_mut(&mut self, dir: u64) -> &mut BTreeMap<String, u64> {
+        match &mut self.nodes.get_mut(&dir).expect("parent exists").kind {
+            Kind::Dir(children) => children,
+            Kind::File(_) => unreachable!("parent_of returns directories only"),
+        }
+    }
+
+    fn open_file(&mut self, caller: &Caller, fd: u64) -> Result<&mut OpenFile, Error> {
+        self.open.get_mut(&(caller.component, fd)).ok_or(Error::BadFd)
+    }
+}
+
+/// Open flags, as the `fs` interface defines them.
+const CREATE: u32 = kintsugi_interfaces::fs_flags::CREATE;
+const TRUNCATE: u32 = kintsugi_interfaces::fs_flags::TRUNCATE;
+
+impl fs::Server for RamFs {
+    fn open(&self, caller: &Caller, path: &str, flags: u32) -> Result<u64, Error> {
+        let mut st = self.state.lock().unwrap();
+        let data = match st.lookup(path) {
+            Ok(ino) => match &st.nodes[&ino].kind {
+                Kind::File(data) => data.clone(),
+                Kind::Dir(_) => return Err(Error::IsDir),
+            },
+            Err(Error::NotFound) if flags & CREATE != 0 => {
+                let (parent, name) = st.parent_of(path)?;
+                let ino = st.next_ino;
+                let memfd = rustix::fs::memfd_create(format!("ramfs:{ino}"), rustix::fs::MemfdFlags::CLOEXEC)
+                    .map_err(|e| io_err(e.into()))?;
+                let data = Arc::new(File::from(memfd));
+                let record = NodeRecord { parent, name: name.to_string(), dir: false };
+                self.rt
+                    .vault()
+                    .put(&key(ino), serde_json::to_value(&record).unwrap(), Some(data.as_fd()))
+                    .map_err(|e| io_err(std::io::Error::other(e)))?;
+                st.next_ino += 1;
+                st.children_mut(parent).insert(name.to_string(), ino);
+                st.nodes.insert(ino, Node { parent, name: name.to_string(), kind: Kind::File(data.clone()) });
+                data
+            }
+            Err(e) => return Err(e),
+        };
+        if flags & TRUNCATE != 0 {
+            data.set_len(0).map_err(io_err)?;
+        }
+        let fd = st.next_fd;
+        st.next_fd += 1;
+        st.open.insert((caller.component, fd), OpenFile { data, offset: 0 });
+        Ok(fd)
+    }
+
+    fn read(&self, caller: &Caller, fd: u64, len: u32, out: &mut [u8]) -> Result<usize, Error> {
+        let (data, offset) = {
+            let mut st = self.state.lock().unwrap();
+            let f = st.open_file(caller, fd)?;
+            (f.data.clone(), f.offset)
+        };
+        let want = (len as usize).min(out.len());
+        let mut n = 0;
+        while n < want {
+            match data.read_at(&mut out[n..want], offset + n as u64).map_err(io_err)? {
+                0 => break,
+                k => n += k,
+            }
+        }
+        let mut st = self.state.lock().unwrap();
+        st.open_file(caller, fd)?.offset = offset + n as u64;
+        Ok(n)
+    }
+
+    fn write(&self, caller: &Caller, fd: u64, data: &[u8]) -> Result<u32, Error> {
+        let (file, offset) = {
+            let mut st = self.state.lock().unwrap();
+            let f = st.open_file(caller, fd)?;
+            (f.data.clone(), f.offset)
+        };
+        file.write_all_at(data, offset).map_err(io_err)?;
+        let mut st = self.state.lock().unwrap();
+        st.open_file(caller, fd)?.offset = offset + data.len() as u64;
+        Ok(data.len() as u32)
+    }
+
+    fn seek(&self, caller: &Caller, fd: u64, pos: u64) -> Result<u64, Error> {
+        let mut st = self.state.lock().unwrap();
+        st.open_file(caller, fd)?.offset = pos;
+        Ok(pos)
+    }
+
+    fn truncate(&self, caller: &Caller, fd: u64, len: u64) -> Result<(), Error> {
+        let mut st = self.state.lock().unwrap();
+        st.open_file(caller, fd)?.data.set_len(len).map_err(io_err)
+    }
+
+    fn close(&self, caller: &Caller, fd: u64) -> Result<(), Error> {
+        let mut st = self.state.lock().unwrap();
+        st.open.remove(&(caller.component, fd)).map(|_| ()).ok_or(Error::BadFd)
+    }
+
+    fn stat(&self, _caller: &Caller, path: &str) -> Result<Stat, Error> {
+        let st = self.state.lock().unwrap();
+        let ino = st.lookup(path)?;
+        Ok(match &st.nodes[&ino].kind {
+            Kind::Dir(children) => Stat { size: children.len() as u64, is_dir: true },
+            Kind::File(data) => Stat { size: data.metadata().map_err(io_err)?.len(), is_dir: false },
+        })
+    }
+
+    fn unlink(&self, _caller: &Caller, path: &str) -> Result<(), Error> {
+        let mut st = self.state.lock().unwrap();
+        let ino = st.lookup(path)?;
+        if ino == ROOT {
+            return Err(Error::Invalid);
+        }
+        if let Kind::Dir(children) = &st.nodes[&ino].kind {
+            if !children.is_empty() {
+                return Err(Error::NotEmpty);
+            }
+        }
+        self.rt.vault().delete(&key(ino)).map_err(|e| io_err(std::io::Error::other(e)))?;
+        let node = st.nodes.remove(&ino).expect("looked up");
+        st.children_mut(node.parent).remove(&node.name);
+        Ok(())
+    }
+
+    fn mkdir(&self, _caller: &Caller, path: &str) -> Result<(), Error> {
+        let mut st = self.state.lock().unwrap();
+        let (parent, name) = st.parent_of(path)?;
+        if st.child(parent, name).is_some() {
+            return Err(Error::Exists);
+        }
+        let ino = st.next_ino;
+        let record = NodeRecord { parent, name: name.to_string(), dir: true };
+        self.rt
+            .vault()
+            .put(&key(ino), serde_json::to_value(&record).unwrap(), None)
+            .map_err(|e| io_err(std::io::Error::other(e)))?;
+        st.next_ino += 1;
+        st.children_mut(parent).insert(name.to_string(), ino);
+        st.nodes.insert(ino, Node { parent, name: name.to_string(), kind: Kind::Dir(BTreeMap::new()) });
+        Ok(())
+    }
+
+    fn rename(&self, _caller: &Caller, from: &str, to: &str) -> Result<(), Error> {
+        let mut st = self.state.lock().unwrap();
+        let ino = st.lookup(from)?;
+        if ino == ROOT {
+            return Err(Error::Invalid);
+        }
+        let (to_parent, to_name) = st.parent_of(to)?;
+        // A directory cannot move into its own subtree.
+        let mut up = to_parent;
+        while up != ROOT {
+            if up == ino {
+                return Err(Error::Invalid);
+            }
+            up = st.nodes[&up].parent;
+        }
+        let replaced = st.child(to_parent, to_name);
+        if replaced == Some(ino) {
+            return Ok(());
+        }
+        let is_dir = matches!(st.nodes[&ino].kind, Kind::Dir(_));
+        if let Some(old) = replaced {
+            if is_dir || matches!(st.nodes[&old].kind, Kind::Dir(_)) {
+                return Err(Error::Exists);
+            }
+        }
+        let record = NodeRecord { parent: to_parent, name: to_name.to_string(), dir: is_dir };
+        let mut ops = vec![VaultOp::Put { key: key(ino), value: serde_json::to_value(&record).unwrap(), fd: false }];
+        if let Some(old) = replaced {
+            ops.push(VaultOp::Delete { key: key(old) });
+        }
+        self.rt.vault().apply(ops, &[]).map_err(|e| io_err(std::io::Error::other(e)))?;
+        if let Some(old) = replaced {
+            st.nodes.remove(&old);
+        }
+        let node = st.nodes.get_mut(&ino).expect("looked up");
+        let old_parent = node.parent;
+        let old_name = std::mem::replace(&mut node.name, to_name.to_string());
+        node.parent = to_parent;
+        st.children_mut(old_parent).remove(&old_name);
+        st.children_mut(to_parent).insert(to_name.to_string(), ino);
+        Ok(())
+    }
+
+    fn readdir(&self, _caller: &Caller, path: &str) -> Result<Vec<String>, Error> {
+        let st = self.state.lock().unwrap();
+        let ino = st.lookup(path)?;
+        match &st.nodes[&ino].kind {
+            Kind::Dir(children) => Ok(children.keys().cloned().collect()),
+            Kind::File(_) => Err(Error::NotDir),
+        }
+    }
+}

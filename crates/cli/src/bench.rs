@@ -1,0 +1,298 @@
+//! `kintsugi bench …`: each benchmark measures kintsugi and a baseline in
+//! the same run and prints a markdown table with ratios.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Subcommand;
+use kintsugi_interfaces::bench::{self, Error};
+use kintsugi_runtime::channel::Edge;
+use kintsugi_runtime::server::SlotWorker;
+use kintsugi_runtime::{futex, process, Caller};
+use kintsugi_supervisor::{ChaosPlan, Event, Options};
+use kintsugi_system::RebootMode;
+use rustix::process::{Pid, Signal};
+
+use crate::stats::Summary;
+
+const BENCH_SYSTEM: &str = include_str!("../../../systems/bench.toml");
+const RECOVERY_SYSTEM: &str = include_str!("../../../systems/bench-recovery.toml");
+
+#[derive(Subcommand)]
+pub enum Bench {
+    /// Null-invocation round trip between two processes, against a Unix
+    /// socket and a pipe round trip.
+    Ipc {
+        #[arg(long, default_value_t = 200_000)]
+        iterations: usize,
+    },
+    /// Micro-reboot time (warm standby, fork on demand) against fork+exec,
+    /// with a small and a 256 MiB heap; and the cost of rebuilding a descriptor.
+    Reboot {
+        /// Reboots measured per configuration.
+        #[arg(long, default_value_t = 30)]
+        kills: u32,
+        /// Descriptors held by the recovery benchmark's client.
+        #[arg(long, default_value_t = 1000)]
+        objects: usize,
+        /// Heap of the large configuration, in MiB.
+        #[arg(long, default_value_t = 256)]
+        heap_mib: u32,
+    },
+}
+
+pub fn run(b: Bench) -> anyhow::Result<bool> {
+    if cfg!(debug_assertions) {
+        eprintln!("warning: a debug build; benchmark figures come from `cargo run --release`");
+    }
+    match b {
+        Bench::Ipc { iterations } => ipc(iterations),
+        Bench::Reboot { kills, objects, heap_mib } => reboot(kills, objects, heap_mib),
+    }
+}
+
+/// A bench server that answers only `null`.
+struct NullServer;
+
+impl bench::Server for NullServer {
+    fn null(&self, _: &Caller) -> Result<(), Error> {
+        Ok(())
+    }
+    fn echo(&self, _: &Caller, _: &[u8], _: &mut [u8]) -> Result<usize, Error> {
+        Err(Error::Failed)
+    }
+    fn grow(&self, _: &Caller, _: u32) -> Result<u64, Error> {
+        Err(Error::Failed)
+    }
+    fn crash(&self, _: &Caller) -> Result<(), Error> {
+        Err(Error::Failed)
+    }
+    fn make(&self, _: &Caller, _: u64) -> Result<u64, Error> {
+        Err(Error::Failed)
+    }
+    fn touch(&self, _: &Caller, _: u64, _: u64) -> Result<u64, Error> {
+        Err(Error::Failed)
+    }
+    fn put(&self, _: &Caller, _: u64, _: u64) -> Result<u64, Error> {
+        Err(Error::Failed)
+    }
+    fn drop(&self, _: &Caller, _: u64) -> Result<(), Error> {
+        Err(Error::Failed)
+    }
+}
+
+/// Times `n` calls of `f` after a warm-up; samples in µs.
+fn time_calls(n: usize, mut f: impl FnMut()) -> Vec<f64> {
+    for _ in 0..n / 10 {
+        f();
+    }
+    (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_nanos() as f64 / 1e3
+        })
+        .collect()
+}
+
+/// A forked peer process, killed and reaped on drop.
+struct Peer(u32);
+
+impl Peer {
+    fn spawn(body: impl FnOnce()) -> anyhow::Result<Self> {
+        Ok(Self(process::fork_child(body)?))
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let pid = Pid::from_raw(self.0 as i32).expect("child pid");
+        let _ = rustix::process::kill_process(pid, Signal::KILL);
+        let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+    }
+}
+
+fn shm_round_trips(iterations: usize, spin: Duration) -> anyhow::Result<Vec<f64>> {
+    futex::set_spin_budget(spin);
+    let edge = Arc::new(Edge::create("bench-ipc", 1)?);
+    let server_edge = edge.clone();
+    let _peer = Peer::spawn(move || {
+        let worker = SlotWorker { edge: server_edge, slot: 0, client: 0, retire: Default::default() };
+        worker.run(bench::service(Arc::new(NullServer)).as_ref(), 1);
+    })?;
+    edge.server_live(1, _peer.0);
+    let client = bench::Client::from_connection(kintsugi_runtime::testing::connection_for_tests(edge, &bench::INFO));
+    Ok(time_calls(iterations, || client.null().expect("null invocation")))
+}
+
+/// Round trips of 8 bytes over a byte stream whose peer echoes them.
+fn echo_round_trips(iterations: usize, mut to_peer: impl Write, mut from_peer: impl Read) -> Vec<f64> {
+    let mut buf = [0u8; 8];
+    time_calls(iterations, || {
+        to_peer.write_all(&buf).expect("write");
+        from_peer.read_exact(&mut buf).expect("read");
+    })
+}
+
+fn echo_loop(mut input: impl Read, mut output: impl Write) {
+    let mut buf = [0u8; 8];
+    while input.read_exact(&mut buf).is_ok() && output.write_all(&buf).is_ok() {}
+}
+
+fn unix_round_trips(iterations: usize) -> anyhow::Result<Vec<f64>> {
+    let (a, b) = UnixStream::pair()?;
+    let b2 = b.try_clone()?;
+    let _peer = Peer::spawn(move || echo_loop(b, b2))?;
+    let a2 = a.try_clone()?;
+    Ok(echo_round_trips(iterations, a, a2))
+}
+
+fn pipe_round_trips(iterations: usize) -> anyhow::Result<Vec<f64>> {
+    let (down_r, down_w) = rustix::pipe::pipe()?;
+    let (up_r, up_w) = rustix::pipe::pipe()?;
+    let _peer = Peer::spawn(move || echo_loop(std::fs::File::from(down_r), std::fs::File::from(up_w)))?;
+    Ok(echo_round_trips(iterations, std::fs::File::from(down_w), std::fs::File::from(up_r)))
+}
+
+fn ipc(iterations: usize) -> anyhow::Result<bool> {
+    let spin = futex::spin_budget();
+    let socket_n = iterations.min(100_000);
+    println!("kintsugi bench ipc: {iterations} shared-memory round trips, {socket_n} socket/pipe round trips, 2 processes\n");
+    let rows = [
+        (format!("kintsugi null invocation (spin {} µs, then futex)", spin.as_micros()), shm_round_trips(iterations, spin)?),
+        ("kintsugi null invocation (futex only, no spin)".to_string(), shm_round_trips(socket_n, Duration::ZERO)?),
+        ("Unix stream socket, 8-byte echo".to_string(), unix_round_trips(socket_n)?),
+        ("pipe pair, 8-byte echo".to_string(), pipe_round_trips(socket_n)?),
+    ];
+    futex::set_spin_budget(spin);
+    let unix = Summary::of(&rows[2].1).unwrap();
+    println!("| transport | p50 µs | p99 µs | mean µs | p50 vs Unix socket |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    for (label, samples) in &rows {
+        let s = Summary::of(samples).unwrap();
+        println!("| {label} | {:.2} | {:.2} | {:.2} | {:.2}× |", s.p50, s.p99, s.mean, s.p50 / unix.p50);
+    }
+    Ok(true)
+}
+
+fn parse_system(name: &str, text: &str) -> anyhow::Result<kintsugi_system::System> {
+    let mut system = kintsugi_system::parse(Path::new(name), text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    system.resolve_binaries(&crate::run::search_dirs()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for c in &mut system.components {
+        c.set_restart(u32::MAX, Duration::from_secs(1));
+    }
+    Ok(system)
+}
+
+/// Kills `target` `kills` times at intervals drawn from `every`, and collects the events.
+fn kill_repeatedly(
+    system: &kintsugi_system::System,
+    target: &str,
+    kills: u32,
+    every: (Duration, Duration),
+    stop_when_finished: Option<String>,
+) -> anyhow::Result<Vec<Event>> {
+    let plan = ChaosPlan {
+        target: target.into(),
+        signals: vec![Signal::KILL],
+        min_interval: every.0,
+        max_interval: every.1,
+        count: Some(kills),
+        seed: 1,
+    };
+    let options = Options {
+        chaos: Some(plan),
+        stop_after_chaos: stop_when_finished.is_none(),
+        stop_when_finished,
+        interfaces: kintsugi_interfaces::ALL.to_vec(),
+        ..Options::default()
+    };
+    let mut events = Vec::new();
+    let report = kintsugi_supervisor::run(system, options, &mut |e| events.push(e.clone()))?;
+    if !report.success() {
+        anyhow::bail!("benchmark system did not end cleanly: {:?}", report);
+    }
+    Ok(events)
+}
+
+fn reboot(kills: u32, objects: usize, heap_mib: u32) -> anyhow::Result<bool> {
+    println!("kintsugi bench reboot: {kills} SIGKILLs per configuration; reboot time runs from the supervisor's");
+    println!("detection of the death (pidfd) to the new incarnation reporting ready.\n");
+    println!("| heap of the failed incarnation | reboot from | p50 µs | p99 µs | mean RSS at kill | p50 vs fork+exec |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: |");
+    for heap in [0, heap_mib] {
+        let mut results = Vec::new();
+        for mode in [RebootMode::Standby, RebootMode::Fork, RebootMode::Exec] {
+            let mut system = parse_system("systems/bench.toml", BENCH_SYSTEM)?;
+            let echo = system.component_mut("echo").expect("bench.toml has echo");
+            echo.reboot = mode;
+            echo.set_config("grow_mib", heap.into());
+            // Leave a grown heap time to be allocated and touched before each kill.
+            let every = if heap == 0 {
+                (Duration::from_millis(20), Duration::from_millis(40))
+            } else {
+                (Duration::from_millis(400 + heap as u64), Duration::from_millis(500 + heap as u64))
+            };
+            let events = kill_repeatedly(&system, "echo", kills, every, None)?;
+            let took: Vec<f64> = events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Rebooted { took, .. } => Some(took.as_nanos() as f64 / 1e3),
+                    _ => None,
+                })
+                .collect();
+            let rss: Vec<f64> = events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Injected { rss_kib, .. } => Some(*rss_kib as f64 / 1024.0),
+                    _ => None,
+                })
+                .collect();
+            results.push((mode, Summary::of(&took).expect("reboots"), Summary::of(&rss).expect("kills")));
+        }
+        let exec = results.iter().find(|r| r.0 == RebootMode::Exec).unwrap().1;
+        for (mode, s, rss) in &results {
+            let from = match mode {
+                RebootMode::Standby => "warm standby (forked from the pristine image)",
+                RebootMode::Fork => "fork of the pristine image on demand",
+                RebootMode::Exec => "fork+exec of the binary (baseline)",
+            };
+            let label = if heap == 0 { "small".to_string() } else { format!("{heap} MiB") };
+            println!("| {label} | {from} | {:.0} | {:.0} | {:.1} MiB | {:.3}× |", s.p50, s.p99, rss.mean, s.p50 / exec.p50);
+        }
+    }
+    descriptor_recovery(kills.min(20), objects)
+}
+
+fn descriptor_recovery(rounds: u32, objects: usize) -> anyhow::Result<bool> {
+    let out = std::env::temp_dir().join(format!("kintsugi-bench-recovery-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&out);
+    let mut system = parse_system("systems/bench-recovery.toml", RECOVERY_SYSTEM)?;
+    let driver = system.component_mut("driver").expect("bench-recovery.toml has driver");
+    driver.set_config("objects", objects.into());
+    driver.set_config("rounds", rounds.into());
+    driver.set_config("out", out.display().to_string().into());
+    let every = (Duration::from_millis(150), Duration::from_millis(250));
+    kill_repeatedly(&system, "echo", rounds + 5, every, Some("driver".into()))?;
+    let text = std::fs::read_to_string(&out)?;
+    let _ = std::fs::remove_file(&out);
+    let mut recover = Vec::new();
+    let mut plain = Vec::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        recover.push(v["recover_us"].as_f64().unwrap_or(f64::NAN));
+        plain.push(v["plain_us"].as_f64().unwrap_or(f64::NAN));
+    }
+    let (r, p) = (Summary::of(&recover).expect("rounds"), Summary::of(&plain).expect("rounds"));
+    println!("\nDescriptor recovery: a client holding {objects} descriptors touches each once after a reboot");
+    println!("(the stub replays `make` and `put`), then once more (no recovery); {} rounds.\n", r.n);
+    println!("| pass | mean µs per descriptor (median of rounds) | p99 of rounds |");
+    println!("| --- | ---: | ---: |");
+    println!("| first touch after reboot (rebuild + call) | {:.2} | {:.2} |", r.p50, r.p99);
+    println!("| touch without recovery | {:.2} | {:.2} |", p.p50, p.p99);
+    println!("| rebuilding one descriptor (difference) | {:.2} | |", r.p50 - p.p50);
+    Ok(true)
+}

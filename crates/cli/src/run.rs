@@ -1,0 +1,216 @@
+//! `kintsugi run`, `kintsugi demo` and `kintsugi check`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use kintsugi_supervisor::{parse_signal, ChaosPlan, Event, Options};
+
+use crate::stats::Summary;
+
+/// The demo's system, built in so that the demo runs from anywhere.
+const DEMO_SYSTEM: &str = include_str!("../../../systems/demo.toml");
+
+#[derive(Args, Debug, Clone)]
+pub struct ChaosArgs {
+    /// Kill this component's live incarnation at random instants.
+    #[arg(long)]
+    pub kill: Option<String>,
+    /// How many kills (default: until the system stops).
+    #[arg(long)]
+    pub kills: Option<u32>,
+    /// Interval between kills in ms, as MIN..MAX.
+    #[arg(long, default_value = "50..500")]
+    pub kill_every: String,
+    /// Signals to choose from, comma-separated.
+    #[arg(long, default_value = "kill,segv")]
+    pub signals: String,
+    /// Seed for the kill schedule (default: from the clock; printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop the system once the kills are done.
+    #[arg(long)]
+    pub stop_after_kills: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The system description.
+    pub system: PathBuf,
+    #[command(flatten)]
+    pub chaos: ChaosArgs,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Stop when this component ends by itself.
+    #[arg(long)]
+    pub until_finished: Option<String>,
+    /// Print only faults and the summary, not every reboot.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// How long to run, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// Where component binaries are looked for: next to this executable (and its
+/// parent folder, for test binaries in target/*/deps), then $PATH.
+pub fn search_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(d) = exe.parent() {
+            dirs.push(d.to_path_buf());
+            if let Some(p) = d.parent() {
+                dirs.push(p.to_path_buf());
+            }
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    dirs
+}
+
+fn load(path: &Path) -> anyhow::Result<kintsugi_system::System> {
+    kintsugi_system::load(path, &search_dirs()).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+pub fn chaos_plan(args: &ChaosArgs) -> anyhow::Result<Option<ChaosPlan>> {
+    let Some(target) = &args.kill else { return Ok(None) };
+    let (lo, hi) = args
+        .kill_every
+        .split_once("..")
+        .and_then(|(a, b)| Some((a.trim().parse::<f64>().ok()?, b.trim().parse::<f64>().ok()?)))
+        .with_context(|| format!("--kill-every `{}`: expected MIN..MAX in milliseconds", args.kill_every))?;
+    let signals = args
+        .signals
+        .split(',')
+        .map(|s| parse_signal(s).with_context(|| format!("--signals: unknown signal `{s}`")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    });
+    println!("chaos: killing {target} with {} every {lo}..{hi} ms, seed {seed}", args.signals);
+    Ok(Some(ChaosPlan {
+        target: target.clone(),
+        signals,
+        min_interval: Duration::from_secs_f64(lo / 1e3),
+        max_interval: Duration::from_secs_f64(hi / 1e3),
+        count: args.kills,
+        seed,
+    }))
+}
+
+/// Prints events as a live log and tallies reboots.
+struct Log {
+    start: Instant,
+    quiet: bool,
+    reboots: Vec<Duration>,
+    injected: u32,
+    injected_busy: u32,
+}
+
+impl Log {
+    fn new(quiet: bool) -> Self {
+        Self { start: Instant::now(), quiet, reboots: Vec::new(), injected: 0, injected_busy: 0 }
+    }
+
+    fn on(&mut self, e: &Event) {
+        match e {
+            Event::Rebooted { took, .. } => self.reboots.push(*took),
+            Event::Injected { in_flight, .. } => {
+                self.injected += 1;
+                self.injected_busy += !in_flight.is_empty() as u32;
+            }
+            _ => {}
+        }
+        let routine = matches!(e, Event::Rebooted { .. } | Event::Injected { .. } | Event::Crashed { .. } | Event::Recovered { .. });
+        if !(self.quiet && routine) {
+            println!("[{:>10.6}] {e}", self.start.elapsed().as_secs_f64());
+        }
+    }
+
+    fn summary(&self) {
+        let took: Vec<f64> = self.reboots.iter().map(|d| d.as_nanos() as f64 / 1e3).collect();
+        let Some(s) = Summary::of(&took) else { return };
+        println!(
+            "{} reboots: p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs; {} of {} injections hit a call in flight",
+            s.n, s.p50, s.p99, s.max, self.injected_busy, self.injected
+        );
+    }
+}
+
+fn interfaces() -> Vec<&'static kintsugi_runtime::stub::InterfaceInfo> {
+    kintsugi_interfaces::ALL.to_vec()
+}
+
+fn execute(system: &kintsugi_system::System, options: Options, quiet: bool) -> anyhow::Result<bool> {
+    let mut log = Log::new(quiet);
+    let report = kintsugi_supervisor::run(system, options, &mut |e| log.on(e))?;
+    log.summary();
+    for (name, exit) in &report.exits {
+        println!("{name}: last incarnation ended with {exit}");
+    }
+    Ok(report.success())
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<bool> {
+    let system = load(&args.system)?;
+    let options = Options {
+        chaos: chaos_plan(&args.chaos)?,
+        stop_after_chaos: args.chaos.stop_after_kills,
+        stop_when_finished: args.until_finished,
+        duration: args.duration.map(Duration::from_secs_f64),
+        interfaces: interfaces(),
+        ..Options::default()
+    };
+    execute(&system, options, args.quiet)
+}
+
+pub fn demo(args: DemoArgs) -> anyhow::Result<bool> {
+    let mut system = kintsugi_system::parse(Path::new("systems/demo.toml (built in)"), DEMO_SYSTEM)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    system.resolve_binaries(&search_dirs()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!("kintsugi demo: ramfs serves a workload that verifies every byte; ramfs is killed at random.");
+    let chaos = ChaosArgs {
+        kill: Some("ramfs".into()),
+        kills: None,
+        kill_every: "20..300".into(),
+        signals: "kill,segv,bus,abrt".into(),
+        seed: args.seed,
+        stop_after_kills: false,
+    };
+    let options = Options {
+        chaos: chaos_plan(&chaos)?,
+        duration: Some(Duration::from_secs_f64(args.duration)),
+        interfaces: interfaces(),
+        ..Options::default()
+    };
+    execute(&system, options, false)
+}
+
+pub fn check(path: &Path) -> anyhow::Result<bool> {
+    let system = load(path)?;
+    println!("{}: system `{}` is valid; start order:", path.display(), system.name);
+    for c in &system.components {
+        let uses: Vec<String> = c.uses.iter().map(|u| format!("{}@{}", u.interface, u.server)).collect();
+        println!(
+            "  {} ({}) provides [{}] uses [{}], reboot {}, restart at most {} in {} ms",
+            c.name,
+            c.binary.display(),
+            c.provides.join(", "),
+            uses.join(", "),
+            c.reboot,
+            c.restart.max,
+            c.restart.window.as_millis()
+        );
+    }
+    Ok(true)
+}

@@ -1,0 +1,580 @@
+//! Semantic checks: resolves named types and enforces the rules that make the
+//! generated recovery code correct (every descriptor can be recreated, every
+//! tracked field can be restored, ...).
+
+use std::collections::HashSet;
+
+use crate::model::*;
+use crate::Fail;
+
+/// Words that cannot name anything, since every name becomes a Rust identifier.
+const RUST_KEYWORDS: &[&str] = &[
+    "abstract", "as", "async", "await", "become", "box", "break", "const", "continue", "crate",
+    "do", "dyn", "else", "enum", "extern", "false", "final", "fn", "for", "gen", "if", "impl",
+    "in", "let", "loop", "macro", "match", "mod", "move", "mut", "override", "priv", "pub", "ref",
+    "return", "self", "Self", "static", "struct", "super", "trait", "true", "try", "type",
+    "typeof", "union", "unsafe", "unsized", "use", "virtual", "where", "while", "yield",
+];
+
+/// Type names the generated module defines itself.
+const RESERVED_TYPES: &[&str] = &[
+    "Error",
+    "Client",
+    "Server",
+    "ServerStub",
+    "Raw",
+    "Current",
+    "Arc",
+    "Mutex",
+    "CallError",
+    "Caller",
+    "DescTable",
+    "Dispatched",
+    "Fault",
+    "InterfaceInfo",
+    "Refusal",
+    "ReplyStatus",
+    "Service",
+    "Reader",
+    "WireError",
+    "Writer",
+    "ConnectError",
+    "Connection",
+    "Runtime",
+    "String",
+    "Vec",
+    "Option",
+    "Result",
+    "Box",
+    "Some",
+    "None",
+    "Ok",
+    "Err",
+];
+/// Client method names the generated module defines itself.
+const RESERVED_FNS: &[&str] = &["connect", "connection", "from_connection", "raw"];
+/// Local names the generated stubs use next to the arguments.
+const RESERVED_ARGS: &[&str] = &[
+    "caller",
+    "r",
+    "w",
+    "out",
+    "ret",
+    "epoch",
+    "status",
+    "interrupted",
+    "code",
+    "fault",
+    "reply",
+    "server_id",
+    "record",
+    "e",
+    "t",
+    "current",
+    "entry",
+    "value",
+    "func",
+    "request",
+    "response",
+];
+
+/// `n0`, `item1`, ...: the generated code's list locals.
+fn is_list_local(name: &str) -> bool {
+    ["n", "item"].iter().any(|p| {
+        name.strip_prefix(p)
+            .is_some_and(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()))
+    })
+}
+
+fn is_snake(s: &str) -> bool {
+    s.starts_with(|c: char| c.is_ascii_lowercase())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !s.contains("__")
+        && !s.ends_with('_')
+}
+
+fn is_camel(s: &str) -> bool {
+    s.starts_with(|c: char| c.is_ascii_uppercase()) && s.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
+fn name_ok(name: &str, span: Span, what: &str, camel: bool) -> Result<(), Fail> {
+    if RUST_KEYWORDS.contains(&name) {
+        return Err(Fail::new(
+            span,
+            format!("`{name}` is a Rust keyword and cannot name {what}"),
+        ));
+    }
+    if camel && !is_camel(name) {
+        return Err(Fail::new(
+            span,
+            format!("{what} name `{name}` must be UpperCamelCase"),
+        ));
+    }
+    if !camel && !is_snake(name) {
+        return Err(Fail::new(
+            span,
+            format!("{what} name `{name}` must be lower_snake_case"),
+        ));
+    }
+    Ok(())
+}
+
+/// Adds `name` to `seen`, failing if it is already there.
+fn unique(seen: &mut HashSet<String>, name: &str, span: Span, what: &str) -> Result<(), Fail> {
+    if !seen.insert(name.to_string()) {
+        return Err(Fail::new(span, format!("duplicate {what} `{name}`")));
+    }
+    Ok(())
+}
+
+pub(crate) fn check(iface: &mut Interface) -> Result<(), Fail> {
+    name_ok(&iface.name, iface.name_span, "an interface", false)?;
+
+    // Names.
+    let mut seen = HashSet::new();
+    for e in &iface.errors {
+        name_ok(&e.name, e.span, "an error", true)?;
+        unique(&mut seen, &e.name, e.span, "error")?;
+    }
+    let mut types = HashSet::new();
+    let record_names: Vec<String> = iface
+        .descriptors
+        .iter()
+        .map(|d| format!("{}Record", d.name))
+        .collect();
+    let type_spans = iface
+        .records
+        .iter()
+        .map(|r| (&r.name, r.span))
+        .chain(iface.descriptors.iter().map(|d| (&d.name, d.span)));
+    for (name, span) in type_spans {
+        name_ok(name, span, "a type", true)?;
+        if RESERVED_TYPES.contains(&name.as_str()) || record_names.contains(name) {
+            return Err(Fail::new(
+                span,
+                format!("type name `{name}` is reserved by the generated stubs"),
+            ));
+        }
+        unique(&mut types, name, span, "type")?;
+    }
+    let mut fns = HashSet::new();
+    for f in &iface.functions {
+        name_ok(&f.name, f.span, "a function", false)?;
+        let helper = iface.descriptors.iter().any(|d| {
+            let s = crate::gen::snake(&d.name);
+            [
+                format!("tracked_{s}s"),
+                format!("peek_{s}"),
+                format!("current_{s}"),
+            ]
+            .contains(&f.name)
+        });
+        if RESERVED_FNS.contains(&f.name.as_str()) || helper {
+            return Err(Fail::new(
+                f.span,
+                format!(
+                    "function name `{}` is reserved by the generated stubs",
+                    f.name
+                ),
+            ));
+        }
+        unique(&mut fns, &f.name, f.span, "function")?;
+    }
+
+    // Types.
+    let descs: HashSet<String> = iface.descriptors.iter().map(|d| d.name.clone()).collect();
+    let resolve = |ty: &mut Type, span: Span| resolve(ty, span, &types, &descs);
+    for r in &mut iface.records {
+        let mut fields = HashSet::new();
+        for f in &mut r.fields {
+            name_ok(&f.name, f.span, "a field", false)?;
+            unique(&mut fields, &f.name, f.span, "field")?;
+            resolve(&mut f.ty, f.ty_span)?;
+            if !(f.ty.is_int() || matches!(f.ty, Type::Bool | Type::Str | Type::Bytes)) {
+                return Err(Fail::new(
+                    f.ty_span,
+                    format!("record field `{}` has type `{}`; record fields are integers, bool, str or bytes", f.name, f.ty.idl()),
+                ));
+            }
+        }
+    }
+    for d in &mut iface.descriptors {
+        let mut fields = HashSet::new();
+        for f in &mut d.fields {
+            name_ok(&f.name, f.span, "a field", false)?;
+            unique(&mut fields, &f.name, f.span, "field")?;
+            resolve(&mut f.ty, f.ty_span)?;
+            if f.ty != Type::U64 {
+                return Err(Fail::new(
+                    f.ty_span,
+                    format!("descriptor field `{}` must be u64", f.name),
+                ));
+            }
+        }
+        if d.namespace == Namespace::Global {
+            return Err(Fail::new(
+                d.span,
+                format!(
+                    "`{}`: namespace `global` is not supported yet; v1 allows only `local`",
+                    d.name
+                ),
+            ));
+        }
+    }
+    for f in &mut iface.functions {
+        for a in &mut f.args {
+            resolve(&mut a.ty, a.ty_span)?;
+        }
+        resolve(&mut f.ret, f.ret_span)?;
+    }
+
+    let snapshot = iface.clone();
+    for f in &iface.functions {
+        check_function(&snapshot, f)?;
+    }
+    check_descriptors(&snapshot)
+}
+
+fn resolve(
+    ty: &mut Type,
+    span: Span,
+    types: &HashSet<String>,
+    descs: &HashSet<String>,
+) -> Result<(), Fail> {
+    match ty {
+        Type::List(inner) => {
+            resolve(inner, span, types, descs)?;
+            match **inner {
+                Type::Unit => Err(Fail::new(span, "a list of `unit` carries nothing")),
+                Type::Descriptor(ref d) => Err(Fail::new(
+                    span,
+                    format!("descriptors (`{d}`) cannot be in lists"),
+                )),
+                _ => Ok(()),
+            }
+        }
+        Type::Record(name) if descs.contains(name.as_str()) => {
+            *ty = Type::Descriptor(name.clone());
+            Ok(())
+        }
+        Type::Record(name) if !types.contains(name.as_str()) => {
+            Err(Fail::new(span, format!("unknown type `{name}`")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Checks that `r` names a descriptor argument of `f` and one of its fields.
+fn field_of<'a>(
+    iface: &'a Interface,
+    f: &Function,
+    r: &FieldRef,
+    what: &str,
+) -> Result<&'a Descriptor, Fail> {
+    let desc = match f.arg_type(&r.arg) {
+        Some(Type::Descriptor(d)) => iface.descriptor(d).expect("resolved"),
+        _ => {
+            return Err(Fail::new(
+                r.span,
+                format!(
+                    "`{what}({})`: `{}` is not a descriptor argument of `{}`",
+                    r.idl(),
+                    r.arg,
+                    f.name
+                ),
+            ))
+        }
+    };
+    if !desc.fields.iter().any(|x| x.name == r.field) {
+        return Err(Fail::new(
+            r.span,
+            format!(
+                "`{what}({})`: descriptor `{}` has no field `{}`",
+                r.idl(),
+                desc.name,
+                r.field
+            ),
+        ));
+    }
+    Ok(desc)
+}
+
+fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
+    let mut names = HashSet::new();
+    let desc_args: Vec<&str> = f.descriptor_args().map(|(a, _)| a.name.as_str()).collect();
+    for a in &f.args {
+        name_ok(&a.name, a.span, "an argument", false)?;
+        unique(&mut names, &a.name, a.span, "argument")?;
+        let is_local = |n: &str| desc_args.iter().any(|d| n == format!("{d}_now"));
+        if RESERVED_ARGS.contains(&a.name.as_str()) || is_local(&a.name) || is_list_local(&a.name) {
+            return Err(Fail::new(
+                a.span,
+                format!(
+                    "argument name `{}` is reserved by the generated stubs",
+                    a.name
+                ),
+            ));
+        }
+        if a.ty == Type::Unit {
+            return Err(Fail::new(
+                a.ty_span,
+                format!("argument `{}` cannot be `unit`", a.name),
+            ));
+        }
+        if let Some((lo, hi)) = a.range {
+            let Some((min, max)) = a.ty.int_bounds() else {
+                return Err(Fail::new(
+                    a.span,
+                    format!(
+                        "`range` applies to integer arguments, and `{}` is `{}`",
+                        a.name,
+                        a.ty.idl()
+                    ),
+                ));
+            };
+            for b in [lo, hi] {
+                if b < min || b > max {
+                    return Err(Fail::new(
+                        a.span,
+                        format!("range bound {b} does not fit in `{}`", a.ty.idl()),
+                    ));
+                }
+            }
+        }
+        if a.max.is_some() && !matches!(a.ty, Type::Str | Type::Bytes) {
+            return Err(Fail::new(
+                a.span,
+                format!(
+                    "`max` applies to str and bytes arguments, and `{}` is `{}`",
+                    a.name,
+                    a.ty.idl()
+                ),
+            ));
+        }
+        if (a.remember || a.replay.is_some()) && f.role != Role::Create {
+            return Err(Fail::new(
+                a.span,
+                format!(
+                    "`{}`: `remember` and `replay` apply only to arguments of a `create` function",
+                    a.name
+                ),
+            ));
+        }
+        if a.remember && a.replay.is_some() {
+            return Err(Fail::new(
+                a.span,
+                format!("`{}`: use either `remember` or `replay`, not both", a.name),
+            ));
+        }
+        if let Some(lit) = &a.replay {
+            let fits = match (lit, &a.ty) {
+                (Literal::Int(n), t) if t.is_int() => {
+                    let (min, max) = a.range.or(t.int_bounds()).expect("integer");
+                    (min..=max).contains(n)
+                }
+                (Literal::Bool(_), Type::Bool) => true,
+                (Literal::Str(s), Type::Str | Type::Bytes) => {
+                    a.max.is_none_or(|m| s.len() as u64 <= m)
+                }
+                _ => false,
+            };
+            if !fits {
+                return Err(Fail::new(
+                    a.span,
+                    format!(
+                        "`replay({})` is not a valid value for `{}: {}`",
+                        lit.idl(),
+                        a.name,
+                        a.ty.idl()
+                    ),
+                ));
+            }
+        }
+        if let Some(r) = &a.set {
+            let desc = field_of(iface, f, r, "set")?;
+            let _ = desc;
+            if a.ty != Type::U64 {
+                return Err(Fail::new(
+                    a.span,
+                    format!(
+                        "`set({})` needs a u64 argument, and `{}` is `{}`",
+                        r.idl(),
+                        a.name,
+                        a.ty.idl()
+                    ),
+                ));
+            }
+        }
+    }
+
+    match f.role {
+        Role::Create => {
+            if !matches!(f.ret, Type::Descriptor(_)) {
+                return Err(Fail::new(
+                    f.span,
+                    format!("`create` function `{}` must return a descriptor", f.name),
+                ));
+            }
+            if let Some((a, _)) = f.descriptor_args().next() {
+                return Err(Fail::new(
+                    a.span,
+                    format!("`create` function `{}` cannot take descriptor `{}`: parent dependencies are not supported yet", f.name, a.name),
+                ));
+            }
+            if let Some(a) = f.args.iter().find(|a| !a.remember && a.replay.is_none()) {
+                return Err(Fail::new(
+                    a.span,
+                    format!("argument `{}` of `create` function `{}` needs `remember` or `replay(..)`: recovery replays creation", a.name, f.name),
+                ));
+            }
+        }
+        Role::Terminal => {
+            if f.descriptor_args().count() != 1 {
+                return Err(Fail::new(
+                    f.span,
+                    format!(
+                        "`terminal` function `{}` must take exactly one descriptor",
+                        f.name
+                    ),
+                ));
+            }
+            if f.ret != Type::Unit {
+                return Err(Fail::new(
+                    f.ret_span,
+                    format!("`terminal` function `{}` must return unit", f.name),
+                ));
+            }
+        }
+        Role::Plain => {
+            if let Type::Descriptor(d) = &f.ret {
+                return Err(Fail::new(
+                    f.ret_span,
+                    format!("only a `create` function may return a descriptor (`{d}`)"),
+                ));
+            }
+        }
+    }
+    if let Some(r) = &f.advance {
+        field_of(iface, f, r, "advance")?;
+        if !(f.ret.is_int() || f.ret == Type::Bytes) || f.ret == Type::I64 {
+            return Err(Fail::new(
+                r.span,
+                format!("`advance({})` needs a function returning an unsigned integer or bytes, and `{}` returns `{}`", r.idl(), f.name, f.ret.idl()),
+            ));
+        }
+    }
+    if let Some(r) = &f.restore {
+        field_of(iface, f, r, "restore")?;
+        let setter = f.args.iter().any(|a| {
+            a.set
+                .as_ref()
+                .is_some_and(|s| s.arg == r.arg && s.field == r.field)
+        });
+        if f.role != Role::Plain || f.args.len() != 2 || !setter {
+            return Err(Fail::new(
+                r.span,
+                format!(
+                    "`restore({})`: a restore function takes exactly the descriptor `{}` and one argument with `set({})`",
+                    r.idl(),
+                    r.arg,
+                    r.idl()
+                ),
+            ));
+        }
+    }
+    for e in &f.retry_ok {
+        if !iface.errors.iter().any(|x| &x.name == e) {
+            let declared: Vec<&str> = iface.errors.iter().map(|e| e.name.as_str()).collect();
+            return Err(Fail::new(
+                f.span,
+                format!(
+                    "`retry_ok({e})`: unknown error `{e}`; declared: {}",
+                    declared.join(", ")
+                ),
+            ));
+        }
+    }
+    if !f.retry_ok.is_empty() && (f.ret != Type::Unit || f.role != Role::Plain) {
+        return Err(Fail::new(
+            f.span,
+            format!(
+                "`retry_ok` needs a plain function that returns unit, and `{}` does not",
+                f.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_descriptors(iface: &Interface) -> Result<(), Fail> {
+    for d in &iface.descriptors {
+        let ty = Type::Descriptor(d.name.clone());
+        let mut creators = iface
+            .functions
+            .iter()
+            .filter(|f| f.role == Role::Create && f.ret == ty);
+        let Some(first) = creators.next() else {
+            return Err(Fail::new(
+                d.span,
+                format!("descriptor `{}` has no `create` function", d.name),
+            ));
+        };
+        if let Some(second) = creators.next() {
+            return Err(Fail::new(
+                second.span,
+                format!("descriptor `{}` is already created by `{}`; v1 allows one `create` function per descriptor", d.name, first.name),
+            ));
+        }
+        for field in &d.fields {
+            let refers = |r: &FieldRef, f: &Function| {
+                r.field == field.name && f.arg_type(&r.arg) == Some(&ty)
+            };
+            let mut restorers = iface
+                .functions
+                .iter()
+                .filter(|f| f.restore.as_ref().is_some_and(|r| refers(r, f)));
+            let restorer = restorers.next();
+            if let Some(second) = restorers.next() {
+                return Err(Fail::new(
+                    second.span,
+                    format!(
+                        "field `{}` of `{}` is already restored by `{}`",
+                        field.name,
+                        d.name,
+                        restorer.expect("first").name
+                    ),
+                ));
+            }
+            let changer = iface.functions.iter().find(|f| {
+                f.advance.as_ref().is_some_and(|r| refers(r, f))
+                    || f.args
+                        .iter()
+                        .any(|a| a.set.as_ref().is_some_and(|r| refers(r, f)))
+            });
+            if let (Some(changer), None) = (changer, restorer) {
+                return Err(Fail::new(
+                    field.span,
+                    format!(
+                        "field `{}` of `{}` is changed by `{}` but no function restores it; add `restore(..{})` to one",
+                        field.name, d.name, changer.name, field.name
+                    ),
+                ));
+            }
+        }
+        if let Some(f) = &d.fields.iter().find(|f| {
+            iface
+                .creator(&d.name)
+                .is_some_and(|c| c.arg(&f.name).is_some())
+        }) {
+            return Err(Fail::new(
+                f.span,
+                format!(
+                    "field `{}` has the same name as an argument of `{}`",
+                    f.name, first.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,458 @@
+//! Every kind of lexical, syntax and semantic error, with its exact position.
+
+use std::path::Path;
+
+/// Line 1 and 2 of every case; the case itself starts on line 3.
+const HEAD: &str = "interface t;\nerrors { NotFound, Exists }\n";
+
+fn err(body: &str) -> String {
+    let text = format!("{HEAD}{body}");
+    match kintsugi_idl::parse(Path::new("t.kidl"), &text) {
+        Ok(_) => panic!("parsed without error:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[track_caller]
+fn expect(body: &str, want: &str) {
+    assert_eq!(err(body), want);
+}
+
+const DESC: &str = "descriptor D { field pos: u64; }\n"; // line 3
+const MAKE: &str = "fn mk(tag: u64 remember) -> D create;\n"; // line 4
+
+// Lexical.
+
+#[test]
+fn unexpected_character() {
+    expect("fn f(a: u32) @;", "t.kidl:3:14: unexpected character '@'");
+}
+
+#[test]
+fn unterminated_string() {
+    expect(
+        r#"fn f(s: str replay("abc) -> D create;"#,
+        "t.kidl:3:20: unterminated string literal",
+    );
+}
+
+#[test]
+fn unknown_escape() {
+    expect(
+        r#"fn f(s: str replay("a\q"));"#,
+        r#"t.kidl:3:22: unknown escape in string literal; expected \\, \" or \n"#,
+    );
+}
+
+#[test]
+fn integer_too_large() {
+    expect(
+        "fn f(a: u64 range(0, 99999999999999999999));",
+        "t.kidl:3:22: invalid integer literal `99999999999999999999`",
+    );
+}
+
+// Syntax.
+
+#[test]
+fn missing_interface_line() {
+    let e = kintsugi_idl::parse(Path::new("t.kidl"), "\n  fn f();").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "t.kidl:2:3: expected `interface NAME;` first, found `fn`"
+    );
+    assert_eq!((e.line, e.col), (2, 3));
+}
+
+#[test]
+fn missing_semicolon_at_end_of_file() {
+    expect(
+        "fn f(a: u32) -> u32\n",
+        "t.kidl:4:1: expected an annotation or `;`, found end of file",
+    );
+}
+
+#[test]
+fn expected_punctuation() {
+    expect("fn f(a u32);", "t.kidl:3:8: expected `:`, found `u32`");
+}
+
+#[test]
+fn unknown_item() {
+    expect(
+        "struct X {}",
+        "t.kidl:3:1: expected `errors`, `record`, `descriptor` or `fn`, found `struct`",
+    );
+}
+
+#[test]
+fn expected_type() {
+    expect("fn f(a: 5);", "t.kidl:3:9: expected a type, found `5`");
+}
+
+#[test]
+fn lists_nest_too_deeply() {
+    expect(
+        "fn f() -> [[[[[[[[[u8]]]]]]]]];",
+        "t.kidl:3:19: lists nest too deeply (at most 8 levels)",
+    );
+}
+
+#[test]
+fn second_errors_block() {
+    expect(
+        "errors { Gone }",
+        "t.kidl:3:1: a second `errors` block; list all errors in one",
+    );
+}
+
+#[test]
+fn unknown_argument_annotation() {
+    expect(
+        "fn f(path: str rememebr);",
+        "t.kidl:3:16: unknown annotation `rememebr`; expected one of remember, replay, range, max, set",
+    );
+}
+
+#[test]
+fn unknown_function_annotation() {
+    expect(
+        "fn f() creat;",
+        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, restore, retry_ok",
+    );
+}
+
+#[test]
+fn argument_annotation_on_function() {
+    expect(
+        "fn f() remember;",
+        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, restore, retry_ok \
+         (argument annotations go right after the argument's type)",
+    );
+}
+
+#[test]
+fn duplicate_annotation() {
+    expect(
+        "fn f(a: u32 range(0, 1) range(0, 2));",
+        "t.kidl:3:25: duplicate annotation `range`",
+    );
+}
+
+#[test]
+fn annotation_arity() {
+    expect(
+        "fn f(a: u32 range(1));",
+        "t.kidl:3:19: `range` takes 2 arguments (lo, hi), found 1",
+    );
+    expect(
+        "fn f(a: u32 remember(1));",
+        "t.kidl:3:22: `remember` takes no arguments",
+    );
+}
+
+#[test]
+fn annotation_value_kind() {
+    expect(
+        "fn f(a: str max(x));",
+        "t.kidl:3:17: `max` expects integers, found `x`",
+    );
+    expect(
+        "fn f(a: u64 set(pos));",
+        "t.kidl:3:17: `set` expects `descriptor_arg.field`, found `pos`",
+    );
+    expect(
+        "fn f(a: u64 replay(d.x));",
+        "t.kidl:3:20: `replay` expects a literal (integer, true, false or string), found `d.x`",
+    );
+}
+
+#[test]
+fn empty_range() {
+    expect(
+        "fn f(a: u32 range(5, 1));",
+        "t.kidl:3:19: empty range: 5 is greater than 1",
+    );
+}
+
+#[test]
+fn unknown_descriptor_property() {
+    expect(
+        "descriptor D { namspace: local; }",
+        "t.kidl:3:16: unknown descriptor property `namspace`; expected one of namespace, close, parent, field",
+    );
+}
+
+#[test]
+fn unknown_property_value() {
+    expect(
+        "descriptor D { namespace: locl; }",
+        "t.kidl:3:27: unknown namespace `locl`; expected local or global",
+    );
+    expect(
+        "descriptor D { close: all; }",
+        "t.kidl:3:23: unknown close `all`; expected self or subtree",
+    );
+}
+
+#[test]
+fn duplicate_property() {
+    expect(
+        "descriptor D {\n  close: self;\n  close: subtree;\n}",
+        "t.kidl:5:3: `close` is already set for `D`",
+    );
+}
+
+#[test]
+fn parent_not_in_v1() {
+    expect(
+        "descriptor D { parent: same; }",
+        "t.kidl:3:24: parent `same` is not supported yet; v1 allows only `none`",
+    );
+    expect(
+        "descriptor D { parent: other(fs); }",
+        "t.kidl:3:24: parent `other` is not supported yet; v1 allows only `none`",
+    );
+}
+
+// Semantic.
+
+#[test]
+fn unknown_type() {
+    expect("fn f(a: Foo);", "t.kidl:3:9: unknown type `Foo`");
+}
+
+#[test]
+fn duplicates() {
+    expect("fn f();\nfn f();", "t.kidl:4:4: duplicate function `f`");
+    expect(
+        "fn f(a: u32, a: u8);",
+        "t.kidl:3:14: duplicate argument `a`",
+    );
+    expect(
+        "record R { a: u8 }\nrecord R { b: u8 }",
+        "t.kidl:4:8: duplicate type `R`",
+    );
+    let e =
+        kintsugi_idl::parse(Path::new("t.kidl"), "interface t;\nerrors { A, B, A }").unwrap_err();
+    assert_eq!(e.to_string(), "t.kidl:2:16: duplicate error `A`");
+}
+
+#[test]
+fn names() {
+    expect(
+        "fn type();",
+        "t.kidl:3:4: `type` is a Rust keyword and cannot name a function",
+    );
+    expect(
+        "fn Open();",
+        "t.kidl:3:4: a function name `Open` must be lower_snake_case",
+    );
+    expect(
+        "record stat { a: u8 }",
+        "t.kidl:3:8: a type name `stat` must be UpperCamelCase",
+    );
+    expect(
+        "record Client { a: u8 }",
+        "t.kidl:3:8: type name `Client` is reserved by the generated stubs",
+    );
+    expect(
+        "fn f(w: u32);",
+        "t.kidl:3:6: argument name `w` is reserved by the generated stubs",
+    );
+    expect(
+        "fn connect();",
+        "t.kidl:3:4: function name `connect` is reserved by the generated stubs",
+    );
+}
+
+#[test]
+fn record_field_types() {
+    expect(
+        "record R { a: [u8] }",
+        "t.kidl:3:15: record field `a` has type `[u8]`; record fields are integers, bool, str or bytes",
+    );
+}
+
+#[test]
+fn unit_argument_and_lists() {
+    expect(
+        "fn f(a: unit);",
+        "t.kidl:3:9: argument `a` cannot be `unit`",
+    );
+    expect(
+        "fn f() -> [unit];",
+        "t.kidl:3:11: a list of `unit` carries nothing",
+    );
+    expect(
+        &format!("{DESC}{MAKE}fn f() -> [D];"),
+        "t.kidl:5:11: descriptors (`D`) cannot be in lists",
+    );
+}
+
+#[test]
+fn descriptor_field_type() {
+    expect(
+        "descriptor D { field pos: u32; }",
+        "t.kidl:3:27: descriptor field `pos` must be u64",
+    );
+}
+
+#[test]
+fn global_namespace_not_in_v1() {
+    expect(
+        "descriptor D { namespace: global; }",
+        "t.kidl:3:12: `D`: namespace `global` is not supported yet; v1 allows only `local`",
+    );
+}
+
+#[test]
+fn range_checks() {
+    expect(
+        "fn f(a: str range(0, 1));",
+        "t.kidl:3:6: `range` applies to integer arguments, and `a` is `str`",
+    );
+    expect(
+        "fn f(a: u8 range(0, 300));",
+        "t.kidl:3:6: range bound 300 does not fit in `u8`",
+    );
+    expect(
+        "fn f(a: u32 max(4));",
+        "t.kidl:3:6: `max` applies to str and bytes arguments, and `a` is `u32`",
+    );
+}
+
+#[test]
+fn remember_outside_create() {
+    expect(
+        "fn f(a: u32 remember);",
+        "t.kidl:3:6: `a`: `remember` and `replay` apply only to arguments of a `create` function",
+    );
+}
+
+#[test]
+fn create_argument_must_be_kept() {
+    expect(
+        &format!("{DESC}fn mk(a: u32) -> D create;"),
+        "t.kidl:4:7: argument `a` of `create` function `mk` needs `remember` or `replay(..)`: recovery replays creation",
+    );
+}
+
+#[test]
+fn replay_literal_must_fit() {
+    expect(
+        &format!("{DESC}fn mk(a: u32 replay(true)) -> D create;"),
+        "t.kidl:4:7: `replay(true)` is not a valid value for `a: u32`",
+    );
+    expect(
+        &format!("{DESC}fn mk(a: u32 range(1, 9) replay(0)) -> D create;"),
+        "t.kidl:4:7: `replay(0)` is not a valid value for `a: u32`",
+    );
+}
+
+#[test]
+fn create_must_return_a_descriptor() {
+    expect(
+        "fn mk() -> u64 create;",
+        "t.kidl:3:4: `create` function `mk` must return a descriptor",
+    );
+}
+
+#[test]
+fn only_create_returns_descriptors() {
+    expect(
+        &format!("{DESC}{MAKE}fn g() -> D;"),
+        "t.kidl:5:11: only a `create` function may return a descriptor (`D`)",
+    );
+}
+
+#[test]
+fn descriptor_without_create() {
+    expect(
+        "descriptor D { }",
+        "t.kidl:3:12: descriptor `D` has no `create` function",
+    );
+}
+
+#[test]
+fn descriptor_with_two_creates() {
+    expect(
+        &format!("{DESC}{MAKE}fn mk2(tag: u64 remember) -> D create;"),
+        "t.kidl:5:4: descriptor `D` is already created by `mk`; v1 allows one `create` function per descriptor",
+    );
+}
+
+#[test]
+fn tracked_field_needs_restore() {
+    expect(
+        &format!("{DESC}{MAKE}fn t(d: D) -> u64 advance(d.pos);"),
+        "t.kidl:3:22: field `pos` of `D` is changed by `t` but no function restores it; add `restore(..pos)` to one",
+    );
+}
+
+#[test]
+fn field_references() {
+    expect(
+        &format!("{DESC}{MAKE}fn t(d: D) -> u64 advance(x.pos);"),
+        "t.kidl:5:27: `advance(x.pos)`: `x` is not a descriptor argument of `t`",
+    );
+    expect(
+        &format!("{DESC}{MAKE}fn t(d: D, p: u64 set(d.nope));"),
+        "t.kidl:5:23: `set(d.nope)`: descriptor `D` has no field `nope`",
+    );
+    expect(
+        &format!("{DESC}{MAKE}fn t(d: D) -> str advance(d.pos);"),
+        "t.kidl:5:27: `advance(d.pos)` needs a function returning an unsigned integer or bytes, and `t` returns `str`",
+    );
+}
+
+#[test]
+fn restore_shape() {
+    expect(
+        &format!("{DESC}{MAKE}fn s(d: D, pos: u64) -> u64 restore(d.pos);"),
+        "t.kidl:5:37: `restore(d.pos)`: a restore function takes exactly the descriptor `d` and one argument with `set(d.pos)`",
+    );
+}
+
+#[test]
+fn terminal_shape() {
+    expect(
+        &format!("{DESC}{MAKE}fn c(d: D) -> u32 terminal;"),
+        "t.kidl:5:15: `terminal` function `c` must return unit",
+    );
+    expect(
+        &format!("{DESC}{MAKE}fn c() terminal;"),
+        "t.kidl:5:4: `terminal` function `c` must take exactly one descriptor",
+    );
+    expect(
+        "fn c() create terminal;",
+        "t.kidl:3:15: a function is either `create` or `terminal`, not both",
+    );
+}
+
+#[test]
+fn retry_ok_checks() {
+    expect(
+        "fn u() retry_ok(Gone);",
+        "t.kidl:3:4: `retry_ok(Gone)`: unknown error `Gone`; declared: NotFound, Exists",
+    );
+    expect(
+        "fn u() -> u32 retry_ok(Exists);",
+        "t.kidl:3:4: `retry_ok` needs a plain function that returns unit, and `u` does not",
+    );
+}
+
+#[test]
+fn file_name_must_match_interface() {
+    let dir = std::env::temp_dir().join(format!("kidl-name-{}", std::process::id()));
+    let out = dir.join("out");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("wrong.kidl"), "// x\ninterface right;\n").unwrap();
+    let e = kintsugi_idl::compile_dir(&dir, &out).unwrap_err();
+    let name = dir.file_name().unwrap().to_str().unwrap().to_string();
+    assert_eq!(
+        e.to_string(),
+        format!("{name}/wrong.kidl:2:11: interface `right` must be in a file named `right.kidl`")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,105 @@
+//! What the supervisor reports while a system runs: the live event log.
+
+use std::fmt;
+use std::time::Duration;
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Exit::Code(c) => write!(f, "exit code {c}"),
+            Exit::Signal(s) => write!(f, "{}", signal_name(*s)),
+        }
+    }
+}
+
+pub fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        5 => "SIGTRAP",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}
+
+/// One entry of the event log.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A component's first incarnation is serving.
+    Started { component: String, pid: u32, boot: Duration },
+    /// The injector sent a signal to a live incarnation.
+    Injected { component: String, pid: u32, signal: i32, in_flight: Vec<String>, rss_kib: u64 },
+    /// An incarnation died.
+    Crashed { component: String, pid: u32, epoch: u64, exit: Exit, in_flight: Vec<String> },
+    /// A new incarnation serves; `took` runs from the death's detection to
+    /// the new incarnation's readiness.
+    Rebooted { component: String, epoch: u64, pid: u32, took: Duration },
+    /// Clients rebuilt descriptors of `server` during its previous epoch.
+    Recovered { server: String, client: String, epoch: u64, descriptors: u64 },
+    /// An active component ended by itself.
+    Finished { component: String, exit: Exit },
+    /// The restart policy gave up on a component.
+    GaveUp { component: String, restarts: u32, window: Duration },
+    /// The pristine image died and was rebuilt from the binary.
+    ZygoteRespawned { component: String, pid: u32 },
+    /// The system stopped.
+    Stopped { reason: String },
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Event::Started { component, pid, boot } => {
+                write!(f, "{component}: started (pid {pid}) in {} µs", boot.as_micros())
+            }
+            Event::Injected { component, pid, signal, in_flight, rss_kib } => {
+                write!(f, "{component}: injected {} into pid {pid} (rss {rss_kib} KiB", signal_name(*signal))?;
+                if in_flight.is_empty() {
+                    write!(f, ", idle)")
+                } else {
+                    write!(f, ", during {})", in_flight.join(", "))
+                }
+            }
+            Event::Crashed { component, pid, epoch, exit, in_flight } => {
+                write!(f, "{component}: crashed with {exit} (pid {pid}, epoch {epoch})")?;
+                if !in_flight.is_empty() {
+                    write!(f, "; calls in flight: {}", in_flight.join(", "))?;
+                }
+                Ok(())
+            }
+            Event::Rebooted { component, epoch, pid, took } => {
+                write!(f, "{component}: rebooted in {} µs (epoch {epoch}, pid {pid})", took.as_micros())
+            }
+            Event::Recovered { server, client, epoch, descriptors } => {
+                write!(f, "{server}: {client} recovered {descriptors} descriptors during epoch {epoch}")
+            }
+            Event::Finished { component, exit } => write!(f, "{component}: finished with {exit}"),
+            Event::GaveUp { component, restarts, window } => write!(
+                f,
+                "{component}: {restarts} restarts within {} ms exceeds its restart policy; giving up",
+                window.as_millis()
+            ),
+            Event::ZygoteRespawned { component, pid } => {
+                write!(f, "{component}: pristine image lost; rebuilt from the binary (pid {pid})")
+            }
+            Event::Stopped { reason } => write!(f, "system stopped: {reason}"),
+        }
+    }
+}

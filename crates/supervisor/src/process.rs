@@ -1,0 +1,123 @@
+//! Processes the supervisor watches: a pidfd per process, and the exec of a
+//! component binary with exactly the descriptors the system grants it.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
+
+use crate::events::Exit;
+
+/// A child process of the supervisor, watched through its pidfd.
+#[derive(Debug)]
+pub struct Proc {
+    pub pid: u32,
+    pub pidfd: OwnedFd,
+}
+
+impl Proc {
+    /// Watches `pid`, which must be a child of this process not yet reaped
+    /// (so its pid cannot have been reused).
+    pub fn adopt(pid: u32) -> std::io::Result<Self> {
+        let p = Pid::from_raw(pid as i32).ok_or_else(|| std::io::Error::other("pid 0"))?;
+        Ok(Self { pid, pidfd: pidfd_open(p, PidfdFlags::empty())? })
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        // Fails only if the process is already gone, which its pidfd reports.
+        let _ = pidfd_send_signal(&self.pidfd, sig);
+    }
+
+    /// Reaps the process if it has exited.
+    pub fn try_reap(&self) -> Option<Exit> {
+        let status = rustix::process::waitid(
+            WaitId::PidFd(self.pidfd.as_fd()),
+            WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+        )
+        .ok()??;
+        if let Some(sig) = status.terminating_signal() {
+            Some(Exit::Signal(sig))
+        } else {
+            status.exit_status().map(Exit::Code)
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit and reaps it.
+    pub fn wait_exit(&self, timeout: Duration) -> Option<Exit> {
+        let mut fds = [PollFd::new(&self.pidfd, PollFlags::IN)];
+        let ts = rustix::time::Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: timeout.subsec_nanos() as i64 };
+        loop {
+            match poll(&mut fds, Some(&ts)) {
+                Err(rustix::io::Errno::INTR) => continue,
+                _ => break,
+            }
+        }
+        self.try_reap()
+    }
+
+    /// Stops the process: SIGTERM, then SIGKILL after `grace`; reaps it.
+    pub fn stop(&self, grace: Duration) -> Exit {
+        self.signal(Signal::TERM);
+        if let Some(e) = self.wait_exit(grace) {
+            return e;
+        }
+        self.kill()
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&self) -> Exit {
+        self.signal(Signal::KILL);
+        loop {
+            if let Some(e) = self.wait_exit(Duration::from_secs(5)) {
+                return e;
+            }
+        }
+    }
+
+    /// Resident set size in KiB (0 if unknown).
+    pub fn rss_kib(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// Execs `binary` as a component: `boot_json` in its environment, `pass` the
+/// only inherited descriptors besides stdio, its own process group (so a
+/// terminal's Ctrl-C reaches the supervisor alone), `nice` applied.
+pub fn spawn_component(binary: &Path, boot_json: &str, pass: &[RawFd], nice: i32) -> std::io::Result<Proc> {
+    let pass = pass.to_vec();
+    let mut cmd = Command::new(binary);
+    cmd.env(kintsugi_runtime::boot::BOOT_ENV, boot_json).stdin(Stdio::null()).process_group(0);
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // async-signal-safe functions (fcntl, setpriority); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            for &fd in &pass {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if nice != 0 && libc::setpriority(libc::PRIO_PROCESS, 0, nice) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    Proc::adopt(child.id())
+}
+
+/// Raw number of a descriptor that is passed on by number.
+pub fn raw(fd: &impl AsRawFd) -> RawFd {
+    fd.as_raw_fd()
+}

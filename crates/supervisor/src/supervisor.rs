@@ -1,0 +1,682 @@
+//! The supervisor's event loop: start the system in dependency order, watch
+//! every process through its pidfd, micro-reboot what dies, apply restart
+//! policies, and stop everything cleanly.
+
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kintsugi_runtime::boot::{Activation, BootInfo, ControlBlock, ProvidedEdge, UsedEdge};
+use kintsugi_runtime::channel::Edge;
+use kintsugi_runtime::component::zygote;
+use kintsugi_runtime::fdpass;
+use kintsugi_runtime::shm::Region;
+use kintsugi_runtime::stub::InterfaceInfo;
+use kintsugi_system::{ComponentSpec, RebootMode, System};
+use rustix::event::epoll;
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+use rustix::process::Signal;
+use thiserror::Error;
+
+use crate::chaos::{Chaos, ChaosPlan};
+use crate::events::{Event, Exit};
+use crate::policy::RestartWindow;
+use crate::process::{raw, spawn_component, Proc};
+use crate::vault::VaultStore;
+
+#[derive(Debug, Error)]
+pub enum SupervisorError {
+    #[error("component `{component}`: cannot start `{binary}`: {source}")]
+    Spawn { component: String, binary: String, source: std::io::Error },
+    #[error("component `{component}` failed to boot: {detail}")]
+    Boot { component: String, detail: String },
+    #[error("chaos target `{0}` is not a component of this system")]
+    UnknownTarget(String),
+    #[error("supervisor: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<rustix::io::Errno> for SupervisorError {
+    fn from(e: rustix::io::Errno) -> Self {
+        SupervisorError::Io(e.into())
+    }
+}
+
+/// How a run is steered.
+pub struct Options {
+    pub chaos: Option<ChaosPlan>,
+    /// Stop the system once the chaos plan's count is reached.
+    pub stop_after_chaos: bool,
+    /// Stop the system when this component ends by itself.
+    pub stop_when_finished: Option<String>,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+    /// How long an incarnation may take to initialize.
+    pub ready_timeout: Duration,
+    /// How long a component may take to stop after SIGTERM.
+    pub stop_grace: Duration,
+    /// Interfaces known by name, to name the functions in flight at a fault.
+    pub interfaces: Vec<&'static InterfaceInfo>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            chaos: None,
+            stop_after_chaos: false,
+            stop_when_finished: None,
+            duration: None,
+            ready_timeout: Duration::from_secs(10),
+            stop_grace: Duration::from_secs(20),
+            interfaces: Vec::new(),
+        }
+    }
+}
+
+/// Why a run ended, and how each component's last incarnation ended.
+#[derive(Debug)]
+pub struct Report {
+    pub reason: StopReason,
+    pub exits: Vec<(String, Exit)>,
+    pub chaos_sent: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    Signal,
+    ChaosDone,
+    Finished(String),
+    Duration,
+    GaveUp(String),
+}
+
+impl Report {
+    /// True if the run ended as planned and no active component failed.
+    pub fn success(&self) -> bool {
+        !matches!(self.reason, StopReason::GaveUp(_))
+            && self.exits.iter().all(|(_, e)| matches!(e, Exit::Code(0) | Exit::Signal(15)))
+    }
+}
+
+/// A standby or live incarnation.
+struct Incarnation {
+    proc: Proc,
+    generation: u32,
+}
+
+/// One component under supervision.
+struct Managed {
+    spec: ComponentSpec,
+    control: Region,
+    zygote: Proc,
+    /// Our end of the zygote socket, and the component's (kept to hand to a
+    /// respawned zygote).
+    zygote_sock: OwnedFd,
+    zygote_peer: OwnedFd,
+    vault_peer: OwnedFd,
+    served: Vec<Served>,
+    used: Vec<Used>,
+    live: Option<Incarnation>,
+    standby: Option<Incarnation>,
+    fork_pending: Option<u32>,
+    epoch: u64,
+    next_generation: u32,
+    restarts: RestartWindow,
+    done: bool,
+}
+
+/// An edge a component serves.
+struct Served {
+    client: String,
+    client_id: u32,
+    interface: String,
+    edge: Arc<Edge>,
+    /// Descriptors the client had rebuilt at the last report.
+    recovered_seen: u64,
+}
+
+/// An edge a component calls on.
+struct Used {
+    interface: String,
+    server: String,
+    edge: Arc<Edge>,
+}
+
+const TOKEN_SIGNAL: u64 = 1 << 40;
+const TOKEN_ZYGOTE_SOCK: u64 = 1 << 41;
+
+/// Runs `system` until it is stopped; `on_event` sees every event as it happens.
+pub fn run(system: &System, options: Options, on_event: &mut dyn FnMut(&Event)) -> Result<Report, SupervisorError> {
+    let mut sup = Supervisor::new(options, on_event)?;
+    let result = sup.start(system).and_then(|()| sup.event_loop());
+    let reason = match result {
+        Ok(reason) => reason,
+        Err(e) => {
+            sup.shutdown();
+            return Err(e);
+        }
+    };
+    let exits = sup.shutdown();
+    sup.emit(Event::Stopped { reason: format!("{reason:?}") });
+    Ok(Report { reason, exits, chaos_sent: sup.chaos.as_ref().map_or(0, |c| c.sent) })
+}
+
+struct Supervisor<'a> {
+    options: Options,
+    on_event: &'a mut dyn FnMut(&Event),
+    comps: Vec<Managed>,
+    epoll: OwnedFd,
+    signal_pipe: OwnedFd,
+    signal_ids: Vec<signal_hook::SigId>,
+    vault: VaultStore,
+    chaos: Option<Chaos>,
+    started: Instant,
+}
+
+impl<'a> Supervisor<'a> {
+    fn new(mut options: Options, on_event: &'a mut dyn FnMut(&Event)) -> Result<Self, SupervisorError> {
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        let (signal_pipe, write_end) =
+            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)?;
+        let write_end = std::os::unix::net::UnixStream::from(write_end);
+        let mut signal_ids = Vec::new();
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            signal_ids.push(signal_hook::low_level::pipe::register(sig, write_end.try_clone()?)?);
+        }
+        epoll::add(&epoll, &signal_pipe, epoll::EventData::new_u64(TOKEN_SIGNAL), epoll::EventFlags::IN)?;
+        let chaos = options.chaos.take().map(Chaos::new);
+        Ok(Self {
+            options,
+            on_event,
+            comps: Vec::new(),
+            epoll,
+            signal_pipe,
+            signal_ids,
+            vault: VaultStore::default(),
+            chaos,
+            started: Instant::now(),
+        })
+    }
+
+    fn emit(&mut self, e: Event) {
+        (self.on_event)(&e);
+    }
+
+    /// Creates every channel, then boots each component in start order.
+    fn start(&mut self, system: &System) -> Result<(), SupervisorError> {
+        if let Some(c) = &self.chaos {
+            if system.component(&c.plan.target).is_none() {
+                return Err(SupervisorError::UnknownTarget(c.plan.target.clone()));
+            }
+        }
+        // One edge per (client, used interface), sized by the server's slots.
+        let mut edges: Vec<(&ComponentSpec, &str, &str, Arc<Edge>)> = Vec::new(); // client, server, interface
+        for c in &system.components {
+            for u in &c.uses {
+                let slots = system.component(&u.server).map_or(8, |s| s.slots);
+                let edge = Edge::create(&format!("kintsugi:{}->{}:{}", c.name, u.server, u.interface), slots)?;
+                edges.push((c, &u.server, &u.interface, Arc::new(edge)));
+            }
+        }
+        for spec in &system.components {
+            let served = edges
+                .iter()
+                .filter(|(_, s, _, _)| *s == spec.name)
+                .map(|(c, _, i, e)| Served {
+                    client: c.name.clone(),
+                    client_id: c.id,
+                    interface: i.to_string(),
+                    edge: e.clone(),
+                    recovered_seen: 0,
+                })
+                .collect();
+            let used = edges
+                .iter()
+                .filter(|(c, _, _, _)| c.name == spec.name)
+                .map(|(_, s, i, e)| Used { interface: i.to_string(), server: s.to_string(), edge: e.clone() })
+                .collect();
+            self.boot(spec, served, used)?;
+        }
+        Ok(())
+    }
+
+    /// Execs one component, forks its first incarnation and activates it.
+    fn boot(
+        &mut self,
+        spec: &ComponentSpec,
+        served: Vec<Served>,
+        used: Vec<Used>,
+    ) -> Result<(), SupervisorError> {
+        let t0 = Instant::now();
+        let control = Region::create(&format!("kintsugi:{}:control", spec.name), std::mem::size_of::<ControlBlock>())?;
+        let (zygote_sock, zygote_peer) =
+            socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+        let (vault_sock, vault_peer) =
+            socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+        self.vault.serve(spec.name.clone(), vault_sock);
+        let zygote = Self::spawn_zygote(spec, &control, &zygote_peer, &vault_peer, &served, &used)?;
+        let idx = self.comps.len();
+        epoll::add(&self.epoll, &zygote.pidfd, epoll::EventData::new_u64(zygote.pid as u64), epoll::EventFlags::IN)?;
+        epoll::add(
+            &self.epoll,
+            &zygote_sock,
+            epoll::EventData::new_u64(TOKEN_ZYGOTE_SOCK | idx as u64),
+            epoll::EventFlags::IN,
+        )?;
+        self.comps.push(Managed {
+            restarts: RestartWindow::new(spec.restart.max, spec.restart.window),
+            spec: spec.clone(),
+            control,
+            zygote,
+            zygote_sock,
+            zygote_peer,
+            vault_peer,
+            served,
+            used,
+            live: None,
+            standby: None,
+            fork_pending: None,
+            epoch: 0,
+            next_generation: 1,
+            done: false,
+        });
+        let inc = self.fork_now(idx)?;
+        let pid = inc.proc.pid;
+        match self.activate(idx, inc) {
+            Ok(()) => {}
+            Err(detail) => return Err(SupervisorError::Boot { component: spec.name.clone(), detail }),
+        }
+        self.emit(Event::Started { component: spec.name.clone(), pid, boot: t0.elapsed() });
+        if spec.reboot == RebootMode::Standby {
+            self.request_fork(idx)?;
+        }
+        Ok(())
+    }
+
+    fn spawn_zygote(
+        spec: &ComponentSpec,
+        control: &Region,
+        zygote_peer: &OwnedFd,
+        vault_peer: &OwnedFd,
+        served: &[Served],
+        used: &[Used],
+    ) -> Result<Proc, SupervisorError> {
+        let provides = served
+            .iter()
+            .map(|s| ProvidedEdge {
+                interface: s.interface.clone(),
+                client: s.client.clone(),
+                client_id: s.client_id,
+                fd: raw(&s.edge.region().fd()),
+            })
+            .collect::<Vec<_>>();
+        let uses = used
+            .iter()
+            .map(|u| UsedEdge { interface: u.interface.clone(), server: u.server.clone(), fd: raw(&u.edge.region().fd()) })
+            .collect::<Vec<_>>();
+        let boot = BootInfo {
+            component: spec.name.clone(),
+            id: spec.id,
+            control_fd: raw(&control.fd()),
+            zygote_fd: raw(zygote_peer),
+            vault_fd: raw(vault_peer),
+            provides,
+            uses,
+            config: spec.config.clone(),
+        };
+        let mut pass = vec![boot.control_fd, boot.zygote_fd, boot.vault_fd];
+        pass.extend(boot.provides.iter().map(|p| p.fd));
+        pass.extend(boot.uses.iter().map(|u| u.fd));
+        let json = serde_json::to_string(&boot).expect("boot info serializes");
+        spawn_component(&spec.binary, &json, &pass, spec.priority).map_err(|source| SupervisorError::Spawn {
+            component: spec.name.clone(),
+            binary: spec.binary.display().to_string(),
+            source,
+        })
+    }
+
+    /// Asks the zygote for a standby without waiting for it.
+    fn request_fork(&mut self, idx: usize) -> Result<(), SupervisorError> {
+        let m = &mut self.comps[idx];
+        if m.fork_pending.is_some() || m.standby.is_some() {
+            return Ok(());
+        }
+        let generation = m.next_generation;
+        m.next_generation += 1;
+        fdpass::send(&m.zygote_sock, &zygote::encode(zygote::FORK, generation), &[])?;
+        m.fork_pending = Some(generation);
+        Ok(())
+    }
+
+    /// Reads the zygote's reply to a fork request (waiting up to the ready timeout).
+    fn take_fork_reply(&mut self, idx: usize) -> Result<Incarnation, SupervisorError> {
+        let timeout = self.options.ready_timeout;
+        let m = &mut self.comps[idx];
+        let name = m.spec.name.clone();
+        let boot_err = |detail: String| SupervisorError::Boot { component: name.clone(), detail };
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(boot_err(format!("no reply from the pristine image within {} ms", timeout.as_millis())));
+            }
+            let ts = rustix::time::Timespec { tv_sec: left.as_secs() as i64, tv_nsec: left.subsec_nanos() as i64 };
+            let mut fds = [PollFd::new(&m.zygote_sock, PollFlags::IN), PollFd::new(&m.zygote.pidfd, PollFlags::IN)];
+            match poll(&mut fds, Some(&ts)) {
+                Err(rustix::io::Errno::INTR) => continue,
+                r => {
+                    r?;
+                }
+            }
+            if fds[0].revents().contains(PollFlags::IN) {
+                break;
+            }
+            if !fds[1].revents().is_empty() {
+                let exit = m.zygote.try_reap().map_or("an unknown status".to_string(), |e| e.to_string());
+                return Err(boot_err(format!("the process exited during boot with {exit}")));
+            }
+        }
+        let (msg, _) = fdpass::recv(&m.zygote_sock)?;
+        let (generation, pid) = zygote::decode(&msg).ok_or_else(|| boot_err("malformed zygote reply".into()))?;
+        if Some(generation) != m.fork_pending {
+            return Err(boot_err(format!("zygote answered generation {generation}, expected {:?}", m.fork_pending)));
+        }
+        m.fork_pending = None;
+        let proc = Proc::adopt(pid)?;
+        epoll::add(&self.epoll, &proc.pidfd, epoll::EventData::new_u64(pid as u64), epoll::EventFlags::IN)?;
+        Ok(Incarnation { proc, generation })
+    }
+
+    /// A standby now: the warm one if there is one, else forked on the spot.
+    fn fork_now(&mut self, idx: usize) -> Result<Incarnation, SupervisorError> {
+        if let Some(s) = self.comps[idx].standby.take() {
+            return Ok(s);
+        }
+        self.request_fork(idx)?;
+        self.take_fork_reply(idx)
+    }
+
+    /// Lets `inc` run as the next epoch and waits until it is ready.
+    fn activate(&mut self, idx: usize, inc: Incarnation) -> Result<(), String> {
+        let timeout = self.options.ready_timeout;
+        let m = &mut self.comps[idx];
+        m.epoch += 1;
+        let ctl: &ControlBlock = m.control.at(0);
+        ctl.activate(inc.generation, m.epoch);
+        match ctl.wait_ready(inc.generation, timeout) {
+            Activation::Ready => {
+                for s in &m.served {
+                    s.edge.server_live(m.epoch, inc.proc.pid);
+                }
+                m.live = Some(inc);
+                Ok(())
+            }
+            outcome => {
+                let exit = inc.proc.kill();
+                Err(match outcome {
+                    Activation::Failed => format!("initialization failed ({exit})"),
+                    _ => format!("not ready within {} ms ({exit})", timeout.as_millis()),
+                })
+            }
+        }
+    }
+
+    fn event_loop(&mut self) -> Result<StopReason, SupervisorError> {
+        let mut buf = [MaybeUninit::<epoll::Event>::uninit(); 32];
+        loop {
+            let now = Instant::now();
+            if let Some(d) = self.options.duration {
+                if now.duration_since(self.started) >= d {
+                    return Ok(StopReason::Duration);
+                }
+            }
+            if let Some(sig) = self.chaos.as_mut().and_then(|c| c.due(now)) {
+                self.inject(sig);
+            }
+            if self.options.stop_after_chaos && self.chaos.as_ref().is_some_and(|c| c.done()) {
+                return Ok(StopReason::ChaosDone);
+            }
+            let mut wake = self.chaos.as_ref().and_then(|c| c.deadline());
+            if let Some(d) = self.options.duration {
+                let end = self.started + d;
+                wake = Some(wake.map_or(end, |w| w.min(end)));
+            }
+            let timeout = wake.map(|w| {
+                let d = w.saturating_duration_since(Instant::now());
+                rustix::time::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 }
+            });
+            let (events, _) = match epoll::wait(&self.epoll, &mut buf, timeout.as_ref()) {
+                Err(rustix::io::Errno::INTR) => continue,
+                r => r?,
+            };
+            let tokens: Vec<u64> = events.iter().map(|e| e.data.u64()).collect();
+            for token in tokens {
+                if token == TOKEN_SIGNAL {
+                    let mut b = [0u8; 64];
+                    let _ = rustix::io::read(&self.signal_pipe, &mut b);
+                    return Ok(StopReason::Signal);
+                } else if token & TOKEN_ZYGOTE_SOCK != 0 {
+                    let idx = (token & !TOKEN_ZYGOTE_SOCK) as usize;
+                    if self.comps[idx].fork_pending.is_some() {
+                        let inc = self.take_fork_reply(idx)?;
+                        self.comps[idx].standby = Some(inc);
+                    }
+                } else if let Some(reason) = self.on_exit(token as u32)? {
+                    return Ok(reason);
+                }
+            }
+        }
+    }
+
+    /// Sends the chaos plan's next signal to its target's live incarnation.
+    fn inject(&mut self, sig: Signal) {
+        let target = self.chaos.as_ref().expect("chaos").plan.target.clone();
+        let Some(m) = self.comps.iter().find(|m| m.spec.name == target) else { return };
+        let Some(live) = &m.live else { return };
+        let in_flight = self.name_calls(m.served.iter().flat_map(|s| {
+            let hash = s.edge.header().interface_hash.load(Ordering::Relaxed);
+            s.edge.in_flight().into_iter().map(move |f| (hash, f))
+        }));
+        let (pid, rss_kib) = (live.proc.pid, live.proc.rss_kib());
+        live.proc.signal(sig);
+        self.emit(Event::Injected { component: target, pid, signal: sig.as_raw(), in_flight, rss_kib });
+    }
+
+    fn name_calls(&self, calls: impl Iterator<Item = (u64, u32)>) -> Vec<String> {
+        calls
+            .map(|(hash, func)| match self.options.interfaces.iter().find(|i| i.hash == hash) {
+                Some(i) => format!("{}.{}", i.name, i.functions.get(func as usize).copied().unwrap_or("?")),
+                None => format!("function {func}"),
+            })
+            .collect()
+    }
+
+    /// A watched process exited: find out which, and react.
+    fn on_exit(&mut self, pid: u32) -> Result<Option<StopReason>, SupervisorError> {
+        let detected = Instant::now();
+        let Some(idx) = self.comps.iter().position(|m| {
+            m.zygote.pid == pid
+                || m.live.as_ref().is_some_and(|l| l.proc.pid == pid)
+                || m.standby.as_ref().is_some_and(|s| s.proc.pid == pid)
+        }) else {
+            return Ok(None);
+        };
+        let m = &mut self.comps[idx];
+        if m.zygote.pid == pid {
+            let Some(_) = m.zygote.try_reap() else { return Ok(None) };
+            self.respawn_zygote(idx)?;
+            return Ok(None);
+        }
+        if m.standby.as_ref().is_some_and(|s| s.proc.pid == pid) {
+            if m.standby.as_ref().unwrap().proc.try_reap().is_none() {
+                return Ok(None);
+            }
+            m.standby = None;
+            self.request_fork(idx)?;
+            return Ok(None);
+        }
+        let Some(exit) = m.live.as_ref().unwrap().proc.try_reap() else { return Ok(None) };
+        m.live = None;
+        let name = m.spec.name.clone();
+        if exit == Exit::Code(0) {
+            m.done = true;
+            for s in &m.served {
+                s.edge.server_gone();
+            }
+            self.emit(Event::Finished { component: name.clone(), exit });
+            return Ok((self.options.stop_when_finished.as_deref() == Some(&name)).then_some(StopReason::Finished(name)));
+        }
+        self.reboot(idx, pid, exit, detected)
+    }
+
+    /// Micro-reboots component `idx` after its incarnation `pid` died.
+    fn reboot(&mut self, idx: usize, pid: u32, exit: Exit, detected: Instant) -> Result<Option<StopReason>, SupervisorError> {
+        let m = &mut self.comps[idx];
+        let name = m.spec.name.clone();
+        let mut calls = Vec::new();
+        for s in &m.served {
+            let hash = s.edge.header().interface_hash.load(Ordering::Relaxed);
+            calls.extend(s.edge.server_down().into_iter().map(|f| (hash, f)));
+        }
+        for u in &m.used {
+            u.edge.client_down();
+        }
+        let epoch = m.epoch;
+        // Events are emitted after the reboot, so that logging does not delay it.
+        let in_flight = self.name_calls(calls.into_iter());
+        let mut pending = vec![Event::Crashed { component: name.clone(), pid, epoch, exit, in_flight }];
+        pending.extend(self.recoveries(idx));
+        loop {
+            let m = &mut self.comps[idx];
+            if !m.restarts.allow(Instant::now()) {
+                let (restarts, window) = (m.restarts.recent(), m.spec.restart.window);
+                m.done = true;
+                for s in &m.served {
+                    s.edge.server_gone();
+                }
+                pending.push(Event::GaveUp { component: name.clone(), restarts, window });
+                pending.into_iter().for_each(|e| self.emit(e));
+                return Ok(Some(StopReason::GaveUp(name)));
+            }
+            if m.spec.reboot == RebootMode::Exec {
+                self.respawn_zygote(idx)?;
+            }
+            let inc = self.fork_now(idx)?;
+            let new_pid = inc.proc.pid;
+            match self.activate(idx, inc) {
+                Ok(()) => {
+                    let took = detected.elapsed();
+                    let epoch = self.comps[idx].epoch;
+                    pending.push(Event::Rebooted { component: name.clone(), epoch, pid: new_pid, took });
+                    pending.into_iter().for_each(|e| self.emit(e));
+                    if self.comps[idx].spec.reboot == RebootMode::Standby {
+                        self.request_fork(idx)?;
+                    }
+                    return Ok(None);
+                }
+                Err(detail) => {
+                    tracing::warn!("{name}: new incarnation failed: {detail}");
+                }
+            }
+        }
+    }
+
+    /// How many descriptors each client rebuilt during the epoch that ended.
+    fn recoveries(&mut self, idx: usize) -> Vec<Event> {
+        let mut out = Vec::new();
+        let m = &mut self.comps[idx];
+        for s in &mut m.served {
+            let now = s.edge.header().recovered.load(Ordering::Relaxed);
+            if now > s.recovered_seen {
+                out.push(Event::Recovered {
+                    server: m.spec.name.clone(),
+                    client: s.client.clone(),
+                    epoch: m.epoch,
+                    descriptors: now - s.recovered_seen,
+                });
+                s.recovered_seen = now;
+            }
+        }
+        out
+    }
+
+    /// Replaces the pristine image by exec'ing the binary again.
+    fn respawn_zygote(&mut self, idx: usize) -> Result<(), SupervisorError> {
+        let m = &mut self.comps[idx];
+        if let Some(s) = m.standby.take() {
+            s.proc.kill();
+        }
+        if m.fork_pending.take().is_some() {
+            // Drain a reply that may have been sent before the old zygote died.
+            let mut fds = [PollFd::new(&m.zygote_sock, PollFlags::IN)];
+            let _ = poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 }));
+            if fds[0].revents().contains(PollFlags::IN) {
+                if let Ok((msg, _)) = fdpass::recv(&m.zygote_sock) {
+                    if let Some((_, pid)) = zygote::decode(&msg) {
+                        if let Ok(p) = Proc::adopt(pid) {
+                            p.kill();
+                        }
+                    }
+                }
+            }
+        }
+        if m.zygote.try_reap().is_none() {
+            m.zygote.kill();
+        }
+        let zygote = Self::spawn_zygote(&m.spec, &m.control, &m.zygote_peer, &m.vault_peer, &m.served, &m.used)?;
+        epoll::add(&self.epoll, &zygote.pidfd, epoll::EventData::new_u64(zygote.pid as u64), epoll::EventFlags::IN)?;
+        let pid = zygote.pid;
+        m.zygote = zygote;
+        let exec_mode = m.spec.reboot == RebootMode::Exec;
+        let name = m.spec.name.clone();
+        if !exec_mode {
+            self.emit(Event::ZygoteRespawned { component: name, pid });
+            if self.comps[idx].spec.reboot == RebootMode::Standby {
+                self.request_fork(idx)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every component, clients before their servers, and returns how
+    /// each live incarnation ended.
+    fn shutdown(&mut self) -> Vec<(String, Exit)> {
+        for id in self.signal_ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+        let grace = self.options.stop_grace;
+        let mut exits = Vec::new();
+        for m in self.comps.iter_mut().rev() {
+            if let Some(live) = m.live.take() {
+                exits.push((m.spec.name.clone(), live.proc.stop(grace)));
+            }
+            for s in &m.served {
+                s.edge.server_gone();
+            }
+            if let Some(s) = m.standby.take() {
+                s.proc.kill();
+            }
+            if m.fork_pending.take().is_some() {
+                if let Ok(inc) = Self::drain_reply(&m.zygote_sock) {
+                    inc.kill();
+                }
+            }
+            if m.zygote.try_reap().is_none() {
+                m.zygote.kill();
+            }
+        }
+        exits.reverse();
+        exits
+    }
+
+    fn drain_reply(sock: &OwnedFd) -> std::io::Result<Proc> {
+        let mut fds = [PollFd::new(sock, PollFlags::IN)];
+        poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 1, tv_nsec: 0 }))?;
+        let (msg, _) = fdpass::recv(sock.as_fd())?;
+        let (_, pid) = zygote::decode(&msg).ok_or_else(|| std::io::Error::other("malformed"))?;
+        Proc::adopt(pid)
+    }
+}

@@ -1,0 +1,171 @@
+//! The state vault's server: per component, records and descriptors that
+//! outlive every incarnation of that component. One thread per component
+//! socket; requests are applied whole under one lock.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+
+use kintsugi_runtime::fdpass;
+use kintsugi_runtime::vault::{RecordHeader, VaultOp, VaultReply, VaultRequest, LIST_PAGE};
+
+#[derive(Default)]
+struct Entry {
+    value: serde_json::Value,
+    fd: Option<OwnedFd>,
+}
+
+/// Every component's kept state.
+#[derive(Default, Clone)]
+pub struct VaultStore {
+    inner: Arc<Mutex<BTreeMap<String, BTreeMap<String, Entry>>>>,
+}
+
+impl VaultStore {
+    /// Serves one component's socket until it is closed (the supervisor
+    /// holds one end, so this lasts as long as the system).
+    pub fn serve(&self, component: String, sock: OwnedFd) -> std::thread::JoinHandle<()> {
+        let store = self.clone();
+        std::thread::Builder::new()
+            .name(format!("vault:{component}"))
+            .spawn(move || loop {
+                let (bytes, fds) = match fdpass::recv(&sock) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!("vault socket of {component}: {e}");
+                        return;
+                    }
+                };
+                if bytes.is_empty() {
+                    return;
+                }
+                let (reply, out_fds) = store.handle(&component, &bytes, fds);
+                let reply = serde_json::to_vec(&reply).expect("vault reply serializes");
+                let borrowed: Vec<BorrowedFd<'_>> = out_fds.iter().map(|f| f.as_fd()).collect();
+                // A send can fail only if the component died meanwhile; its
+                // successor ignores replies it did not ask for.
+                let _ = fdpass::send(&sock, &reply, &borrowed);
+            })
+            .expect("spawn vault thread")
+    }
+
+    fn handle(&self, component: &str, bytes: &[u8], fds: Vec<OwnedFd>) -> (VaultReply, Vec<OwnedFd>) {
+        let request: VaultRequest = match serde_json::from_slice(bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                let reply = VaultReply { id: 0, error: Some(format!("malformed request: {e}")), records: vec![], more: false };
+                return (reply, vec![]);
+            }
+        };
+        let mut all = self.inner.lock().unwrap();
+        let records = all.entry(component.to_string()).or_default();
+        match request {
+            VaultRequest::Apply { id, ops } => {
+                let error = apply(records, ops, fds).err();
+                (VaultReply { id, error, records: vec![], more: false }, vec![])
+            }
+            VaultRequest::List { id, after } => {
+                let range = match &after {
+                    Some(k) => records.range::<String, _>((std::ops::Bound::Excluded(k), std::ops::Bound::Unbounded)),
+                    None => records.range::<String, _>(..),
+                };
+                let mut headers = Vec::new();
+                let mut out = Vec::new();
+                let mut more = false;
+                for (key, e) in range {
+                    if headers.len() == LIST_PAGE {
+                        more = true;
+                        break;
+                    }
+                    let fd = match &e.fd {
+                        Some(fd) => match fd.try_clone() {
+                            Ok(dup) => {
+                                out.push(dup);
+                                true
+                            }
+                            Err(_) => false,
+                        },
+                        None => false,
+                    };
+                    headers.push(RecordHeader { key: key.clone(), value: e.value.clone(), fd });
+                }
+                (VaultReply { id, error: None, records: headers, more }, out)
+            }
+        }
+    }
+
+    /// Number of records kept for `component`.
+    #[cfg(test)]
+    pub fn len(&self, component: &str) -> usize {
+        self.inner.lock().unwrap().get(component).map_or(0, |r| r.len())
+    }
+}
+
+/// Applies every op or none.
+fn apply(records: &mut BTreeMap<String, Entry>, ops: Vec<VaultOp>, fds: Vec<OwnedFd>) -> Result<(), String> {
+    let wanted = ops.iter().filter(|op| matches!(op, VaultOp::Put { fd: true, .. })).count();
+    if wanted != fds.len() {
+        return Err(format!("{wanted} descriptors announced, {} attached", fds.len()));
+    }
+    let mut fds = fds.into_iter();
+    for op in ops {
+        match op {
+            VaultOp::Put { key, value, fd } => {
+                let entry = records.entry(key).or_default();
+                entry.value = value;
+                if fd {
+                    entry.fd = fds.next();
+                }
+            }
+            VaultOp::Delete { key } => {
+                records.remove(&key);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kintsugi_runtime::vault::Vault;
+    use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+    use std::io::{Read, Seek, Write};
+
+    #[test]
+    fn records_and_descriptors_survive_the_client() {
+        let store = VaultStore::default();
+        let (a, b) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+        store.serve("c".into(), b);
+        let vault = Vault::new(a);
+        let mut f = std::fs::File::from(rustix::fs::memfd_create("t", rustix::fs::MemfdFlags::CLOEXEC).unwrap());
+        f.write_all(b"contents").unwrap();
+        vault.put("k1", serde_json::json!({"name": "a"}), Some(f.as_fd())).unwrap();
+        vault.put("k2", serde_json::json!(2), None).unwrap();
+        drop(f);
+        vault.delete("k2").unwrap();
+        for i in 0..300 {
+            vault.put(&format!("n{i:03}"), serde_json::json!(i), None).unwrap();
+        }
+        let list = vault.list().unwrap();
+        assert_eq!(list.len(), 301, "pages are joined");
+        assert_eq!(list[0].key, "k1");
+        let mut g = std::fs::File::from(list.into_iter().next().unwrap().fd.unwrap());
+        g.seek(std::io::SeekFrom::Start(0)).unwrap();
+        let mut s = String::new();
+        g.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "contents");
+        assert_eq!(store.len("c"), 301);
+    }
+
+    #[test]
+    fn a_request_with_missing_descriptors_changes_nothing() {
+        let mut records = BTreeMap::new();
+        let ops = vec![
+            VaultOp::Put { key: "a".into(), value: 1.into(), fd: false },
+            VaultOp::Put { key: "b".into(), value: 2.into(), fd: true },
+        ];
+        assert!(apply(&mut records, ops, vec![]).is_err());
+        assert!(records.is_empty());
+    }
+}

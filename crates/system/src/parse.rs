@@ -1,0 +1,569 @@
+//! TOML → validated [`System`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::{
+    ComponentSpec, ErrorKind, Location, RebootMode, RecoveryMode, RestartPolicy, System,
+    SystemError, Use, DEFAULT_SLOTS, PRIORITY_RANGE, SLOTS_RANGE,
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    system: RawSystem,
+    #[serde(default)]
+    component: Vec<RawComponent>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSystem {
+    name: Spanned<String>,
+    #[serde(default)]
+    description: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawComponent {
+    name: Spanned<String>,
+    binary: Spanned<String>,
+    #[serde(default)]
+    provides: Vec<Spanned<String>>,
+    #[serde(default)]
+    uses: Vec<Spanned<String>>,
+    priority: Option<Spanned<i64>>,
+    recovery: Option<RecoveryMode>,
+    reboot: Option<RebootMode>,
+    restart: Option<RawRestart>,
+    slots: Option<Spanned<i64>>,
+    config: Option<Spanned<toml::Table>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRestart {
+    max: Option<Spanned<i64>>,
+    window_ms: Option<Spanned<i64>>,
+}
+
+struct Ctx<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Ctx<'_> {
+    fn loc(&self, span: &Range<usize>) -> Location {
+        Location::of_offset(self.text, span.start)
+    }
+
+    fn err(&self, span: &Range<usize>, kind: ErrorKind, message: impl Into<String>) -> SystemError {
+        SystemError::Invalid {
+            path: self.path.to_path_buf(),
+            location: Some(self.loc(span)),
+            kind,
+            message: message.into(),
+        }
+    }
+
+    fn check_name(&self, what: &str, name: &Spanned<String>) -> Result<(), SystemError> {
+        let n = name.get_ref();
+        if n.is_empty() {
+            return Err(self.err(
+                &name.span(),
+                ErrorKind::InvalidName,
+                format!("{what} name must not be empty"),
+            ));
+        }
+        if let Some(bad) = n
+            .chars()
+            .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_' || *c == '-'))
+        {
+            return Err(self.err(
+                &name.span(),
+                ErrorKind::InvalidName,
+                format!(
+                    "{what} name `{n}` contains {bad:?}: names may only contain a-z, 0-9, `_` and `-`"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Validates the `name` part of an `iface@comp` string (no span of its own).
+    fn check_part(
+        &self,
+        what: &str,
+        part: &str,
+        whole: &Spanned<String>,
+    ) -> Result<(), SystemError> {
+        let spanned = Spanned::new(whole.span(), part.to_owned());
+        self.check_name(what, &spanned).map_err(|e| match e {
+            SystemError::Invalid {
+                path,
+                location,
+                kind,
+                message,
+            } => SystemError::Invalid {
+                path,
+                location,
+                kind,
+                message: format!("in `{}`: {message}", whole.get_ref()),
+            },
+            other => other,
+        })
+    }
+}
+
+/// A component while being validated.
+struct Pending {
+    spec: ComponentSpec,
+    name_span: Range<usize>,
+    binary_span: Range<usize>,
+    /// (interface, explicit server, span) of each `uses` entry.
+    uses: Vec<(String, Option<String>, Range<usize>)>,
+}
+
+pub(crate) fn parse(path: &Path, text: &str) -> Result<System, SystemError> {
+    let cx = Ctx { path, text };
+    let raw: RawFile = toml::from_str(text).map_err(|e| {
+        let span = e.span().unwrap_or(0..0);
+        let message = e
+            .message()
+            .trim_end()
+            .replace("expected i64", "expected an integer")
+            .replace('\n', ": ");
+        cx.err(&span, ErrorKind::Syntax, message)
+    })?;
+
+    cx.check_name("system", &raw.system.name)?;
+    if raw.component.is_empty() {
+        return Err(cx.err(
+            &raw.system.name.span(),
+            ErrorKind::NoComponents,
+            format!(
+                "system `{}` has no components (add a [[component]] table)",
+                raw.system.name.get_ref()
+            ),
+        ));
+    }
+
+    let mut pending: Vec<Pending> = Vec::with_capacity(raw.component.len());
+    let mut by_name: HashMap<String, usize> = HashMap::new();
+    for (i, rc) in raw.component.into_iter().enumerate() {
+        let p = component(&cx, i, rc)?;
+        if by_name.contains_key(&p.spec.name) {
+            return Err(cx.err(
+                &p.name_span,
+                ErrorKind::DuplicateName,
+                format!("duplicate component name `{}`", p.spec.name),
+            ));
+        }
+        by_name.insert(p.spec.name.clone(), i);
+        pending.push(p);
+    }
+
+    // Providers of each interface, in file order.
+    let mut providers: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, p) in pending.iter().enumerate() {
+        for iface in &p.spec.provides {
+            providers.entry(iface.as_str()).or_default().push(i);
+        }
+    }
+
+    // Resolve every `uses` entry to its server.
+    let mut deps: Vec<Vec<(usize, Range<usize>)>> = Vec::with_capacity(pending.len());
+    let mut resolved_uses: Vec<Vec<Use>> = Vec::with_capacity(pending.len());
+    for (i, p) in pending.iter().enumerate() {
+        let me = &p.spec.name;
+        let mut d = Vec::new();
+        let mut uses: Vec<Use> = Vec::new();
+        for (iface, server, span) in &p.uses {
+            let server_idx = match server {
+                Some(s) => {
+                    let Some(&j) = by_name.get(s) else {
+                        return Err(cx.err(
+                            span,
+                            ErrorKind::UnknownComponent,
+                            format!(
+                                "component `{me}` uses `{iface}@{s}`, but there is no component `{s}`"
+                            ),
+                        ));
+                    };
+                    if j == i {
+                        return Err(self_use(&cx, span, me, iface));
+                    }
+                    if !pending[j].spec.provides.iter().any(|x| x == iface) {
+                        return Err(cx.err(
+                            span,
+                            ErrorKind::NotProvided,
+                            format!(
+                                "component `{me}` uses interface `{iface}` from `{s}`, which does not provide it"
+                            ),
+                        ));
+                    }
+                    j
+                }
+                None => match providers.get(iface.as_str()).map(Vec::as_slice) {
+                    None | Some([]) => {
+                        return Err(cx.err(
+                            span,
+                            ErrorKind::UnknownInterface,
+                            format!(
+                                "component `{me}` uses interface `{iface}`, which no component provides"
+                            ),
+                        ))
+                    }
+                    Some([j]) => {
+                        if *j == i {
+                            return Err(self_use(&cx, span, me, iface));
+                        }
+                        *j
+                    }
+                    Some(many) => {
+                        let names: Vec<&str> =
+                            many.iter().map(|&j| pending[j].spec.name.as_str()).collect();
+                        let choices: Vec<String> =
+                            names.iter().map(|n| format!("`{iface}@{n}`")).collect();
+                        return Err(cx.err(
+                            span,
+                            ErrorKind::AmbiguousProvider,
+                            format!(
+                                "component `{me}` uses interface `{iface}`, which is provided by {}: write {}",
+                                quote_list(&names, "and"),
+                                join_list(&choices, "or"),
+                            ),
+                        ));
+                    }
+                },
+            };
+            let u = Use {
+                interface: iface.clone(),
+                server: pending[server_idx].spec.name.clone(),
+            };
+            if uses.contains(&u) {
+                return Err(cx.err(
+                    span,
+                    ErrorKind::DuplicateInterface,
+                    format!(
+                        "component `{me}` uses interface `{iface}` of `{}` twice",
+                        u.server
+                    ),
+                ));
+            }
+            uses.push(u);
+            d.push((server_idx, span.clone()));
+        }
+        deps.push(d);
+        resolved_uses.push(uses);
+    }
+
+    let order = start_order(&cx, &pending, &deps)?;
+
+    let mut binary_locations = BTreeMap::new();
+    let mut slots: Vec<Option<Pending>> = pending.into_iter().map(Some).collect();
+    let mut resolved_uses: Vec<Option<Vec<Use>>> = resolved_uses.into_iter().map(Some).collect();
+    let mut components = Vec::with_capacity(order.len());
+    for i in order {
+        let p = slots[i].take().expect("each component placed once");
+        let mut spec = p.spec;
+        spec.uses = resolved_uses[i].take().expect("each component placed once");
+        binary_locations.insert(spec.name.clone(), cx.loc(&p.binary_span));
+        components.push(spec);
+    }
+
+    Ok(System {
+        name: raw.system.name.into_inner(),
+        description: raw.system.description,
+        path: path.to_path_buf(),
+        components,
+        binary_locations,
+    })
+}
+
+fn self_use(cx: &Ctx<'_>, span: &Range<usize>, me: &str, iface: &str) -> SystemError {
+    cx.err(
+        span,
+        ErrorKind::SelfUse,
+        format!("component `{me}` uses interface `{iface}`, which it provides itself"),
+    )
+}
+
+fn quote_list(names: &[&str], conj: &str) -> String {
+    let q: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    join_list(&q, conj)
+}
+
+fn join_list(items: &[String], conj: &str) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} {conj} {last}", init.join(", ")),
+    }
+}
+
+/// Validates one `[[component]]` table (everything that does not need the others).
+fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, SystemError> {
+    cx.check_name("component", &rc.name)?;
+    let name = rc.name.get_ref().clone();
+
+    if rc.binary.get_ref().is_empty() {
+        return Err(cx.err(
+            &rc.binary.span(),
+            ErrorKind::InvalidName,
+            format!("component `{name}`: binary must not be empty"),
+        ));
+    }
+
+    let mut provides: Vec<String> = Vec::with_capacity(rc.provides.len());
+    for iface in &rc.provides {
+        cx.check_name("interface", iface)?;
+        if provides.contains(iface.get_ref()) {
+            return Err(cx.err(
+                &iface.span(),
+                ErrorKind::DuplicateInterface,
+                format!(
+                    "component `{name}` provides interface `{}` twice",
+                    iface.get_ref()
+                ),
+            ));
+        }
+        provides.push(iface.get_ref().clone());
+    }
+
+    let mut uses = Vec::with_capacity(rc.uses.len());
+    for u in &rc.uses {
+        let (iface, server) = match u.get_ref().split_once('@') {
+            Some((i, s)) => (i, Some(s)),
+            None => (u.get_ref().as_str(), None),
+        };
+        cx.check_part("interface", iface, u)?;
+        if let Some(s) = server {
+            cx.check_part("component", s, u)?;
+        }
+        uses.push((iface.to_owned(), server.map(str::to_owned), u.span()));
+    }
+
+    let priority = match &rc.priority {
+        None => 0,
+        Some(p) => {
+            let v = *p.get_ref();
+            if v < i64::from(*PRIORITY_RANGE.start()) || v > i64::from(*PRIORITY_RANGE.end()) {
+                return Err(cx.err(
+                    &p.span(),
+                    ErrorKind::OutOfRange,
+                    format!(
+                        "component `{name}`: priority {v} is out of range (a nice value, {}..={})",
+                        PRIORITY_RANGE.start(),
+                        PRIORITY_RANGE.end()
+                    ),
+                ));
+            }
+            v as i32
+        }
+    };
+
+    let slots = match &rc.slots {
+        None => DEFAULT_SLOTS,
+        Some(s) => {
+            let v = *s.get_ref();
+            if v < i64::from(*SLOTS_RANGE.start()) || v > i64::from(*SLOTS_RANGE.end()) {
+                return Err(cx.err(
+                    &s.span(),
+                    ErrorKind::OutOfRange,
+                    format!(
+                        "component `{name}`: slots {v} is out of range ({}..={})",
+                        SLOTS_RANGE.start(),
+                        SLOTS_RANGE.end()
+                    ),
+                ));
+            }
+            v as u32
+        }
+    };
+
+    let mut restart = RestartPolicy::default();
+    if let Some(r) = &rc.restart {
+        if let Some(m) = &r.max {
+            let v = *m.get_ref();
+            if v < 0 || v > i64::from(u32::MAX) {
+                return Err(cx.err(
+                    &m.span(),
+                    ErrorKind::OutOfRange,
+                    format!(
+                        "component `{name}`: restart.max {v} is out of range (0..={})",
+                        u32::MAX
+                    ),
+                ));
+            }
+            restart.max = v as u32;
+        }
+        if let Some(w) = &r.window_ms {
+            let v = *w.get_ref();
+            if v <= 0 {
+                return Err(cx.err(
+                    &w.span(),
+                    ErrorKind::OutOfRange,
+                    format!("component `{name}`: restart.window_ms must be at least 1, not {v}"),
+                ));
+            }
+            restart.window = Duration::from_millis(v as u64);
+        }
+    }
+
+    let config = match &rc.config {
+        None => serde_json::Value::Object(serde_json::Map::new()),
+        Some(t) => {
+            let mut key = String::new();
+            table_to_json(t.get_ref(), &mut key).map_err(|bad_key| {
+                cx.err(
+                    &t.span(),
+                    ErrorKind::InvalidConfig,
+                    format!(
+                        "component `{name}`: config key `{bad_key}` is not a finite number and cannot be passed as JSON"
+                    ),
+                )
+            })?
+        }
+    };
+
+    Ok(Pending {
+        spec: ComponentSpec {
+            id: index as u32 + 1,
+            name,
+            binary: rc.binary.get_ref().into(),
+            provides,
+            uses: Vec::new(),
+            priority,
+            recovery: rc.recovery.unwrap_or_default(),
+            reboot: rc.reboot.unwrap_or_default(),
+            restart,
+            slots,
+            config,
+        },
+        name_span: rc.name.span(),
+        binary_span: rc.binary.span(),
+        uses,
+    })
+}
+
+/// TOML → JSON; datetimes become strings. Errs with the dotted key of a non-finite float.
+fn table_to_json(t: &toml::Table, key: &mut String) -> Result<serde_json::Value, String> {
+    let mut map = serde_json::Map::new();
+    for (k, v) in t {
+        let len = key.len();
+        if !key.is_empty() {
+            key.push('.');
+        }
+        key.push_str(k);
+        map.insert(k.clone(), value_to_json(v, key)?);
+        key.truncate(len);
+    }
+    Ok(serde_json::Value::Object(map))
+}
+
+fn value_to_json(v: &toml::Value, key: &mut String) -> Result<serde_json::Value, String> {
+    use serde_json::Value as J;
+    Ok(match v {
+        toml::Value::String(s) => J::String(s.clone()),
+        toml::Value::Integer(i) => J::from(*i),
+        toml::Value::Float(f) => match serde_json::Number::from_f64(*f) {
+            Some(n) => J::Number(n),
+            None => return Err(key.clone()),
+        },
+        toml::Value::Boolean(b) => J::Bool(*b),
+        toml::Value::Datetime(d) => J::String(d.to_string()),
+        toml::Value::Array(a) => {
+            let mut out = Vec::with_capacity(a.len());
+            for (i, x) in a.iter().enumerate() {
+                let len = key.len();
+                key.push_str(&format!("[{i}]"));
+                out.push(value_to_json(x, key)?);
+                key.truncate(len);
+            }
+            J::Array(out)
+        }
+        toml::Value::Table(t) => table_to_json(t, key)?,
+    })
+}
+
+/// Start order: repeatedly the first component in file order whose servers
+/// are all started. On a cycle, reports it at the `uses` entry that closes it.
+fn start_order(
+    cx: &Ctx<'_>,
+    pending: &[Pending],
+    deps: &[Vec<(usize, Range<usize>)>],
+) -> Result<Vec<usize>, SystemError> {
+    let n = pending.len();
+    let mut placed = vec![false; n];
+    let mut order = Vec::with_capacity(n);
+    while order.len() < n {
+        let next = (0..n).find(|&i| !placed[i] && deps[i].iter().all(|(j, _)| placed[*j]));
+        match next {
+            Some(i) => {
+                placed[i] = true;
+                order.push(i);
+            }
+            None => return Err(cycle_error(cx, pending, deps, &placed)),
+        }
+    }
+    Ok(order)
+}
+
+fn cycle_error(
+    cx: &Ctx<'_>,
+    pending: &[Pending],
+    deps: &[Vec<(usize, Range<usize>)>],
+    placed: &[bool],
+) -> SystemError {
+    // Every unplaced component has an unplaced server: walk until a repeat.
+    let start = (0..placed.len())
+        .find(|&i| !placed[i])
+        .expect("some unplaced");
+    let mut path = vec![start];
+    let mut seen_at = vec![usize::MAX; placed.len()];
+    seen_at[start] = 0;
+    let cycle: Vec<usize> = loop {
+        let cur = *path.last().expect("non-empty");
+        let (next, _) = deps[cur]
+            .iter()
+            .find(|(j, _)| !placed[*j])
+            .expect("an unplaced component has an unplaced server");
+        if seen_at[*next] != usize::MAX {
+            break path[seen_at[*next]..].to_vec();
+        }
+        seen_at[*next] = path.len();
+        path.push(*next);
+    };
+    // Rotate so that the cycle starts at its first component in file order.
+    let k = (0..cycle.len())
+        .min_by_key(|&k| cycle[k])
+        .expect("non-empty cycle");
+    let rotated: Vec<usize> = cycle[k..].iter().chain(&cycle[..k]).copied().collect();
+    let first = rotated[0];
+    let second = rotated.get(1).copied().unwrap_or(first);
+    let span = deps[first]
+        .iter()
+        .find(|(j, _)| *j == second)
+        .map(|(_, s)| s.clone())
+        .unwrap_or_else(|| pending[first].name_span.clone());
+    let mut names: Vec<&str> = rotated
+        .iter()
+        .map(|&i| pending[i].spec.name.as_str())
+        .collect();
+    names.push(&pending[first].spec.name);
+    cx.err(
+        &span,
+        ErrorKind::Cycle,
+        format!(
+            "dependency cycle {}: the system cannot start",
+            names.join(" -> ")
+        ),
+    )
+}

@@ -1,0 +1,462 @@
+//! The system description format: the shipped files, start order, and every
+//! error kind with its exact `path:line:col: message`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use kintsugi_system::{parse, ErrorKind, Location, RebootMode, RecoveryMode, RestartPolicy, Use};
+
+const DEMO: &str = include_str!("../../../systems/demo.toml");
+const BENCH: &str = include_str!("../../../systems/bench.toml");
+
+/// Lines 1–3; components start at line 4.
+const HEAD: &str = "[system]\nname = \"t\"\n\n";
+
+fn err(text: &str) -> (String, ErrorKind) {
+    match parse(Path::new("sys.toml"), text) {
+        Ok(s) => panic!("expected an error, parsed {s:#?}"),
+        Err(e) => (e.to_string(), e.kind().expect("a parse error has a kind")),
+    }
+}
+
+fn err_with_head(body: &str) -> (String, ErrorKind) {
+    err(&format!("{HEAD}{body}"))
+}
+
+#[test]
+fn demo_parses_in_start_order() {
+    let s = parse(Path::new("systems/demo.toml"), DEMO).unwrap();
+    assert_eq!(s.name, "demo");
+    assert_eq!(s.description, "ramfs with a verifying file workload");
+    assert_eq!(s.path, Path::new("systems/demo.toml"));
+    let names: Vec<&str> = s.components.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["ramfs", "workload"]);
+
+    let ramfs = s.component("ramfs").unwrap();
+    assert_eq!(ramfs.id, 1);
+    assert_eq!(ramfs.binary, Path::new("ramfs"));
+    assert_eq!(ramfs.provides, ["fs"]);
+    assert!(ramfs.uses.is_empty());
+    assert_eq!(ramfs.priority, 0);
+    assert_eq!(ramfs.recovery, RecoveryMode::OnDemand);
+    assert_eq!(ramfs.reboot, RebootMode::Standby);
+    assert_eq!(
+        ramfs.restart,
+        RestartPolicy {
+            max: 1000,
+            window: Duration::from_millis(1000)
+        }
+    );
+    assert_eq!(ramfs.slots, 8);
+    assert_eq!(ramfs.config, serde_json::json!({}));
+
+    let w = s.component("workload").unwrap();
+    assert_eq!(w.id, 2);
+    assert_eq!(w.binary, Path::new("fs-workload"));
+    assert_eq!(
+        w.uses,
+        [Use {
+            interface: "fs".into(),
+            server: "ramfs".into()
+        }]
+    );
+    assert_eq!(w.restart, RestartPolicy::default());
+    assert_eq!(w.restart.max, 5);
+    assert_eq!(w.restart.window, Duration::from_millis(1000));
+    assert_eq!(w.slots, 8);
+    assert_eq!(w.config, serde_json::json!({ "files": 16, "seed": 42 }));
+    assert!(s.component("nope").is_none());
+}
+
+#[test]
+fn bench_parses() {
+    let s = parse(Path::new("systems/bench.toml"), BENCH).unwrap();
+    assert_eq!(s.name, "bench");
+    assert_eq!(s.components.len(), 1);
+    let echo = &s.components[0];
+    assert_eq!((echo.id, echo.name.as_str()), (1, "echo"));
+    assert_eq!(echo.binary, Path::new("bench-echo"));
+    assert_eq!(echo.provides, ["bench"]);
+}
+
+#[test]
+fn start_order_is_topological_and_stable() {
+    // File order: app (uses fs, log), other, fs (uses blk), log, blk.
+    let text = format!(
+        "{HEAD}\
+[[component]]\nname = \"app\"\nbinary = \"app\"\nuses = [\"fs\", \"log\"]\n\
+[[component]]\nname = \"other\"\nbinary = \"o\"\n\
+[[component]]\nname = \"fs\"\nbinary = \"f\"\nprovides = [\"fs\"]\nuses = [\"blk\"]\n\
+[[component]]\nname = \"log\"\nbinary = \"l\"\nprovides = [\"log\"]\n\
+[[component]]\nname = \"blk\"\nbinary = \"b\"\nprovides = [\"blk\"]\n"
+    );
+    let s = parse(Path::new("x.toml"), &text).unwrap();
+    let order: Vec<(u32, &str)> = s
+        .components
+        .iter()
+        .map(|c| (c.id, c.name.as_str()))
+        .collect();
+    assert_eq!(
+        order,
+        [(2, "other"), (4, "log"), (5, "blk"), (3, "fs"), (1, "app")]
+    );
+    let clients: Vec<&str> = s.clients_of("fs").map(|c| c.name.as_str()).collect();
+    assert_eq!(clients, ["app"]);
+    assert_eq!(s.component("app").unwrap().server_of("log"), Some("log"));
+}
+
+#[test]
+fn explicit_provider_and_modes() {
+    let text = format!(
+        "{HEAD}\
+[[component]]\nname = \"a\"\nbinary = \"a\"\nprovides = [\"fs\"]\nrecovery = \"eager\"\nreboot = \"fork\"\npriority = -20\nslots = 64\n\
+[[component]]\nname = \"b\"\nbinary = \"b\"\nprovides = [\"fs\"]\nreboot = \"exec\"\npriority = 19\nslots = 1\nrestart = {{ window_ms = 50 }}\n\
+[[component]]\nname = \"c\"\nbinary = \"c\"\nuses = [\"fs@b\"]\nconfig = {{ nested = {{ x = [1.5, \"s\", true] }}, when = 1979-05-27 }}\n"
+    );
+    let mut s = parse(Path::new("x.toml"), &text).unwrap();
+    let a = s.component("a").unwrap();
+    assert_eq!(
+        (a.recovery, a.reboot, a.priority, a.slots),
+        (RecoveryMode::Eager, RebootMode::Fork, -20, 64)
+    );
+    let b = s.component("b").unwrap();
+    assert_eq!(
+        (b.recovery, b.reboot, b.priority, b.slots),
+        (RecoveryMode::OnDemand, RebootMode::Exec, 19, 1)
+    );
+    assert_eq!(
+        b.restart,
+        RestartPolicy {
+            max: 5,
+            window: Duration::from_millis(50)
+        }
+    );
+    let c = s.component_mut("c").unwrap();
+    assert_eq!(
+        c.uses,
+        [Use {
+            interface: "fs".into(),
+            server: "b".into()
+        }]
+    );
+    assert_eq!(
+        c.config,
+        serde_json::json!({ "nested": { "x": [1.5, "s", true] }, "when": "1979-05-27" })
+    );
+    c.set_config("when", serde_json::json!(7));
+    c.set_config("new", serde_json::json!("v"));
+    c.set_restart(3, Duration::from_secs(2));
+    let c = s.component("c").unwrap();
+    assert_eq!(c.config["when"], 7);
+    assert_eq!(c.config["new"], "v");
+    assert_eq!(
+        c.restart,
+        RestartPolicy {
+            max: 3,
+            window: Duration::from_secs(2)
+        }
+    );
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(
+        json["components"][2]["restart"],
+        serde_json::json!({ "max": 3, "window_ms": 2000 })
+    );
+    assert_eq!(json["components"][0]["recovery"], "eager");
+}
+
+#[test]
+fn location_counts_characters_from_one() {
+    let t = "ab\ncé\n";
+    assert_eq!(Location::of_offset(t, 0), Location { line: 1, col: 1 });
+    assert_eq!(Location::of_offset(t, 2), Location { line: 1, col: 3 });
+    assert_eq!(Location::of_offset(t, 3), Location { line: 2, col: 1 });
+    assert_eq!(Location::of_offset(t, 6), Location { line: 2, col: 3 }); // after 'é' (2 bytes)
+    assert_eq!(Location::of_offset(t, 5), Location { line: 2, col: 2 }); // inside 'é': clamped back
+    assert_eq!(Location::of_offset(t, 99), Location { line: 3, col: 1 });
+}
+
+// ---- errors ----------------------------------------------------------------
+
+#[test]
+fn toml_syntax_error() {
+    let (msg, kind) = err("[system\nname = \"x\"\n");
+    assert_eq!(kind, ErrorKind::Syntax);
+    assert!(
+        msg.starts_with("sys.toml:1:8: invalid table header"),
+        "{msg}"
+    );
+    assert!(!msg.contains('\n'), "{msg}");
+
+    let (msg, _) = err("[system]\nname = \"x\nfoo\n");
+    assert!(msg.starts_with("sys.toml:2:"), "{msg}");
+
+    let (msg, _) = err("[system]\nname = \"x\"\nname = \"y\"\n");
+    assert_eq!(msg, "sys.toml:3:1: duplicate key `name` in table `system`");
+}
+
+#[test]
+fn unknown_key() {
+    let (msg, kind) = err_with_head("[[component]]\nname = \"a\"\nbinary = \"a\"\nfoo = 1\n");
+    assert_eq!(kind, ErrorKind::Syntax);
+    assert_eq!(
+        msg,
+        "sys.toml:7:1: unknown field `foo`, expected one of `name`, `binary`, `provides`, `uses`, \
+         `priority`, `recovery`, `reboot`, `restart`, `slots`, `config`"
+    );
+    let (msg, _) = err_with_head(
+        "[[component]]\nname = \"a\"\nbinary = \"a\"\nrestart = { max = 1, window = 3 }\n",
+    );
+    assert_eq!(
+        msg,
+        "sys.toml:7:22: unknown field `window`, expected `max` or `window_ms`"
+    );
+    let (msg, _) = err("[system]\nname = \"t\"\nversion = 2\n");
+    assert_eq!(
+        msg,
+        "sys.toml:3:1: unknown field `version`, expected `name` or `description`"
+    );
+}
+
+#[test]
+fn wrong_type() {
+    let (msg, kind) =
+        err_with_head("[[component]]\nname = \"a\"\nbinary = \"a\"\nslots = \"many\"\n");
+    assert_eq!(kind, ErrorKind::Syntax);
+    assert_eq!(
+        msg,
+        "sys.toml:7:9: invalid type: string \"many\", expected an integer"
+    );
+    let (msg, _) =
+        err_with_head("[[component]]\nname = \"a\"\nbinary = \"a\"\nprovides = \"fs\"\n");
+    assert!(
+        msg.starts_with("sys.toml:7:12: invalid type: string \"fs\", expected a sequence"),
+        "{msg}"
+    );
+    let (msg, _) =
+        err_with_head("[[component]]\nname = \"a\"\nbinary = \"a\"\nrecovery = \"lazy\"\n");
+    assert_eq!(
+        msg,
+        "sys.toml:7:12: unknown variant `lazy`, expected `on-demand` or `eager`"
+    );
+    let (msg, _) = err_with_head("[[component]]\nname = \"a\"\n");
+    assert_eq!(msg, "sys.toml:4:1: missing field `binary`");
+    let (msg, _) = err("");
+    assert_eq!(msg, "sys.toml:1:1: missing field `system`");
+}
+
+#[test]
+fn duplicate_component_name() {
+    let (msg, kind) = err_with_head(
+        "[[component]]\nname = \"a\"\nbinary = \"a\"\n\n[[component]]\nname = \"a\"\nbinary = \"b\"\n",
+    );
+    assert_eq!(kind, ErrorKind::DuplicateName);
+    assert_eq!(msg, "sys.toml:9:8: duplicate component name `a`");
+}
+
+const RAMFS: &str = "[[component]]\nname = \"ramfs\"\nbinary = \"ramfs\"\nprovides = [\"fs\"]\n\n"; // lines 4-8
+
+#[test]
+fn unknown_interface() {
+    let (msg, kind) = err_with_head(&format!(
+        "{RAMFS}[[component]]\nname = \"workload\"\nbinary = \"w\"\nuses = [\"fsx\"]\n"
+    ));
+    assert_eq!(kind, ErrorKind::UnknownInterface);
+    assert_eq!(
+        msg,
+        "sys.toml:12:9: component `workload` uses interface `fsx`, which no component provides"
+    );
+}
+
+#[test]
+fn ambiguous_provider() {
+    let (msg, kind) = err_with_head(&format!(
+        "{RAMFS}[[component]]\nname = \"diskfs\"\nbinary = \"d\"\nprovides = [\"fs\"]\n\
+         [[component]]\nname = \"workload\"\nbinary = \"w\"\nuses = [\"fs\"]\n"
+    ));
+    assert_eq!(kind, ErrorKind::AmbiguousProvider);
+    assert_eq!(
+        msg,
+        "sys.toml:16:9: component `workload` uses interface `fs`, which is provided by `ramfs` \
+         and `diskfs`: write `fs@ramfs` or `fs@diskfs`"
+    );
+    // Picking one with `@` leaves only the bare `fs` ambiguous.
+    let (msg, kind) = err_with_head(&format!(
+        "{RAMFS}[[component]]\nname = \"diskfs\"\nbinary = \"d\"\nprovides = [\"fs\"]\n\
+         [[component]]\nname = \"workload\"\nbinary = \"w\"\nuses = [\"fs@diskfs\", \"fs\"]\n"
+    ));
+    assert_eq!(kind, ErrorKind::AmbiguousProvider);
+    assert_eq!(
+        msg,
+        "sys.toml:16:22: component `workload` uses interface `fs`, which is provided by `ramfs` \
+         and `diskfs`: write `fs@ramfs` or `fs@diskfs`"
+    );
+}
+
+#[test]
+fn explicit_provider_that_does_not_provide() {
+    let (msg, kind) = err_with_head(&format!(
+        "{RAMFS}[[component]]\nname = \"disk\"\nbinary = \"d\"\nprovides = [\"blk\"]\n\
+         [[component]]\nname = \"workload\"\nbinary = \"w\"\nuses = [\"fs@disk\"]\n"
+    ));
+    assert_eq!(kind, ErrorKind::NotProvided);
+    assert_eq!(
+        msg,
+        "sys.toml:16:9: component `workload` uses interface `fs` from `disk`, which does not provide it"
+    );
+    let (msg, kind) = err_with_head(&format!(
+        "{RAMFS}[[component]]\nname = \"workload\"\nbinary = \"w\"\nuses = [\"fs@ramfsx\"]\n"
+    ));
+    assert_eq!(kind, ErrorKind::UnknownComponent);
+    assert_eq!(
+        msg,
+        "sys.toml:12:9: component `workload` uses `fs@ramfsx`, but there is no component `ramfsx`"
+    );
+}
+
+#[test]
+fn self_use() {
+    let (msg, kind) = err_with_head(
+        "[[component]]\nname = \"ramfs\"\nbinary = \"ramfs\"\nprovides = [\"fs\"]\nuses = [\"fs\"]\n",
+    );
+    assert_eq!(kind, ErrorKind::SelfUse);
+    assert_eq!(
+        msg,
+        "sys.toml:8:9: component `ramfs` uses interface `fs`, which it provides itself"
+    );
+    let (msg, kind) = err_with_head(&format!(
+        "{RAMFS}[[component]]\nname = \"other\"\nbinary = \"o\"\nprovides = [\"fs\"]\nuses = [\"fs@other\"]\n"
+    ));
+    assert_eq!(kind, ErrorKind::SelfUse);
+    assert_eq!(
+        msg,
+        "sys.toml:13:9: component `other` uses interface `fs`, which it provides itself"
+    );
+}
+
+#[test]
+fn dependency_cycle() {
+    let (msg, kind) = err_with_head(
+        "[[component]]\nname = \"workload\"\nbinary = \"w\"\nprovides = [\"ctl\"]\nuses = [\"fs\"]\n\n\
+         [[component]]\nname = \"ramfs\"\nbinary = \"r\"\nprovides = [\"fs\"]\nuses = [\"ctl\"]\n",
+    );
+    assert_eq!(kind, ErrorKind::Cycle);
+    assert_eq!(
+        msg,
+        "sys.toml:8:9: dependency cycle workload -> ramfs -> workload: the system cannot start"
+    );
+
+    // A cycle b -> c -> b behind a that depends on it; reported from b (first in file order).
+    let (msg, kind) = err_with_head(
+        "[[component]]\nname = \"a\"\nbinary = \"a\"\nuses = [\"ib\"]\n\
+         [[component]]\nname = \"c\"\nbinary = \"c\"\nprovides = [\"ic\"]\nuses = [\"ib\"]\n\
+         [[component]]\nname = \"b\"\nbinary = \"b\"\nprovides = [\"ib\"]\nuses = [\"x\", \"ic\"]\n\
+         [[component]]\nname = \"x\"\nbinary = \"x\"\nprovides = [\"x\"]\n",
+    );
+    assert_eq!(kind, ErrorKind::Cycle);
+    assert_eq!(
+        msg,
+        "sys.toml:12:9: dependency cycle c -> b -> c: the system cannot start"
+    );
+}
+
+#[test]
+fn out_of_range_values() {
+    let comp = |extra: &str| format!("[[component]]\nname = \"a\"\nbinary = \"a\"\n{extra}\n");
+    let cases = [
+        (
+            "priority = 20",
+            "sys.toml:7:12: component `a`: priority 20 is out of range (a nice value, -20..=19)",
+        ),
+        (
+            "priority = -21",
+            "sys.toml:7:12: component `a`: priority -21 is out of range (a nice value, -20..=19)",
+        ),
+        (
+            "slots = 0",
+            "sys.toml:7:9: component `a`: slots 0 is out of range (1..=64)",
+        ),
+        (
+            "slots = 65",
+            "sys.toml:7:9: component `a`: slots 65 is out of range (1..=64)",
+        ),
+        (
+            "restart = { max = 3, window_ms = 0 }",
+            "sys.toml:7:34: component `a`: restart.window_ms must be at least 1, not 0",
+        ),
+        (
+            "restart = { max = -1 }",
+            "sys.toml:7:19: component `a`: restart.max -1 is out of range (0..=4294967295)",
+        ),
+    ];
+    for (extra, want) in cases {
+        let (msg, kind) = err_with_head(&comp(extra));
+        assert_eq!(kind, ErrorKind::OutOfRange, "{extra}");
+        assert_eq!(msg, want, "{extra}");
+    }
+}
+
+#[test]
+fn invalid_names() {
+    let (msg, kind) = err("[system]\nname = \"\"\n");
+    assert_eq!(kind, ErrorKind::InvalidName);
+    assert_eq!(msg, "sys.toml:2:8: system name must not be empty");
+    let (msg, _) = err_with_head("[[component]]\nname = \"\"\nbinary = \"a\"\n");
+    assert_eq!(msg, "sys.toml:5:8: component name must not be empty");
+    let (msg, kind) = err_with_head("[[component]]\nname = \"RamFS\"\nbinary = \"a\"\n");
+    assert_eq!(kind, ErrorKind::InvalidName);
+    assert_eq!(
+        msg,
+        "sys.toml:5:8: component name `RamFS` contains 'R': names may only contain a-z, 0-9, `_` and `-`"
+    );
+    let (msg, _) = err_with_head(
+        "[[component]]\nname = \"a\"\nbinary = \"a\"\nprovides = [\"ok\", \"f s\"]\n",
+    );
+    assert_eq!(
+        msg,
+        "sys.toml:7:19: interface name `f s` contains ' ': names may only contain a-z, 0-9, `_` and `-`"
+    );
+    let (msg, _) = err_with_head(&format!(
+        "{RAMFS}[[component]]\nname = \"w\"\nbinary = \"w\"\nuses = [\"fs@\"]\n"
+    ));
+    assert_eq!(
+        msg,
+        "sys.toml:12:9: in `fs@`: component name must not be empty"
+    );
+    let (msg, _) = err_with_head("[[component]]\nname = \"a\"\nbinary = \"\"\n");
+    assert_eq!(
+        msg,
+        "sys.toml:6:10: component `a`: binary must not be empty"
+    );
+}
+
+#[test]
+fn duplicate_interfaces_and_no_components() {
+    let (msg, kind) =
+        err_with_head("[[component]]\nname = \"a\"\nbinary = \"a\"\nprovides = [\"fs\", \"fs\"]\n");
+    assert_eq!(kind, ErrorKind::DuplicateInterface);
+    assert_eq!(
+        msg,
+        "sys.toml:7:19: component `a` provides interface `fs` twice"
+    );
+    let (msg, kind) = err(HEAD);
+    assert_eq!(kind, ErrorKind::NoComponents);
+    assert_eq!(
+        msg,
+        "sys.toml:2:8: system `t` has no components (add a [[component]] table)"
+    );
+}
+
+#[test]
+fn non_finite_config_float() {
+    let (msg, kind) = err_with_head(
+        "[[component]]\nname = \"a\"\nbinary = \"a\"\n[component.config]\nx = { y = nan }\n",
+    );
+    assert_eq!(kind, ErrorKind::InvalidConfig);
+    assert!(msg.starts_with("sys.toml:"), "{msg}");
+    assert!(
+        msg.ends_with(
+            "component `a`: config key `x.y` is not a finite number and cannot be passed as JSON"
+        ),
+        "{msg}"
+    );
+}

@@ -14,8 +14,10 @@ use serde::Deserialize;
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 struct Config {
-    /// MiB to allocate and touch right after each incarnation starts.
+    /// MiB to allocate and touch once each incarnation has been serving for
+    /// `grow_after_ms` (so that growing does not slow its own start).
     grow_mib: u32,
+    grow_after_ms: u64,
 }
 
 #[derive(Default)]
@@ -74,7 +76,10 @@ fn main() {
         let echo = Arc::new(Echo::default());
         if config.grow_mib > 0 {
             let e = echo.clone();
-            std::thread::spawn(move || e.grow(config.grow_mib));
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(config.grow_after_ms.max(20)));
+                e.grow(config.grow_mib)
+            });
         }
         Ok(Incarnation::serve(vec![bench::service(echo)]))
     })

@@ -5,6 +5,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::cell::OnceCell;
 use std::time::Duration;
 
 use rustix::event::{poll, PollFd, PollFlags};
@@ -17,6 +18,8 @@ use crate::events::Exit;
 pub struct Proc {
     pub pid: u32,
     pub pidfd: OwnedFd,
+    /// How it ended, once reaped.
+    exit: OnceCell<Exit>,
 }
 
 impl Proc {
@@ -24,26 +27,31 @@ impl Proc {
     /// (so its pid cannot have been reused).
     pub fn adopt(pid: u32) -> std::io::Result<Self> {
         let p = Pid::from_raw(pid as i32).ok_or_else(|| std::io::Error::other("pid 0"))?;
-        Ok(Self { pid, pidfd: pidfd_open(p, PidfdFlags::empty())? })
+        Ok(Self { pid, pidfd: pidfd_open(p, PidfdFlags::empty())?, exit: OnceCell::new() })
     }
 
     pub fn signal(&self, sig: Signal) {
-        // Fails only if the process is already gone, which its pidfd reports.
-        let _ = pidfd_send_signal(&self.pidfd, sig);
+        if self.exit.get().is_none() {
+            // Fails only if the process is already gone, which its pidfd reports.
+            let _ = pidfd_send_signal(&self.pidfd, sig);
+        }
     }
 
-    /// Reaps the process if it has exited.
+    /// Reaps the process if it has exited (once; later calls return the same exit).
     pub fn try_reap(&self) -> Option<Exit> {
+        if let Some(e) = self.exit.get() {
+            return Some(*e);
+        }
         let status = rustix::process::waitid(
             WaitId::PidFd(self.pidfd.as_fd()),
             WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
         )
         .ok()??;
-        if let Some(sig) = status.terminating_signal() {
-            Some(Exit::Signal(sig))
-        } else {
-            status.exit_status().map(Exit::Code)
-        }
+        let exit = match status.terminating_signal() {
+            Some(sig) => Exit::Signal(sig),
+            None => Exit::Code(status.exit_status()?),
+        };
+        Some(*self.exit.get_or_init(|| exit))
     }
 
     /// Waits up to `timeout` for the process to exit and reaps it.

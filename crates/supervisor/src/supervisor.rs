@@ -145,6 +145,9 @@ struct Used {
     edge: Arc<Edge>,
 }
 
+/// How long the injector waits for its last victim to die and be replaced.
+const VICTIM_GRACE: Duration = Duration::from_secs(1);
+
 const TOKEN_SIGNAL: u64 = 1 << 40;
 const TOKEN_ZYGOTE_SOCK: u64 = 1 << 41;
 
@@ -173,6 +176,8 @@ struct Supervisor<'a> {
     signal_ids: Vec<signal_hook::SigId>,
     vault: VaultStore,
     chaos: Option<Chaos>,
+    /// The process the injector last signalled, and when.
+    last_victim: Option<(u32, Instant)>,
     started: Instant,
 }
 
@@ -197,6 +202,7 @@ impl<'a> Supervisor<'a> {
             signal_ids,
             vault: VaultStore::default(),
             chaos,
+            last_victim: None,
             started: Instant::now(),
         })
     }
@@ -433,13 +439,20 @@ impl<'a> Supervisor<'a> {
                     return Ok(StopReason::Duration);
                 }
             }
-            if let Some(sig) = self.chaos.as_mut().and_then(|c| c.due(now)) {
-                self.inject(sig);
+            if self.victim_replaced() {
+                if let Some(sig) = self.chaos.as_mut().and_then(|c| c.due(now)) {
+                    self.inject(sig);
+                }
             }
-            if self.options.stop_after_chaos && self.chaos.as_ref().is_some_and(|c| c.done()) {
+            let victim_replaced = self.victim_replaced();
+            if self.options.stop_after_chaos && self.chaos.as_ref().is_some_and(|c| c.done()) && victim_replaced {
                 return Ok(StopReason::ChaosDone);
             }
-            let mut wake = self.chaos.as_ref().and_then(|c| c.deadline());
+            // While the last victim is still dying, its pidfd is what wakes us.
+            let mut wake = match victim_replaced {
+                true => self.chaos.as_ref().and_then(|c| c.deadline()),
+                false => self.last_victim.map(|(_, at)| at + VICTIM_GRACE),
+            };
             if let Some(d) = self.options.duration {
                 let end = self.started + d;
                 wake = Some(wake.map_or(end, |w| w.min(end)));
@@ -482,7 +495,22 @@ impl<'a> Supervisor<'a> {
         }));
         let (pid, rss_kib) = (live.proc.pid, live.proc.rss_kib());
         live.proc.signal(sig);
+        self.last_victim = Some((pid, Instant::now()));
         self.emit(Event::Injected { component: target, pid, signal: sig.as_raw(), in_flight, rss_kib });
+    }
+
+    /// True once the last injection's target runs a new incarnation, or
+    /// the injection visibly did not kill it. The injector never signals a
+    /// process it has already signalled, so each injection is one fault.
+    fn victim_replaced(&self) -> bool {
+        let Some((victim, at)) = self.last_victim else { return true };
+        let target = &self.chaos.as_ref().expect("chaos").plan.target;
+        at.elapsed() >= VICTIM_GRACE
+            || self
+                .comps
+                .iter()
+                .find(|m| &m.spec.name == target)
+                .is_some_and(|m| m.done || m.live.as_ref().is_some_and(|l| l.proc.pid != victim))
     }
 
     fn name_calls(&self, calls: impl Iterator<Item = (u64, u32)>) -> Vec<String> {
@@ -610,17 +638,9 @@ impl<'a> Supervisor<'a> {
             s.proc.kill();
         }
         if m.fork_pending.take().is_some() {
-            // Drain a reply that may have been sent before the old zygote died.
-            let mut fds = [PollFd::new(&m.zygote_sock, PollFlags::IN)];
-            let _ = poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 }));
-            if fds[0].revents().contains(PollFlags::IN) {
-                if let Ok((msg, _)) = fdpass::recv(&m.zygote_sock) {
-                    if let Some((_, pid)) = zygote::decode(&msg) {
-                        if let Ok(p) = Proc::adopt(pid) {
-                            p.kill();
-                        }
-                    }
-                }
+            // A standby the old zygote forked before it died must not linger.
+            if let Some(orphan) = Self::drain_reply(&m.zygote_sock, Duration::ZERO) {
+                orphan.kill();
             }
         }
         if m.zygote.try_reap().is_none() {
@@ -660,8 +680,8 @@ impl<'a> Supervisor<'a> {
                 s.proc.kill();
             }
             if m.fork_pending.take().is_some() {
-                if let Ok(inc) = Self::drain_reply(&m.zygote_sock) {
-                    inc.kill();
+                if let Some(orphan) = Self::drain_reply(&m.zygote_sock, Duration::from_secs(1)) {
+                    orphan.kill();
                 }
             }
             if m.zygote.try_reap().is_none() {
@@ -672,11 +692,16 @@ impl<'a> Supervisor<'a> {
         exits
     }
 
-    fn drain_reply(sock: &OwnedFd) -> std::io::Result<Proc> {
+    /// The standby announced by a pending fork reply, if one arrives within `wait`.
+    fn drain_reply(sock: &OwnedFd, wait: Duration) -> Option<Proc> {
         let mut fds = [PollFd::new(sock, PollFlags::IN)];
-        poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 1, tv_nsec: 0 }))?;
-        let (msg, _) = fdpass::recv(sock.as_fd())?;
-        let (_, pid) = zygote::decode(&msg).ok_or_else(|| std::io::Error::other("malformed"))?;
-        Proc::adopt(pid)
+        let ts = rustix::time::Timespec { tv_sec: wait.as_secs() as i64, tv_nsec: wait.subsec_nanos() as i64 };
+        poll(&mut fds, Some(&ts)).ok()?;
+        if !fds[0].revents().contains(PollFlags::IN) {
+            return None;
+        }
+        let (msg, _) = fdpass::recv(sock.as_fd()).ok()?;
+        let (_, pid) = zygote::decode(&msg)?;
+        Proc::adopt(pid).ok()
     }
 }

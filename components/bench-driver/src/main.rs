@@ -21,7 +21,11 @@ struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Self { objects: 1000, rounds: 10, out: String::new() }
+        Self {
+            objects: 1000,
+            rounds: 10,
+            out: String::new(),
+        }
     }
 }
 
@@ -66,13 +70,23 @@ fn main() {
                 std::thread::sleep(Duration::from_millis(30));
                 let recover_us = pass(1)?;
                 let plain_us = pass(1)?;
-                let r = Round { round, epoch: client.connection().epoch(), objects: objs.len(), recover_us, plain_us };
+                let r = Round {
+                    round,
+                    epoch: client.connection().epoch(),
+                    objects: objs.len(),
+                    recover_us,
+                    plain_us,
+                };
                 let line = serde_json::to_string(&r)? + "\n";
                 if config.out.is_empty() {
                     print!("{line}");
                 } else {
                     use std::io::Write;
-                    std::fs::OpenOptions::new().create(true).append(true).open(&config.out)?.write_all(line.as_bytes())?;
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&config.out)?
+                        .write_all(line.as_bytes())?;
                 }
             }
             Ok(())

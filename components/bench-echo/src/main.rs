@@ -15,7 +15,7 @@ use serde::Deserialize;
 #[serde(default, deny_unknown_fields)]
 struct Config {
     /// MiB to allocate and touch once each incarnation has been serving for
-    /// `grow_after_ms` (so that growing does not slow its own start).
+    /// `grow_after_ms`.
     grow_mib: u32,
     grow_after_ms: u64,
 }
@@ -56,17 +56,35 @@ impl bench::Server for Echo {
     fn make(&self, c: &Caller, tag: u64) -> Result<u64, Error> {
         let mut next = self.next.lock().unwrap();
         *next += 1;
-        self.objects.lock().unwrap().insert((c.component, *next), tag);
+        self.objects
+            .lock()
+            .unwrap()
+            .insert((c.component, *next), tag);
         Ok(*next)
     }
     fn touch(&self, c: &Caller, o: u64, step: u64) -> Result<u64, Error> {
-        self.objects.lock().unwrap().get(&(c.component, o)).map(|_| step).ok_or(Error::Failed)
+        self.objects
+            .lock()
+            .unwrap()
+            .get(&(c.component, o))
+            .map(|_| step)
+            .ok_or(Error::Failed)
     }
     fn put(&self, c: &Caller, o: u64, pos: u64) -> Result<u64, Error> {
-        self.objects.lock().unwrap().get(&(c.component, o)).map(|_| pos).ok_or(Error::Failed)
+        self.objects
+            .lock()
+            .unwrap()
+            .get(&(c.component, o))
+            .map(|_| pos)
+            .ok_or(Error::Failed)
     }
     fn drop(&self, c: &Caller, o: u64) -> Result<(), Error> {
-        self.objects.lock().unwrap().remove(&(c.component, o)).map(|_| ()).ok_or(Error::Failed)
+        self.objects
+            .lock()
+            .unwrap()
+            .remove(&(c.component, o))
+            .map(|_| ())
+            .ok_or(Error::Failed)
     }
 }
 
@@ -74,13 +92,14 @@ fn main() {
     kintsugi_runtime::run(|rt| {
         let config: Config = rt.config()?;
         let echo = Arc::new(Echo::default());
-        if config.grow_mib > 0 {
-            let e = echo.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(std::time::Duration::from_millis(config.grow_after_ms.max(20)));
-                e.grow(config.grow_mib)
-            });
-        }
-        Ok(Incarnation::serve(vec![bench::service(echo)]))
+        let grower = echo.clone();
+        Ok(
+            Incarnation::serve(vec![bench::service(echo)]).then(move || {
+                // After the incarnation is ready: the failed one's heap, for the reboot benchmark.
+                std::thread::sleep(std::time::Duration::from_millis(config.grow_after_ms));
+                grower.grow(config.grow_mib);
+                Ok(())
+            }),
+        )
     })
 }

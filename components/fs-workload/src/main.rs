@@ -29,7 +29,14 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Self { files: 16, dirs: 3, seed: 42, ops: 0, max_write: 16384, max_open: 6 }
+        Self {
+            files: 16,
+            dirs: 3,
+            seed: 42,
+            ops: 0,
+            max_write: 16384,
+            max_open: 6,
+        }
     }
 }
 
@@ -49,7 +56,11 @@ fn main() {
             let report = w.finish();
             println!("{}", serde_json::to_string(&report)?);
             if report.errors > 0 {
-                anyhow::bail!("{} errors; first: {:?}", report.errors, report.first_errors.first());
+                anyhow::bail!(
+                    "{} errors; first: {:?}",
+                    report.errors,
+                    report.first_errors.first()
+                );
             }
             Ok(())
         }))

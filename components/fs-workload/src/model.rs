@@ -47,7 +47,8 @@ impl Workload {
         let mut names = Vec::new();
         for d in 0..config.dirs.max(1) {
             let dir = format!("/d{d}");
-            fs.mkdir(&dir).map_err(|e| anyhow::anyhow!("mkdir {dir}: {e}"))?;
+            fs.mkdir(&dir)
+                .map_err(|e| anyhow::anyhow!("mkdir {dir}: {e}"))?;
             for f in 0..config.files.max(1) {
                 names.push(format!("{dir}/f{f}"));
             }
@@ -62,7 +63,10 @@ impl Workload {
             names,
             max_write: config.max_write.clamp(1, 65536),
             max_open: config.max_open.max(1),
-            report: Report { seed: config.seed, ..Default::default() },
+            report: Report {
+                seed: config.seed,
+                ..Default::default()
+            },
         })
     }
 
@@ -104,16 +108,28 @@ impl Workload {
         match self.fs.open(&path, CREATE) {
             Ok(fd) => {
                 self.files.entry(path.clone()).or_default();
-                self.open.push(Handle { path, fd, offset: 0 });
+                self.open.push(Handle {
+                    path,
+                    fd,
+                    offset: 0,
+                });
             }
             Err(e) => self.fail(format!("open {path}: {e}")),
         }
     }
 
     fn write(&mut self, h: usize) {
-        let len = if self.rng.gen_bool(0.05) { self.max_write } else { self.rng.gen_range(1..=self.max_write.min(4096)) };
+        let len = if self.rng.gen_bool(0.05) {
+            self.max_write
+        } else {
+            self.rng.gen_range(1..=self.max_write.min(4096))
+        };
         let data: Vec<u8> = (0..len).map(|_| self.rng.gen()).collect();
-        let (path, fd, offset) = (self.open[h].path.clone(), self.open[h].fd, self.open[h].offset);
+        let (path, fd, offset) = (
+            self.open[h].path.clone(),
+            self.open[h].fd,
+            self.open[h].offset,
+        );
         match self.fs.write(fd, &data) {
             Ok(n) if n as usize == len => {
                 let file = self.files.get_mut(&path).expect("open files are modelled");
@@ -132,7 +148,11 @@ impl Workload {
 
     fn read(&mut self, h: usize) {
         let len = self.rng.gen_range(1..=self.max_write) as u32;
-        let (path, fd, offset) = (self.open[h].path.clone(), self.open[h].fd, self.open[h].offset);
+        let (path, fd, offset) = (
+            self.open[h].path.clone(),
+            self.open[h].fd,
+            self.open[h].offset,
+        );
         let file = &self.files[&path];
         let start = (offset as usize).min(file.len());
         let end = (start + len as usize).min(file.len());
@@ -143,7 +163,11 @@ impl Workload {
                 self.report.bytes_read += got.len() as u64;
             }
             Ok(got) => {
-                let at = got.iter().zip(&expected).position(|(a, b)| a != b).unwrap_or(got.len().min(expected.len()));
+                let at = got
+                    .iter()
+                    .zip(&expected)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(got.len().min(expected.len()));
                 self.fail(format!(
                     "read {path}@{offset}+{len}: got {} bytes, expected {}; first difference at byte {at}",
                     got.len(),
@@ -159,7 +183,10 @@ impl Workload {
         let pos = self.rng.gen_range(0..=size + 64);
         match self.fs.seek(self.open[h].fd, pos) {
             Ok(p) if p == pos => self.open[h].offset = pos,
-            Ok(p) => self.fail(format!("seek {} to {pos}: server says {p}", self.open[h].path)),
+            Ok(p) => self.fail(format!(
+                "seek {} to {pos}: server says {p}",
+                self.open[h].path
+            )),
             Err(e) => self.fail(format!("seek {}: {e}", self.open[h].path)),
         }
     }
@@ -204,7 +231,11 @@ impl Workload {
 
     fn listing(&self, dir: &str) -> Vec<String> {
         let prefix = format!("{dir}/");
-        self.files.keys().filter_map(|p| p.strip_prefix(&prefix)).map(str::to_string).collect()
+        self.files
+            .keys()
+            .filter_map(|p| p.strip_prefix(&prefix))
+            .map(str::to_string)
+            .collect()
     }
 
     /// A modelled file that no descriptor holds open.
@@ -247,7 +278,9 @@ impl Workload {
             let expected = self.listing(&dir);
             match self.fs.readdir(&dir) {
                 Ok(names) if names == expected => {}
-                Ok(names) => self.fail(format!("final readdir {dir}: {names:?}, expected {expected:?}")),
+                Ok(names) => self.fail(format!(
+                    "final readdir {dir}: {names:?}, expected {expected:?}"
+                )),
                 Err(e) => self.fail(format!("final readdir {dir}: {e}")),
             }
         }
@@ -257,7 +290,11 @@ impl Workload {
                     self.report.verified_files += 1;
                     self.report.verified_bytes += got.len() as u64;
                 }
-                Ok(got) => self.fail(format!("final {path}: {} bytes differ from the model's {}", got.len(), expected.len())),
+                Ok(got) => self.fail(format!(
+                    "final {path}: {} bytes differ from the model's {}",
+                    got.len(),
+                    expected.len()
+                )),
                 Err(e) => self.fail(format!("final read {path}: {e}")),
             }
         }

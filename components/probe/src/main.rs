@@ -23,7 +23,10 @@ fn main() {
                 .map(|target| target.display().to_string())
                 .filter(|t| t.contains("kintsugi:"))
                 .collect();
-            println!("{}", serde_json::json!({ "component": rt.name(), "connect": connect, "channels": channels }));
+            println!(
+                "{}",
+                serde_json::json!({ "component": rt.name(), "connect": connect, "channels": channels })
+            );
             Ok(())
         }))
     })

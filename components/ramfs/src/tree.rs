@@ -67,7 +67,10 @@ fn split(path: &str) -> Result<Vec<&str>, Error> {
         return Ok(Vec::new());
     }
     let names: Vec<&str> = rest.split('/').collect();
-    if names.iter().any(|n| n.is_empty() || *n == "." || *n == "..") {
+    if names
+        .iter()
+        .any(|n| n.is_empty() || *n == "." || *n == "..")
+    {
         return Err(Error::Invalid);
     }
     Ok(names)
@@ -76,8 +79,19 @@ fn split(path: &str) -> Result<Vec<&str>, Error> {
 impl RamFs {
     /// Rebuilds the tree from the vault (empty on the first incarnation).
     pub fn restore(rt: Arc<Runtime>) -> anyhow::Result<Self> {
-        let mut state = State { next_ino: ROOT + 1, next_fd: 1, ..Default::default() };
-        state.nodes.insert(ROOT, Node { parent: ROOT, name: String::new(), kind: Kind::Dir(BTreeMap::new()) });
+        let mut state = State {
+            next_ino: ROOT + 1,
+            next_fd: 1,
+            ..Default::default()
+        };
+        state.nodes.insert(
+            ROOT,
+            Node {
+                parent: ROOT,
+                name: String::new(),
+                kind: Kind::Dir(BTreeMap::new()),
+            },
+        );
         let mut links = Vec::new();
         for rec in rt.vault().list()? {
             let ino = u64::from_str_radix(&rec.key, 16)?;
@@ -88,7 +102,14 @@ impl RamFs {
                 (false, None) => anyhow::bail!("vault record {ino} is a file without contents"),
             };
             links.push((meta.parent, meta.name.clone(), ino));
-            state.nodes.insert(ino, Node { parent: meta.parent, name: meta.name, kind });
+            state.nodes.insert(
+                ino,
+                Node {
+                    parent: meta.parent,
+                    name: meta.name,
+                    kind,
+                },
+            );
             state.next_ino = state.next_ino.max(ino + 1);
         }
         for (parent, name, ino) in links {
@@ -96,10 +117,15 @@ impl RamFs {
                 Some(Kind::Dir(children)) => {
                     children.insert(name, ino);
                 }
-                _ => anyhow::bail!("vault record {ino} names parent {parent}, which is not a directory"),
+                _ => anyhow::bail!(
+                    "vault record {ino} names parent {parent}, which is not a directory"
+                ),
             }
         }
-        Ok(Self { rt, state: Mutex::new(state) })
+        Ok(Self {
+            rt,
+            state: Mutex::new(state),
+        })
     }
 }
 
@@ -147,7 +173,9 @@ impl State {
     }
 
     fn open_file(&mut self, caller: &Caller, fd: u64) -> Result<&mut OpenFile, Error> {
-        self.open.get_mut(&(caller.component, fd)).ok_or(Error::BadFd)
+        self.open
+            .get_mut(&(caller.component, fd))
+            .ok_or(Error::BadFd)
     }
 }
 
@@ -166,17 +194,35 @@ impl fs::Server for RamFs {
             Err(Error::NotFound) if flags & CREATE != 0 => {
                 let (parent, name) = st.parent_of(path)?;
                 let ino = st.next_ino;
-                let memfd = rustix::fs::memfd_create(format!("ramfs:{ino}"), rustix::fs::MemfdFlags::CLOEXEC)
-                    .map_err(|e| io_err(e.into()))?;
+                let memfd = rustix::fs::memfd_create(
+                    format!("ramfs:{ino}"),
+                    rustix::fs::MemfdFlags::CLOEXEC,
+                )
+                .map_err(|e| io_err(e.into()))?;
                 let data = Arc::new(File::from(memfd));
-                let record = NodeRecord { parent, name: name.to_string(), dir: false };
+                let record = NodeRecord {
+                    parent,
+                    name: name.to_string(),
+                    dir: false,
+                };
                 self.rt
                     .vault()
-                    .put(&key(ino), serde_json::to_value(&record).unwrap(), Some(data.as_fd()))
+                    .put(
+                        &key(ino),
+                        serde_json::to_value(&record).unwrap(),
+                        Some(data.as_fd()),
+                    )
                     .map_err(|e| io_err(std::io::Error::other(e)))?;
                 st.next_ino += 1;
                 st.children_mut(parent).insert(name.to_string(), ino);
-                st.nodes.insert(ino, Node { parent, name: name.to_string(), kind: Kind::File(data.clone()) });
+                st.nodes.insert(
+                    ino,
+                    Node {
+                        parent,
+                        name: name.to_string(),
+                        kind: Kind::File(data.clone()),
+                    },
+                );
                 data
             }
             Err(e) => return Err(e),
@@ -186,7 +232,8 @@ impl fs::Server for RamFs {
         }
         let fd = st.next_fd;
         st.next_fd += 1;
-        st.open.insert((caller.component, fd), OpenFile { data, offset: 0 });
+        st.open
+            .insert((caller.component, fd), OpenFile { data, offset: 0 });
         Ok(fd)
     }
 
@@ -199,7 +246,10 @@ impl fs::Server for RamFs {
         let want = (len as usize).min(out.len());
         let mut n = 0;
         while n < want {
-            match data.read_at(&mut out[n..want], offset + n as u64).map_err(io_err)? {
+            match data
+                .read_at(&mut out[n..want], offset + n as u64)
+                .map_err(io_err)?
+            {
                 0 => break,
                 k => n += k,
             }
@@ -234,15 +284,24 @@ impl fs::Server for RamFs {
 
     fn close(&self, caller: &Caller, fd: u64) -> Result<(), Error> {
         let mut st = self.state.lock().unwrap();
-        st.open.remove(&(caller.component, fd)).map(|_| ()).ok_or(Error::BadFd)
+        st.open
+            .remove(&(caller.component, fd))
+            .map(|_| ())
+            .ok_or(Error::BadFd)
     }
 
     fn stat(&self, _caller: &Caller, path: &str) -> Result<Stat, Error> {
         let st = self.state.lock().unwrap();
         let ino = st.lookup(path)?;
         Ok(match &st.nodes[&ino].kind {
-            Kind::Dir(children) => Stat { size: children.len() as u64, is_dir: true },
-            Kind::File(data) => Stat { size: data.metadata().map_err(io_err)?.len(), is_dir: false },
+            Kind::Dir(children) => Stat {
+                size: children.len() as u64,
+                is_dir: true,
+            },
+            Kind::File(data) => Stat {
+                size: data.metadata().map_err(io_err)?.len(),
+                is_dir: false,
+            },
         })
     }
 
@@ -257,7 +316,10 @@ impl fs::Server for RamFs {
                 return Err(Error::NotEmpty);
             }
         }
-        self.rt.vault().delete(&key(ino)).map_err(|e| io_err(std::io::Error::other(e)))?;
+        self.rt
+            .vault()
+            .delete(&key(ino))
+            .map_err(|e| io_err(std::io::Error::other(e)))?;
         let node = st.nodes.remove(&ino).expect("looked up");
         st.children_mut(node.parent).remove(&node.name);
         Ok(())
@@ -270,14 +332,25 @@ impl fs::Server for RamFs {
             return Err(Error::Exists);
         }
         let ino = st.next_ino;
-        let record = NodeRecord { parent, name: name.to_string(), dir: true };
+        let record = NodeRecord {
+            parent,
+            name: name.to_string(),
+            dir: true,
+        };
         self.rt
             .vault()
             .put(&key(ino), serde_json::to_value(&record).unwrap(), None)
             .map_err(|e| io_err(std::io::Error::other(e)))?;
         st.next_ino += 1;
         st.children_mut(parent).insert(name.to_string(), ino);
-        st.nodes.insert(ino, Node { parent, name: name.to_string(), kind: Kind::Dir(BTreeMap::new()) });
+        st.nodes.insert(
+            ino,
+            Node {
+                parent,
+                name: name.to_string(),
+                kind: Kind::Dir(BTreeMap::new()),
+            },
+        );
         Ok(())
     }
 
@@ -306,12 +379,23 @@ impl fs::Server for RamFs {
                 return Err(Error::Exists);
             }
         }
-        let record = NodeRecord { parent: to_parent, name: to_name.to_string(), dir: is_dir };
-        let mut ops = vec![VaultOp::Put { key: key(ino), value: serde_json::to_value(&record).unwrap(), fd: false }];
+        let record = NodeRecord {
+            parent: to_parent,
+            name: to_name.to_string(),
+            dir: is_dir,
+        };
+        let mut ops = vec![VaultOp::Put {
+            key: key(ino),
+            value: serde_json::to_value(&record).unwrap(),
+            fd: false,
+        }];
         if let Some(old) = replaced {
             ops.push(VaultOp::Delete { key: key(old) });
         }
-        self.rt.vault().apply(ops, &[]).map_err(|e| io_err(std::io::Error::other(e)))?;
+        self.rt
+            .vault()
+            .apply(ops, &[])
+            .map_err(|e| io_err(std::io::Error::other(e)))?;
         if let Some(old) = replaced {
             st.nodes.remove(&old);
         }

@@ -50,7 +50,11 @@ pub fn run(b: Bench) -> anyhow::Result<bool> {
     }
     match b {
         Bench::Ipc { iterations } => ipc(iterations),
-        Bench::Reboot { kills, objects, heap_mib } => reboot(kills, objects, heap_mib),
+        Bench::Reboot {
+            kills,
+            objects,
+            heap_mib,
+        } => reboot(kills, objects, heap_mib),
     }
 }
 
@@ -120,16 +124,30 @@ fn shm_round_trips(iterations: usize, spin: Duration) -> anyhow::Result<Vec<f64>
     let edge = Arc::new(Edge::create("bench-ipc", 1)?);
     let server_edge = edge.clone();
     let _peer = Peer::spawn(move || {
-        let worker = SlotWorker { edge: server_edge, slot: 0, client: 0, retire: Default::default() };
+        let worker = SlotWorker {
+            edge: server_edge,
+            slot: 0,
+            client: 0,
+            retire: Default::default(),
+        };
         worker.run(bench::service(Arc::new(NullServer)).as_ref(), 1);
     })?;
     edge.server_live(1, _peer.0);
-    let client = bench::Client::from_connection(kintsugi_runtime::testing::connection_for_tests(edge, &bench::INFO));
-    Ok(time_calls(iterations, || client.null().expect("null invocation")))
+    let client = bench::Client::from_connection(kintsugi_runtime::testing::connection_for_tests(
+        edge,
+        &bench::INFO,
+    ));
+    Ok(time_calls(iterations, || {
+        client.null().expect("null invocation")
+    }))
 }
 
 /// Round trips of 8 bytes over a byte stream whose peer echoes them.
-fn echo_round_trips(iterations: usize, mut to_peer: impl Write, mut from_peer: impl Read) -> Vec<f64> {
+fn echo_round_trips(
+    iterations: usize,
+    mut to_peer: impl Write,
+    mut from_peer: impl Read,
+) -> Vec<f64> {
     let mut buf = [0u8; 8];
     time_calls(iterations, || {
         to_peer.write_all(&buf).expect("write");
@@ -153,8 +171,13 @@ fn unix_round_trips(iterations: usize) -> anyhow::Result<Vec<f64>> {
 fn pipe_round_trips(iterations: usize) -> anyhow::Result<Vec<f64>> {
     let (down_r, down_w) = rustix::pipe::pipe()?;
     let (up_r, up_w) = rustix::pipe::pipe()?;
-    let _peer = Peer::spawn(move || echo_loop(std::fs::File::from(down_r), std::fs::File::from(up_w)))?;
-    Ok(echo_round_trips(iterations, std::fs::File::from(down_w), std::fs::File::from(up_r)))
+    let _peer =
+        Peer::spawn(move || echo_loop(std::fs::File::from(down_r), std::fs::File::from(up_w)))?;
+    Ok(echo_round_trips(
+        iterations,
+        std::fs::File::from(down_w),
+        std::fs::File::from(up_r),
+    ))
 }
 
 fn ipc(iterations: usize) -> anyhow::Result<bool> {
@@ -162,10 +185,25 @@ fn ipc(iterations: usize) -> anyhow::Result<bool> {
     let socket_n = iterations.min(100_000);
     println!("kintsugi bench ipc: {iterations} shared-memory round trips, {socket_n} socket/pipe round trips, 2 processes\n");
     let rows = [
-        (format!("kintsugi null invocation (spin {} µs, then futex)", spin.as_micros()), shm_round_trips(iterations, spin)?),
-        ("kintsugi null invocation (futex only, no spin)".to_string(), shm_round_trips(socket_n, Duration::ZERO)?),
-        ("Unix stream socket, 8-byte echo".to_string(), unix_round_trips(socket_n)?),
-        ("pipe pair, 8-byte echo".to_string(), pipe_round_trips(socket_n)?),
+        (
+            format!(
+                "kintsugi null invocation (spin {} µs, then futex)",
+                spin.as_micros()
+            ),
+            shm_round_trips(iterations, spin)?,
+        ),
+        (
+            "kintsugi null invocation (futex only, no spin)".to_string(),
+            shm_round_trips(socket_n, Duration::ZERO)?,
+        ),
+        (
+            "Unix stream socket, 8-byte echo".to_string(),
+            unix_round_trips(socket_n)?,
+        ),
+        (
+            "pipe pair, 8-byte echo".to_string(),
+            pipe_round_trips(socket_n)?,
+        ),
     ];
     futex::set_spin_budget(spin);
     let unix = Summary::of(&rows[2].1).unwrap();
@@ -173,14 +211,23 @@ fn ipc(iterations: usize) -> anyhow::Result<bool> {
     println!("| --- | ---: | ---: | ---: | ---: |");
     for (label, samples) in &rows {
         let s = Summary::of(samples).unwrap();
-        println!("| {label} | {:.2} | {:.2} | {:.2} | {:.2}× |", s.p50, s.p99, s.mean, s.p50 / unix.p50);
+        println!(
+            "| {label} | {:.2} | {:.2} | {:.2} | {:.2}× |",
+            s.p50,
+            s.p99,
+            s.mean,
+            s.p50 / unix.p50
+        );
     }
     Ok(true)
 }
 
 fn parse_system(name: &str, text: &str) -> anyhow::Result<kintsugi_system::System> {
-    let mut system = kintsugi_system::parse(Path::new(name), text).map_err(|e| anyhow::anyhow!("{e}"))?;
-    system.resolve_binaries(&crate::run::search_dirs()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut system =
+        kintsugi_system::parse(Path::new(name), text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    system
+        .resolve_binaries(&crate::run::search_dirs())
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     for c in &mut system.components {
         c.set_restart(u32::MAX, Duration::from_secs(1));
     }
@@ -221,8 +268,8 @@ fn kill_repeatedly(
 fn reboot(kills: u32, objects: usize, heap_mib: u32) -> anyhow::Result<bool> {
     println!("kintsugi bench reboot: {kills} SIGKILLs per configuration; reboot time runs from the supervisor's");
     println!("detection of the death (pidfd) to the new incarnation reporting ready.\n");
-    println!("| heap of the failed incarnation | reboot from | p50 µs | p99 µs | mean RSS at kill | p50 vs fork+exec |");
-    println!("| --- | --- | ---: | ---: | ---: | ---: |");
+    println!("| heap of the failed incarnation | reboot from | reboot p50 µs | reboot p99 µs | p50 vs fork+exec | detection p50 µs (kill → pidfd) | mean RSS at kill |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
     for heap in [0, heap_mib] {
         let mut results = Vec::new();
         for mode in [RebootMode::Standby, RebootMode::Fork, RebootMode::Exec] {
@@ -230,17 +277,33 @@ fn reboot(kills: u32, objects: usize, heap_mib: u32) -> anyhow::Result<bool> {
             let echo = system.component_mut("echo").expect("bench.toml has echo");
             echo.reboot = mode;
             echo.set_config("grow_mib", heap.into());
+            // Growing starts once the incarnation has served for a while, so
+            // that it does not compete with the end of its own reboot.
+            echo.set_config("grow_after_ms", 50.into());
             // Leave a grown heap time to be allocated and touched before each kill.
             let every = if heap == 0 {
                 (Duration::from_millis(20), Duration::from_millis(40))
             } else {
-                (Duration::from_millis(400 + heap as u64), Duration::from_millis(500 + heap as u64))
+                (
+                    Duration::from_millis(400 + heap as u64),
+                    Duration::from_millis(500 + heap as u64),
+                )
             };
             let events = kill_repeatedly(&system, "echo", kills, every, None)?;
             let took: Vec<f64> = events
                 .iter()
                 .filter_map(|e| match e {
                     Event::Rebooted { took, .. } => Some(took.as_nanos() as f64 / 1e3),
+                    _ => None,
+                })
+                .collect();
+            let detect: Vec<f64> = events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Crashed {
+                        after_injection: Some(d),
+                        ..
+                    } => Some(d.as_nanos() as f64 / 1e3),
                     _ => None,
                 })
                 .collect();
@@ -251,27 +314,48 @@ fn reboot(kills: u32, objects: usize, heap_mib: u32) -> anyhow::Result<bool> {
                     _ => None,
                 })
                 .collect();
-            results.push((mode, Summary::of(&took).expect("reboots"), Summary::of(&rss).expect("kills")));
+            results.push((
+                mode,
+                Summary::of(&took).expect("reboots"),
+                Summary::of(&detect).expect("detections"),
+                Summary::of(&rss).expect("kills"),
+            ));
         }
         let exec = results.iter().find(|r| r.0 == RebootMode::Exec).unwrap().1;
-        for (mode, s, rss) in &results {
+        for (mode, s, detect, rss) in &results {
             let from = match mode {
                 RebootMode::Standby => "warm standby (forked from the pristine image)",
                 RebootMode::Fork => "fork of the pristine image on demand",
                 RebootMode::Exec => "fork+exec of the binary (baseline)",
             };
-            let label = if heap == 0 { "small".to_string() } else { format!("{heap} MiB") };
-            println!("| {label} | {from} | {:.0} | {:.0} | {:.1} MiB | {:.3}× |", s.p50, s.p99, rss.mean, s.p50 / exec.p50);
+            let label = if heap == 0 {
+                "small".to_string()
+            } else {
+                format!("{heap} MiB")
+            };
+            println!(
+                "| {label} | {from} | {:.0} | {:.0} | {:.3}× | {:.0} | {:.1} MiB |",
+                s.p50,
+                s.p99,
+                s.p50 / exec.p50,
+                detect.p50,
+                rss.mean
+            );
         }
     }
     descriptor_recovery(kills.min(20), objects)
 }
 
 fn descriptor_recovery(rounds: u32, objects: usize) -> anyhow::Result<bool> {
-    let out = std::env::temp_dir().join(format!("kintsugi-bench-recovery-{}.jsonl", std::process::id()));
+    let out = std::env::temp_dir().join(format!(
+        "kintsugi-bench-recovery-{}.jsonl",
+        std::process::id()
+    ));
     let _ = std::fs::remove_file(&out);
     let mut system = parse_system("systems/bench-recovery.toml", RECOVERY_SYSTEM)?;
-    let driver = system.component_mut("driver").expect("bench-recovery.toml has driver");
+    let driver = system
+        .component_mut("driver")
+        .expect("bench-recovery.toml has driver");
     driver.set_config("objects", objects.into());
     driver.set_config("rounds", rounds.into());
     driver.set_config("out", out.display().to_string().into());
@@ -286,13 +370,25 @@ fn descriptor_recovery(rounds: u32, objects: usize) -> anyhow::Result<bool> {
         recover.push(v["recover_us"].as_f64().unwrap_or(f64::NAN));
         plain.push(v["plain_us"].as_f64().unwrap_or(f64::NAN));
     }
-    let (r, p) = (Summary::of(&recover).expect("rounds"), Summary::of(&plain).expect("rounds"));
+    let (r, p) = (
+        Summary::of(&recover).expect("rounds"),
+        Summary::of(&plain).expect("rounds"),
+    );
     println!("\nDescriptor recovery: a client holding {objects} descriptors touches each once after a reboot");
-    println!("(the stub replays `make` and `put`), then once more (no recovery); {} rounds.\n", r.n);
+    println!(
+        "(the stub replays `make` and `put`), then once more (no recovery); {} rounds.\n",
+        r.n
+    );
     println!("| pass | mean µs per descriptor (median of rounds) | p99 of rounds |");
     println!("| --- | ---: | ---: |");
-    println!("| first touch after reboot (rebuild + call) | {:.2} | {:.2} |", r.p50, r.p99);
+    println!(
+        "| first touch after reboot (rebuild + call) | {:.2} | {:.2} |",
+        r.p50, r.p99
+    );
     println!("| touch without recovery | {:.2} | {:.2} |", p.p50, p.p99);
-    println!("| rebuilding one descriptor (difference) | {:.2} | |", r.p50 - p.p50);
+    println!(
+        "| rebuilding one descriptor (difference) | {:.2} | |",
+        r.p50 - p.p50
+    );
     Ok(true)
 }

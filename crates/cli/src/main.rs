@@ -1,15 +1,19 @@
 //! The `kintsugi` command: run a system, check a system file, benchmark.
 
 mod bench;
-mod stats;
 mod run;
+mod stats;
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kintsugi", version, about = "A self-healing component runtime for Linux")]
+#[command(
+    name = "kintsugi",
+    version,
+    about = "A self-healing component runtime for Linux"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -23,9 +27,7 @@ enum Command {
     /// Run a system described by a TOML file until Ctrl-C.
     Run(run::RunArgs),
     /// Check a system file and print its start order.
-    Check {
-        system: PathBuf,
-    },
+    Check { system: PathBuf },
     /// Benchmarks (build with --release).
     #[command(subcommand)]
     Bench(bench::Bench),
@@ -41,7 +43,11 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("KINTSUGI_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).without_time().init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .without_time()
+        .init();
     let result = match cli.command {
         Command::Demo(args) => run::demo(args),
         Command::Run(args) => run::run(args),

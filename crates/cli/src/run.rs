@@ -83,21 +83,34 @@ fn load(path: &Path) -> anyhow::Result<kintsugi_system::System> {
 }
 
 pub fn chaos_plan(args: &ChaosArgs) -> anyhow::Result<Option<ChaosPlan>> {
-    let Some(target) = &args.kill else { return Ok(None) };
+    let Some(target) = &args.kill else {
+        return Ok(None);
+    };
     let (lo, hi) = args
         .kill_every
         .split_once("..")
         .and_then(|(a, b)| Some((a.trim().parse::<f64>().ok()?, b.trim().parse::<f64>().ok()?)))
-        .with_context(|| format!("--kill-every `{}`: expected MIN..MAX in milliseconds", args.kill_every))?;
+        .with_context(|| {
+            format!(
+                "--kill-every `{}`: expected MIN..MAX in milliseconds",
+                args.kill_every
+            )
+        })?;
     let signals = args
         .signals
         .split(',')
         .map(|s| parse_signal(s).with_context(|| format!("--signals: unknown signal `{s}`")))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
     });
-    println!("chaos: killing {target} with {} every {lo}..{hi} ms, seed {seed}", args.signals);
+    println!(
+        "chaos: killing {target} with {} every {lo}..{hi} ms, seed {seed}",
+        args.signals
+    );
     Ok(Some(ChaosPlan {
         target: target.clone(),
         signals,
@@ -119,7 +132,13 @@ struct Log {
 
 impl Log {
     fn new(quiet: bool) -> Self {
-        Self { start: Instant::now(), quiet, reboots: Vec::new(), injected: 0, injected_busy: 0 }
+        Self {
+            start: Instant::now(),
+            quiet,
+            reboots: Vec::new(),
+            injected: 0,
+            injected_busy: 0,
+        }
     }
 
     fn on(&mut self, e: &Event) {
@@ -131,14 +150,24 @@ impl Log {
             }
             _ => {}
         }
-        let routine = matches!(e, Event::Rebooted { .. } | Event::Injected { .. } | Event::Crashed { .. } | Event::Recovered { .. });
+        let routine = matches!(
+            e,
+            Event::Rebooted { .. }
+                | Event::Injected { .. }
+                | Event::Crashed { .. }
+                | Event::Recovered { .. }
+        );
         if !(self.quiet && routine) {
             println!("[{:>10.6}] {e}", self.start.elapsed().as_secs_f64());
         }
     }
 
     fn summary(&self) {
-        let took: Vec<f64> = self.reboots.iter().map(|d| d.as_nanos() as f64 / 1e3).collect();
+        let took: Vec<f64> = self
+            .reboots
+            .iter()
+            .map(|d| d.as_nanos() as f64 / 1e3)
+            .collect();
         let Some(s) = Summary::of(&took) else { return };
         println!(
             "{} reboots: p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs; {} of {} injections hit a call in flight",
@@ -151,7 +180,11 @@ fn interfaces() -> Vec<&'static kintsugi_runtime::stub::InterfaceInfo> {
     kintsugi_interfaces::ALL.to_vec()
 }
 
-fn execute(system: &kintsugi_system::System, options: Options, quiet: bool) -> anyhow::Result<bool> {
+fn execute(
+    system: &kintsugi_system::System,
+    options: Options,
+    quiet: bool,
+) -> anyhow::Result<bool> {
     let mut log = Log::new(quiet);
     let report = kintsugi_supervisor::run(system, options, &mut |e| log.on(e))?;
     log.summary();
@@ -177,7 +210,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
 pub fn demo(args: DemoArgs) -> anyhow::Result<bool> {
     let mut system = kintsugi_system::parse(Path::new("systems/demo.toml (built in)"), DEMO_SYSTEM)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    system.resolve_binaries(&search_dirs()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    system
+        .resolve_binaries(&search_dirs())
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     println!("kintsugi demo: ramfs serves a workload that verifies every byte; ramfs is killed at random.");
     let chaos = ChaosArgs {
         kill: Some("ramfs".into()),
@@ -198,9 +233,17 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<bool> {
 
 pub fn check(path: &Path) -> anyhow::Result<bool> {
     let system = load(path)?;
-    println!("{}: system `{}` is valid; start order:", path.display(), system.name);
+    println!(
+        "{}: system `{}` is valid; start order:",
+        path.display(),
+        system.name
+    );
     for c in &system.components {
-        let uses: Vec<String> = c.uses.iter().map(|u| format!("{}@{}", u.interface, u.server)).collect();
+        let uses: Vec<String> = c
+            .uses
+            .iter()
+            .map(|u| format!("{}@{}", u.interface, u.server))
+            .collect();
         println!(
             "  {} ({}) provides [{}] uses [{}], reboot {}, restart at most {} in {} ms",
             c.name,

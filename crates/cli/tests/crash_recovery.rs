@@ -40,30 +40,73 @@ max_write = 65536
     let tag = unique_tag("crash");
     let kills = 300;
     let out = kintsugi(&tag)
-        .args(["run", system.to_str().unwrap(), "--kill", "ramfs", "--signals", "kill,segv"])
-        .args(["--kills", &kills.to_string(), "--kill-every", "1..8", "--seed", &seed.to_string(), "--stop-after-kills"])
+        .args([
+            "run",
+            system.to_str().unwrap(),
+            "--kill",
+            "ramfs",
+            "--signals",
+            "kill,segv",
+        ])
+        .args([
+            "--kills",
+            &kills.to_string(),
+            "--kill-every",
+            "1..8",
+            "--seed",
+            &seed.to_string(),
+            "--stop-after-kills",
+        ])
         .output()
         .unwrap();
     let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "kintsugi run failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        out.status.success(),
+        "kintsugi run failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
 
-    let crashes: Vec<&str> = stdout.lines().filter(|l| l.contains("ramfs: crashed with")).collect();
+    let crashes: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("ramfs: crashed with"))
+        .collect();
     let by_kill = crashes.iter().filter(|l| l.contains("SIGKILL")).count();
     let by_segv = crashes.iter().filter(|l| l.contains("SIGSEGV")).count();
-    let mid_write = crashes.iter().filter(|l| l.contains("in flight: fs.write")).count();
-    let reboots = stdout.lines().filter(|l| l.contains("ramfs: rebooted in")).count();
+    let mid_write = crashes
+        .iter()
+        .filter(|l| l.contains("in flight: fs.write"))
+        .count();
+    let reboots = stdout
+        .lines()
+        .filter(|l| l.contains("ramfs: rebooted in"))
+        .count();
     eprintln!("{} crashes ({by_kill} SIGKILL, {by_segv} SIGSEGV), {mid_write} during a write, {reboots} reboots", crashes.len());
     assert_eq!(crashes.len(), kills, "every injection must kill ramfs once");
     assert!(by_kill > 0 && by_segv > 0, "both signals were injected");
     assert_eq!(reboots, kills, "every crash is followed by a reboot");
-    assert!(mid_write > 0, "some kills must land in the middle of a write");
+    assert!(
+        mid_write > 0,
+        "some kills must land in the middle of a write"
+    );
 
-    let report = json_lines(&stdout).into_iter().find(|v| v.get("verified_files").is_some()).expect("workload report");
+    let report = json_lines(&stdout)
+        .into_iter()
+        .find(|v| v.get("verified_files").is_some())
+        .expect("workload report");
     eprintln!("workload report: {report}");
     assert_eq!(report["errors"], 0, "the workload saw errors: {report}");
-    assert!(report["ops"].as_u64().unwrap() > 1000, "the workload ran: {report}");
-    assert!(report["verified_files"].as_u64().unwrap() > 0, "files were verified: {report}");
+    assert!(
+        report["ops"].as_u64().unwrap() > 1000,
+        "the workload ran: {report}"
+    );
+    assert!(
+        report["verified_files"].as_u64().unwrap() > 0,
+        "files were verified: {report}"
+    );
     assert!(report["bytes_written"].as_u64().unwrap() > 0);
-    assert!(leftovers(&tag).is_empty(), "processes left behind: {:?}", leftovers(&tag));
+    assert!(
+        leftovers(&tag).is_empty(),
+        "processes left behind: {:?}",
+        leftovers(&tag)
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -9,23 +9,38 @@ const RAMFS: &str = "[[component]]\nname = \"ramfs\"\nbinary = \"ramfs\"\nprovid
 
 fn check(dir: &std::path::Path, name: &str, body: &str) -> String {
     let path = write(dir, name, body);
-    let out = kintsugi("errors").args(["check", path.to_str().unwrap()]).output().unwrap();
+    let out = kintsugi("errors")
+        .args(["check", path.to_str().unwrap()])
+        .output()
+        .unwrap();
     let (stdout, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(2), "expected a usage error\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "expected a usage error\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
     stderr
 }
 
 #[test]
 fn malformed_system_file_names_file_line_and_column() {
     let dir = scratch("errors-syntax");
-    let err = check(&dir, "bad.toml", "[system]\nname = \"x\"\n\n[[component]]\nname = ramfs\n");
+    let err = check(
+        &dir,
+        "bad.toml",
+        "[system]\nname = \"x\"\n\n[[component]]\nname = ramfs\n",
+    );
     assert!(err.contains("bad.toml:5:8:"), "{err}");
 }
 
 #[test]
 fn missing_binary_says_which_and_where() {
     let dir = scratch("errors-binary");
-    let err = check(&dir, "nobin.toml", "[system]\nname = \"x\"\n\n[[component]]\nname = \"a\"\nbinary = \"no-such-binary\"\n");
+    let err = check(
+        &dir,
+        "nobin.toml",
+        "[system]\nname = \"x\"\n\n[[component]]\nname = \"a\"\nbinary = \"no-such-binary\"\n",
+    );
     assert!(err.contains("nobin.toml:6:10:"), "{err}");
     assert!(err.contains("binary `no-such-binary` not found"), "{err}");
 }
@@ -36,7 +51,10 @@ fn dependency_on_an_interface_nobody_provides() {
     let body = format!("[system]\nname = \"x\"\n\n{RAMFS}\n[[component]]\nname = \"w\"\nbinary = \"fs-workload\"\nuses = [\"fsx\"]\n");
     let err = check(&dir, "noprov.toml", &body);
     assert!(err.contains("noprov.toml:12:"), "{err}");
-    assert!(err.contains("uses interface `fsx`, which no component provides"), "{err}");
+    assert!(
+        err.contains("uses interface `fsx`, which no component provides"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -45,14 +63,24 @@ fn a_cycle_cannot_start() {
     let body = "[system]\nname = \"x\"\n\n[[component]]\nname = \"a\"\nbinary = \"ramfs\"\nprovides = [\"fs\"]\nuses = [\"bench\"]\n\n[[component]]\nname = \"b\"\nbinary = \"bench-echo\"\nprovides = [\"bench\"]\nuses = [\"fs\"]\n";
     let err = check(&dir, "cycle.toml", body);
     assert!(err.contains("cycle.toml:8:"), "{err}");
-    assert!(err.contains("dependency cycle a -> b -> a: the system cannot start"), "{err}");
+    assert!(
+        err.contains("dependency cycle a -> b -> a: the system cannot start"),
+        "{err}"
+    );
 }
 
 #[test]
 fn malformed_idl_file_names_file_line_and_column() {
     let dir = scratch("errors-idl");
-    write(&dir, "broken.kidl", "interface broken;\n\nfn open(path: str rememebr) -> unit;\n");
-    let out = kintsugi("errors").args(["idl-lines", dir.to_str().unwrap()]).output().unwrap();
+    write(
+        &dir,
+        "broken.kidl",
+        "interface broken;\n\nfn open(path: str rememebr) -> unit;\n",
+    );
+    let out = kintsugi("errors")
+        .args(["idl-lines", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("broken.kidl:3:19:"), "{stderr}");
@@ -64,10 +92,22 @@ fn a_binary_that_is_not_a_component_fails_to_boot_and_says_so() {
     let dir = scratch("errors-boot");
     let system = write(&dir, "boot.toml", "[system]\nname = \"x\"\n\n[[component]]\nname = \"fake\"\nbinary = \"/bin/true\"\nprovides = [\"fs\"]\n");
     let tag = unique_tag("boot");
-    let out = kintsugi(&tag).args(["run", system.to_str().unwrap()]).output().unwrap();
+    let out = kintsugi(&tag)
+        .args(["run", system.to_str().unwrap()])
+        .output()
+        .unwrap();
     let (stdout, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(2), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(stderr.contains("component `fake` failed to boot: the process exited during boot with exit code 0"), "{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "component `fake` failed to boot: the process exited during boot with exit code 0"
+        ),
+        "{stderr}"
+    );
     assert!(leftovers(&tag).is_empty());
 }
 
@@ -79,13 +119,32 @@ fn a_component_past_its_restart_policy_is_given_up_and_its_clients_are_told() {
     let system = write(&dir, "policy.toml", body);
     let tag = unique_tag("policy");
     let out = kintsugi(&tag)
-        .args(["run", system.to_str().unwrap(), "--kill", "ramfs", "--kills", "3", "--kill-every", "30..60"])
+        .args([
+            "run",
+            system.to_str().unwrap(),
+            "--kill",
+            "ramfs",
+            "--kills",
+            "3",
+            "--kill-every",
+            "30..60",
+        ])
         .args(["--seed", &seed.to_string()])
         .output()
         .unwrap();
     let (stdout, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(stdout.contains("ramfs: 3 restarts within 60000 ms exceeds its restart policy; giving up"), "{stdout}");
-    assert!(stderr.contains("server component `ramfs` is gone"), "the client must learn why: {stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stdout.contains("ramfs: 3 restarts within 60000 ms exceeds its restart policy; giving up"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("server component `ramfs` is gone"),
+        "the client must learn why: {stderr}"
+    );
     assert!(leftovers(&tag).is_empty());
 }

@@ -95,7 +95,11 @@ impl ControlBlock {
             if now >= deadline {
                 return Activation::TimedOut;
             }
-            futex::wait(&self.ready, r, Some((deadline - now).min(Duration::from_millis(20))));
+            futex::wait(
+                &self.ready,
+                r,
+                Some((deadline - now).min(Duration::from_millis(20))),
+            );
         }
     }
 

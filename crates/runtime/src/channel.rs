@@ -171,7 +171,10 @@ impl Edge {
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn request_buffer(&self, slot: u32) -> &mut [u8] {
         // SAFETY: exclusivity is the caller's contract; bounds are checked by Region.
-        unsafe { self.region.bytes_mut(self.slot_offset(slot) + SLOT_HEADER_SIZE, BUFFER_SIZE) }
+        unsafe {
+            self.region
+                .bytes_mut(self.slot_offset(slot) + SLOT_HEADER_SIZE, BUFFER_SIZE)
+        }
     }
 
     /// The slot's response buffer.
@@ -182,8 +185,10 @@ impl Edge {
     pub unsafe fn response_buffer(&self, slot: u32) -> &mut [u8] {
         // SAFETY: exclusivity is the caller's contract; bounds are checked by Region.
         unsafe {
-            self.region
-                .bytes_mut(self.slot_offset(slot) + SLOT_HEADER_SIZE + BUFFER_SIZE, BUFFER_SIZE)
+            self.region.bytes_mut(
+                self.slot_offset(slot) + SLOT_HEADER_SIZE + BUFFER_SIZE,
+                BUFFER_SIZE,
+            )
         }
     }
 
@@ -209,9 +214,13 @@ impl Edge {
         let mut in_flight = Vec::new();
         for i in 0..self.slots {
             let s = self.slot(i);
-            if s
-                .state
-                .compare_exchange(state::REQUEST, state::FAILED, Ordering::SeqCst, Ordering::SeqCst)
+            if s.state
+                .compare_exchange(
+                    state::REQUEST,
+                    state::FAILED,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                )
                 .is_ok()
             {
                 in_flight.push(s.func.load(Ordering::Relaxed));

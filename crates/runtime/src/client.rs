@@ -39,7 +39,9 @@ impl std::fmt::Debug for Connection {
 
 impl Connection {
     pub(crate) fn new(edge: Arc<Edge>, server: String, info: &'static InterfaceInfo) -> Self {
-        Self { inner: Arc::new(Inner { edge, server, info }) }
+        Self {
+            inner: Arc::new(Inner { edge, server, info }),
+        }
     }
 
     pub fn interface(&self) -> &'static InterfaceInfo {
@@ -58,7 +60,11 @@ impl Connection {
 
     /// Counts descriptors this client rebuilt (shown in the event log).
     pub fn note_recovered(&self, n: u64) {
-        self.inner.edge.header().recovered.fetch_add(n, Ordering::Relaxed);
+        self.inner
+            .edge
+            .header()
+            .recovered
+            .fetch_add(n, Ordering::Relaxed);
     }
 
     /// Invokes `func`. With `epoch: Some(e)` the call carries descriptor ids
@@ -94,16 +100,22 @@ impl Connection {
         let outcome = self.wait_for_reply(slot);
         let result = match outcome {
             state::RESPONSE => {
-                let len = (s.response_len.load(Ordering::Relaxed) as usize).min(crate::channel::BUFFER_SIZE);
+                let len = (s.response_len.load(Ordering::Relaxed) as usize)
+                    .min(crate::channel::BUFFER_SIZE);
                 // SAFETY: in RESPONSE the client owns the response buffer.
                 let response = unsafe { &edge.response_buffer(slot)[..len] };
                 match s.status.load(Ordering::Relaxed) {
-                    status::OK => decode(ReplyStatus::Ok(Reader::new(response))).map_err(Fault::Decode),
+                    status::OK => {
+                        decode(ReplyStatus::Ok(Reader::new(response))).map_err(Fault::Decode)
+                    }
                     status::APP_ERROR => {
-                        decode(ReplyStatus::AppError(s.code.load(Ordering::Relaxed))).map_err(Fault::Decode)
+                        decode(ReplyStatus::AppError(s.code.load(Ordering::Relaxed)))
+                            .map_err(Fault::Decode)
                     }
                     status::STALE => Err(Fault::Stale),
-                    _ => Err(Fault::Refused(String::from_utf8_lossy(response).into_owned())),
+                    _ => Err(Fault::Refused(
+                        String::from_utf8_lossy(response).into_owned(),
+                    )),
                 }
             }
             _ => match edge.header().liveness.load(Ordering::SeqCst) {
@@ -159,7 +171,10 @@ struct Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        self.edge.header().claimed.fetch_and(!(1u64 << self.slot), Ordering::AcqRel);
+        self.edge
+            .header()
+            .claimed
+            .fetch_and(!(1u64 << self.slot), Ordering::AcqRel);
     }
 }
 
@@ -176,7 +191,11 @@ fn claimed_slot(edge: &Arc<Edge>) -> u32 {
             return c.slot;
         }
         let h = edge.header();
-        let all = if edge.slot_count() == 64 { u64::MAX } else { (1u64 << edge.slot_count()) - 1 };
+        let all = if edge.slot_count() == 64 {
+            u64::MAX
+        } else {
+            (1u64 << edge.slot_count()) - 1
+        };
         let slot = loop {
             let cur = h.claimed.load(Ordering::Acquire);
             let free = !cur & all;
@@ -185,7 +204,10 @@ fn claimed_slot(edge: &Arc<Edge>) -> u32 {
                 continue;
             }
             let slot = free.trailing_zeros();
-            if h.claimed.compare_exchange(cur, cur | (1 << slot), Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if h.claimed
+                .compare_exchange(cur, cur | (1 << slot), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 break slot;
             }
         };
@@ -194,7 +216,10 @@ fn claimed_slot(edge: &Arc<Edge>) -> u32 {
         while edge.slot(slot).state.load(Ordering::Acquire) == state::REQUEST {
             futex::wait(&edge.slot(slot).state, state::REQUEST, Some(RECHECK));
         }
-        claims.push(Claim { edge: edge.clone(), slot });
+        claims.push(Claim {
+            edge: edge.clone(),
+            slot,
+        });
         slot
     })
 }

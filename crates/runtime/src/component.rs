@@ -49,35 +49,65 @@ pub mod zygote {
     }
     pub fn decode(b: &[u8]) -> Option<(u32, u32)> {
         (b.len() == 8).then(|| {
-            (u32::from_le_bytes(b[..4].try_into().unwrap()), u32::from_le_bytes(b[4..].try_into().unwrap()))
+            (
+                u32::from_le_bytes(b[..4].try_into().unwrap()),
+                u32::from_le_bytes(b[4..].try_into().unwrap()),
+            )
         })
     }
 }
 
 #[derive(Debug, Error)]
 pub enum ConnectError {
-    #[error("component `{component}` is not granted interface `{interface}` by the system description")]
-    NotGranted { component: String, interface: String },
+    #[error(
+        "component `{component}` is not granted interface `{interface}` by the system description"
+    )]
+    NotGranted {
+        component: String,
+        interface: String,
+    },
     #[error("interface `{interface}`: the server speaks another version (hash {found:#x}, this client {expected:#x})")]
-    InterfaceMismatch { interface: String, expected: u64, found: u64 },
+    InterfaceMismatch {
+        interface: String,
+        expected: u64,
+        found: u64,
+    },
 }
 
 /// What one incarnation runs: the services it provides and, for active
 /// components, a main function (the component exits when it returns).
+/// `main` runs after the incarnation has reported ready, off the reboot's
+/// critical path.
 pub struct Incarnation {
     services: Vec<Arc<dyn Service>>,
     main: Option<Box<dyn FnOnce() -> anyhow::Result<()> + Send>>,
+    /// Servers: keep serving after `main` returns.
+    serve_after_main: bool,
 }
 
 impl Incarnation {
     /// A passive server.
     pub fn serve(services: Vec<Arc<dyn Service>>) -> Self {
-        Self { services, main: None }
+        Self {
+            services,
+            main: None,
+            serve_after_main: true,
+        }
     }
 
     /// An active component with no services.
     pub fn main(f: impl FnOnce() -> anyhow::Result<()> + Send + 'static) -> Self {
-        Self { services: Vec::new(), main: Some(Box::new(f)) }
+        Self {
+            services: Vec::new(),
+            main: Some(Box::new(f)),
+            serve_after_main: false,
+        }
+    }
+
+    /// A server that also does `f` once it is serving (and goes on serving).
+    pub fn then(mut self, f: impl FnOnce() -> anyhow::Result<()> + Send + 'static) -> Self {
+        self.main = Some(Box::new(f));
+        self
     }
 }
 
@@ -107,8 +137,9 @@ impl Runtime {
 
     /// The component's `[component.config]` table.
     pub fn config<T: DeserializeOwned>(&self) -> anyhow::Result<T> {
-        serde_json::from_value(self.boot.config.clone())
-            .map_err(|e| anyhow::anyhow!("component `{}`: bad [component.config]: {e}", self.name()))
+        serde_json::from_value(self.boot.config.clone()).map_err(|e| {
+            anyhow::anyhow!("component `{}`: bad [component.config]: {e}", self.name())
+        })
     }
 
     pub fn vault(&self) -> &Vault {
@@ -189,7 +220,9 @@ struct Boot {
 
 impl Boot {
     fn new(info: BootInfo) -> anyhow::Result<Self> {
-        let supervisor = rustix::process::getppid().map(|p| p.as_raw_nonzero().get() as u32).unwrap_or(0);
+        let supervisor = rustix::process::getppid()
+            .map(|p| p.as_raw_nonzero().get() as u32)
+            .unwrap_or(0);
         process::die_with_parent(supervisor)?;
         process::disable_core_dumps()?;
         process::default_fault_signals()?;
@@ -202,9 +235,25 @@ impl Boot {
             // SAFETY: as above.
             Ok(Arc::new(Edge::open(unsafe { Region::from_raw_fd(fd)? })?))
         };
-        let provided = info.provides.iter().map(|e| map_edge(e.fd)).collect::<anyhow::Result<_>>()?;
-        let used = info.uses.iter().map(|e| map_edge(e.fd)).collect::<anyhow::Result<_>>()?;
-        Ok(Self { info, supervisor, control, zygote, vault, provided, used })
+        let provided = info
+            .provides
+            .iter()
+            .map(|e| map_edge(e.fd))
+            .collect::<anyhow::Result<_>>()?;
+        let used = info
+            .uses
+            .iter()
+            .map(|e| map_edge(e.fd))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Self {
+            info,
+            supervisor,
+            control,
+            zygote,
+            vault,
+            provided,
+            used,
+        })
     }
 
     /// The pristine image's loop: fork a standby whenever the supervisor asks.
@@ -226,7 +275,9 @@ impl Boot {
             match process::fork_sibling() {
                 Ok(None) => self.standby(generation, init),
                 Ok(Some(pid)) => {
-                    if let Err(e) = fdpass::send(&self.zygote, &zygote::encode(generation, pid), &[]) {
+                    if let Err(e) =
+                        fdpass::send(&self.zygote, &zygote::encode(generation, pid), &[])
+                    {
                         fatal(&format!("zygote reply: {e}"));
                     }
                 }
@@ -241,7 +292,15 @@ impl Boot {
     where
         F: FnOnce(&Arc<Runtime>) -> anyhow::Result<Incarnation>,
     {
-        let Boot { info, supervisor, control, zygote, vault, provided, used } = self;
+        let Boot {
+            info,
+            supervisor,
+            control,
+            zygote,
+            vault,
+            provided,
+            used,
+        } = self;
         drop(zygote);
         if let Err(e) = process::die_with_parent(supervisor) {
             fatal(&format!("standby: {e}"));
@@ -271,63 +330,95 @@ impl Boot {
         let ctl: &ControlBlock = control.at(0);
         let epoch = ctl.wait_activation(generation);
         let stop = Arc::new(AtomicBool::new(false));
-        let runtime = Arc::new(Runtime { boot: info, used, vault: Vault::new(vault), epoch, stop: stop.clone() });
-        let incarnation = match init(&runtime).and_then(|inc| open_services(&runtime.boot, &provided, inc)) {
-            Ok(inc) => inc,
-            Err(e) => {
-                tracing::error!("initialization failed: {e:#}");
-                ctl.report(generation, false);
-                std::process::exit(1);
-            }
-        };
-        let Incarnation { services, main } = incarnation;
+        let runtime = Arc::new(Runtime {
+            boot: info,
+            used,
+            vault: Vault::new(vault),
+            epoch,
+            stop: stop.clone(),
+        });
+        let incarnation =
+            match init(&runtime).and_then(|inc| open_services(&runtime.boot, &provided, inc)) {
+                Ok(inc) => inc,
+                Err(e) => {
+                    tracing::error!("initialization failed: {e:#}");
+                    ctl.report(generation, false);
+                    std::process::exit(1);
+                }
+            };
+        let Incarnation {
+            services,
+            main,
+            serve_after_main,
+        } = incarnation;
         gate.open(services, epoch);
         ctl.report(generation, true);
-        match main {
-            Some(main) => {
+        if let Some(main) = main {
+            if !serve_after_main {
                 let _ = signal_hook::flag::register(signal_hook::consts::SIGTERM, stop);
-                match main() {
-                    Ok(()) => std::process::exit(0),
-                    Err(e) => {
-                        tracing::error!("{e:#}");
-                        std::process::exit(1);
-                    }
+            }
+            match main() {
+                Ok(()) if !serve_after_main => std::process::exit(0),
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    std::process::exit(1);
                 }
             }
-            None => loop {
-                std::thread::park();
-            },
+        }
+        loop {
+            std::thread::park();
         }
     }
 }
 
 /// Checks that the incarnation serves exactly what the system description
 /// says the component provides, and publishes the interface hashes.
-fn open_services(boot: &BootInfo, provided: &[Arc<Edge>], inc: Incarnation) -> anyhow::Result<Incarnation> {
+fn open_services(
+    boot: &BootInfo,
+    provided: &[Arc<Edge>],
+    inc: Incarnation,
+) -> anyhow::Result<Incarnation> {
     for (p, edge) in boot.provides.iter().zip(provided) {
-        let service = inc.services.iter().find(|s| s.interface().name == p.interface).ok_or_else(|| {
-            anyhow::anyhow!(
-                "the system description says `{}` provides `{}`, but it serves only [{}]",
-                boot.component,
-                p.interface,
-                inc.services.iter().map(|s| s.interface().name).collect::<Vec<_>>().join(", ")
-            )
-        })?;
-        edge.header().interface_hash.store(service.interface().hash, Ordering::SeqCst);
+        let service = inc
+            .services
+            .iter()
+            .find(|s| s.interface().name == p.interface)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the system description says `{}` provides `{}`, but it serves only [{}]",
+                    boot.component,
+                    p.interface,
+                    inc.services
+                        .iter()
+                        .map(|s| s.interface().name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?;
+        edge.header()
+            .interface_hash
+            .store(service.interface().hash, Ordering::SeqCst);
     }
     Ok(inc)
 }
+
+/// The services of an incarnation by interface name, and its epoch.
+type Services = (HashMap<&'static str, Arc<dyn Service>>, u64);
 
 /// Holds parked workers until the incarnation's services exist.
 #[derive(Default)]
 struct Gate {
     open: AtomicU32,
-    services: OnceLock<(HashMap<&'static str, Arc<dyn Service>>, u64)>,
+    services: OnceLock<Services>,
 }
 
 impl Gate {
     fn open(&self, services: Vec<Arc<dyn Service>>, epoch: u64) {
-        let map = services.into_iter().map(|s| (s.interface().name, s)).collect();
+        let map = services
+            .into_iter()
+            .map(|s| (s.interface().name, s))
+            .collect();
         let _ = self.services.set((map, epoch));
         self.open.store(1, Ordering::SeqCst);
         futex::wake_all(&self.open);

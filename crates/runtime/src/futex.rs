@@ -29,16 +29,22 @@ pub fn wake_all(word: &AtomicU32) {
     wake(word, i32::MAX as u32);
 }
 
-/// How long a waiter spins before it sleeps: `KINTSUGI_SPIN_US` (default 20 µs),
-/// or what [`set_spin_budget`] set. On the project's 2-core machines a futex
-/// round trip costs about 9 µs and a spinning one about 0.3 µs, so a short spin
-/// catches the common fast reply without burning a core when the peer is slow.
+/// How long a waiter spins before it sleeps: `KINTSUGI_SPIN_US` (default 50 µs),
+/// or what [`set_spin_budget`] set. Measured on the project's 2-core VMs
+/// (`kintsugi bench ipc`, docs/benchmarks.md): a null round trip costs about
+/// 4 µs with futex sleeps alone and 0.25 µs when both sides spin 50 µs, while
+/// budgets of 2–10 µs are worse than none (each side gives up just before
+/// the other answers and both pay a wake-up). The price is up to 50 µs of
+/// spinning per call on an idle peer.
 pub fn spin_budget() -> Duration {
     let ns = SPIN_NS.load(Ordering::Relaxed);
     if ns != UNSET {
         return Duration::from_nanos(ns);
     }
-    let us = std::env::var("KINTSUGI_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(20u64);
+    let us = std::env::var("KINTSUGI_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50u64);
     SPIN_NS.store(us * 1000, Ordering::Relaxed);
     Duration::from_micros(us)
 }
@@ -52,13 +58,16 @@ const UNSET: u64 = u64::MAX;
 static SPIN_NS: AtomicU64 = AtomicU64::new(UNSET);
 
 /// Spins until `done(word value)` or the budget runs out; returns the last value
-/// seen and whether it satisfied `done`.
+/// seen and whether it satisfied `done`. After the first microsecond the spin
+/// yields the CPU between checks: on a machine with as few cores as these, the
+/// peer that must answer may be waiting for this very core.
 pub fn spin_until(word: &AtomicU32, budget: Duration, done: impl Fn(u32) -> bool) -> (u32, bool) {
     let v = word.load(Ordering::Acquire);
     if done(v) || budget.is_zero() {
         return (v, done(v));
     }
     let start = Instant::now();
+    let mut rounds = 0u32;
     loop {
         for _ in 0..64 {
             std::hint::spin_loop();
@@ -67,9 +76,14 @@ pub fn spin_until(word: &AtomicU32, budget: Duration, done: impl Fn(u32) -> bool
                 return (v, true);
             }
         }
-        if start.elapsed() >= budget {
+        rounds += 1;
+        let elapsed = start.elapsed();
+        if elapsed >= budget {
             let v = word.load(Ordering::Acquire);
             return (v, done(v));
+        }
+        if rounds > 4 && elapsed >= Duration::from_micros(1) {
+            rustix::thread::sched_yield();
         }
     }
 }

@@ -54,7 +54,9 @@ pub fn thread_count() -> std::io::Result<usize> {
 /// outlives its system; exits at once if the parent is already gone.
 pub fn die_with_parent(expected_parent: u32) -> std::io::Result<()> {
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-    let parent = rustix::process::getppid().map(|p| p.as_raw_nonzero().get() as u32).unwrap_or(0);
+    let parent = rustix::process::getppid()
+        .map(|p| p.as_raw_nonzero().get() as u32)
+        .unwrap_or(0);
     if parent != expected_parent {
         std::process::exit(70);
     }
@@ -64,7 +66,13 @@ pub fn die_with_parent(expected_parent: u32) -> std::io::Result<()> {
 /// No core files: a crashing component is rebooted in microseconds, and a
 /// core dump of it would take milliseconds and disk.
 pub fn disable_core_dumps() -> std::io::Result<()> {
-    rustix::process::setrlimit(Resource::Core, Rlimit { current: Some(0), maximum: Some(0) })?;
+    rustix::process::setrlimit(
+        Resource::Core,
+        Rlimit {
+            current: Some(0),
+            maximum: Some(0),
+        },
+    )?;
     Ok(())
 }
 

@@ -23,7 +23,10 @@ impl SlotWorker {
     /// Serves the slot until retired; `epoch` is this incarnation's.
     pub fn run(&self, service: &dyn Service, epoch: u64) {
         let s = self.edge.slot(self.slot);
-        let caller = Caller { component: self.client, slot: self.slot };
+        let caller = Caller {
+            component: self.client,
+            slot: self.slot,
+        };
         while self.wait_for_request() {
             let req_epoch = s.epoch.load(Ordering::Relaxed);
             if req_epoch != 0 && req_epoch != epoch {
@@ -42,7 +45,8 @@ impl SlotWorker {
     /// worker is retired (false).
     fn wait_for_request(&self) -> bool {
         let s = self.edge.slot(self.slot);
-        let (_, arrived) = futex::spin_until(&s.state, futex::spin_budget(), |v| v == state::REQUEST);
+        let (_, arrived) =
+            futex::spin_until(&s.state, futex::spin_budget(), |v| v == state::REQUEST);
         if arrived {
             return true;
         }
@@ -67,8 +71,12 @@ impl SlotWorker {
         let len = (s.request_len.load(Ordering::Relaxed) as usize).min(crate::channel::BUFFER_SIZE);
         // SAFETY: the slot is in REQUEST, so this worker owns both buffers
         // until it publishes RESPONSE.
-        let (request, response) =
-            unsafe { (&self.edge.request_buffer(self.slot)[..len], self.edge.response_buffer(self.slot)) };
+        let (request, response) = unsafe {
+            (
+                &self.edge.request_buffer(self.slot)[..len],
+                self.edge.response_buffer(self.slot),
+            )
+        };
         let (st, code, resp_len) = match service.dispatch(caller, func, request, response) {
             Dispatched::Ok(n) => (status::OK, 0, n),
             Dispatched::AppError(code) => (status::APP_ERROR, code, 0),

@@ -73,13 +73,19 @@ impl Region {
 
     /// A duplicate of the region's descriptor (for handing to a child).
     pub fn dup_fd(&self) -> std::io::Result<OwnedFd> {
-        Ok(self.file.as_fd().try_clone_to_owned()?)
+        self.file.as_fd().try_clone_to_owned()
     }
 
     /// A typed view of the region at `offset`.
     pub fn at<T: SharedPod>(&self, offset: usize) -> &T {
-        assert!(offset % std::mem::align_of::<T>() == 0, "misaligned shared view");
-        assert!(offset + std::mem::size_of::<T>() <= self.len(), "shared view out of bounds");
+        assert!(
+            offset.is_multiple_of(std::mem::align_of::<T>()),
+            "misaligned shared view"
+        );
+        assert!(
+            offset + std::mem::size_of::<T>() <= self.len(),
+            "shared view out of bounds"
+        );
         // SAFETY: the range is inside the mapping (checked above) and aligned; the
         // mapping lives as long as `self`; `T: SharedPod` is valid for any bytes and
         // only mutated through atomics, so shared references from several processes
@@ -131,6 +137,9 @@ mod tests {
         let b = unsafe { Region::from_raw_fd(fd.into_raw_fd()) }.unwrap();
         a.at::<Word>(64).0.store(0xfeed, Ordering::SeqCst);
         assert_eq!(b.at::<Word>(64).0.load(Ordering::SeqCst), 0xfeed);
-        assert!(rustix::fs::ftruncate(a.fd(), 0).is_err(), "sealed against shrinking");
+        assert!(
+            rustix::fs::ftruncate(a.fd(), 0).is_err(),
+            "sealed against shrinking"
+        );
     }
 }

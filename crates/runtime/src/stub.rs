@@ -83,7 +83,13 @@ pub trait Service: Send + Sync + 'static {
     fn interface(&self) -> &'static InterfaceInfo;
     /// Runs function `func` with the encoded arguments `request`, writing the
     /// encoded result into `response`.
-    fn dispatch(&self, caller: &Caller, func: u32, request: &[u8], response: &mut [u8]) -> Dispatched;
+    fn dispatch(
+        &self,
+        caller: &Caller,
+        func: u32,
+        request: &[u8],
+        response: &mut [u8],
+    ) -> Dispatched;
 }
 
 /// A reply that reached the client.
@@ -160,7 +166,12 @@ struct TableInner<R> {
 
 impl<R: Clone> Default for DescTable<R> {
     fn default() -> Self {
-        Self { inner: Mutex::new(TableInner { next: 1, entries: HashMap::new() }) }
+        Self {
+            inner: Mutex::new(TableInner {
+                next: 1,
+                entries: HashMap::new(),
+            }),
+        }
     }
 }
 
@@ -170,7 +181,14 @@ impl<R: Clone> DescTable<R> {
         let mut inner = self.inner.lock().unwrap();
         let id = inner.next;
         inner.next = inner.next.wrapping_add(1).max(1);
-        inner.entries.insert(id, Tracked { server_id, epoch, record });
+        inner.entries.insert(
+            id,
+            Tracked {
+                server_id,
+                epoch,
+                record,
+            },
+        );
         id
     }
 

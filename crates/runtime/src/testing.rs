@@ -31,22 +31,37 @@ impl Loopback {
     pub fn new(service: Arc<dyn Service>) -> Self {
         let edge = Arc::new(Edge::create("loopback", SLOTS).expect("create loopback edge"));
         let info = service.interface();
-        edge.header().interface_hash.store(info.hash, std::sync::atomic::Ordering::Relaxed);
+        edge.header()
+            .interface_hash
+            .store(info.hash, std::sync::atomic::Ordering::Relaxed);
         let current = Mutex::new(Self::start(&edge, service, 1));
-        Self { edge, info, current }
+        Self {
+            edge,
+            info,
+            current,
+        }
     }
 
     fn start(edge: &Arc<Edge>, service: Arc<dyn Service>, epoch: u64) -> Incarnation {
         let retire = Arc::new(AtomicBool::new(false));
         let workers = (0..SLOTS)
             .map(|slot| {
-                let worker = SlotWorker { edge: edge.clone(), slot, client: 0, retire: retire.clone() };
+                let worker = SlotWorker {
+                    edge: edge.clone(),
+                    slot,
+                    client: 0,
+                    retire: retire.clone(),
+                };
                 let service = service.clone();
                 std::thread::spawn(move || worker.run(service.as_ref(), epoch))
             })
             .collect();
         edge.server_live(epoch, std::process::id());
-        Incarnation { epoch, retire, workers }
+        Incarnation {
+            epoch,
+            retire,
+            workers,
+        }
     }
 
     pub fn connection(&self) -> Connection {
@@ -59,7 +74,9 @@ impl Loopback {
     pub fn reboot(&self, fresh: Arc<dyn Service>) {
         let mut current = self.current.lock().unwrap();
         self.edge.mark_down();
-        current.retire.store(true, std::sync::atomic::Ordering::SeqCst);
+        current
+            .retire
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         wake_workers(&self.edge);
         for w in current.workers.drain(..) {
             w.join().expect("loopback worker panicked");
@@ -77,7 +94,9 @@ impl Loopback {
 impl Drop for Loopback {
     fn drop(&mut self) {
         let mut current = self.current.lock().unwrap();
-        current.retire.store(true, std::sync::atomic::Ordering::SeqCst);
+        current
+            .retire
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.edge.server_gone();
         wake_workers(&self.edge);
         for w in current.workers.drain(..) {
@@ -88,6 +107,9 @@ impl Drop for Loopback {
 
 /// A client connection on an edge made by hand (tests and benchmarks that
 /// play the supervisor themselves).
-pub fn connection_for_tests(edge: Arc<Edge>, info: &'static crate::stub::InterfaceInfo) -> Connection {
+pub fn connection_for_tests(
+    edge: Arc<Edge>,
+    info: &'static crate::stub::InterfaceInfo,
+) -> Connection {
     Connection::new(edge, "test-server".into(), info)
 }

@@ -21,16 +21,26 @@ use crate::fdpass;
 pub enum VaultOp {
     /// Sets `key` to `value`; with `fd` the request carries a descriptor that
     /// replaces the one kept under `key` (without, a kept descriptor stays).
-    Put { key: String, value: serde_json::Value, fd: bool },
+    Put {
+        key: String,
+        value: serde_json::Value,
+        fd: bool,
+    },
     /// Removes `key` and its descriptor.
     Delete { key: String },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum VaultRequest {
-    Apply { id: u64, ops: Vec<VaultOp> },
+    Apply {
+        id: u64,
+        ops: Vec<VaultOp>,
+    },
     /// Records with keys after `after`, in key order, a page at a time.
-    List { id: u64, after: Option<String> },
+    List {
+        id: u64,
+        after: Option<String>,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -84,25 +94,49 @@ impl Vault {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1);
-        Self { sock, next_id: Mutex::new(seed) }
+        Self {
+            sock,
+            next_id: Mutex::new(seed),
+        }
     }
 
     /// Applies `ops` atomically; `fds` are the descriptors of the `Put { fd: true }` ops, in order.
     pub fn apply(&self, ops: Vec<VaultOp>, fds: &[BorrowedFd<'_>]) -> Result<(), VaultError> {
-        let wanted = ops.iter().filter(|op| matches!(op, VaultOp::Put { fd: true, .. })).count();
+        let wanted = ops
+            .iter()
+            .filter(|op| matches!(op, VaultOp::Put { fd: true, .. }))
+            .count();
         if wanted != fds.len() {
-            return Err(VaultError::Protocol(format!("{wanted} descriptors announced, {} given", fds.len())));
+            return Err(VaultError::Protocol(format!(
+                "{wanted} descriptors announced, {} given",
+                fds.len()
+            )));
         }
-        self.round_trip(|id| VaultRequest::Apply { id, ops }, fds).map(|_| ())
+        self.round_trip(|id| VaultRequest::Apply { id, ops }, fds)
+            .map(|_| ())
     }
 
-    pub fn put(&self, key: &str, value: serde_json::Value, fd: Option<BorrowedFd<'_>>) -> Result<(), VaultError> {
-        let op = VaultOp::Put { key: key.to_string(), value, fd: fd.is_some() };
+    pub fn put(
+        &self,
+        key: &str,
+        value: serde_json::Value,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<(), VaultError> {
+        let op = VaultOp::Put {
+            key: key.to_string(),
+            value,
+            fd: fd.is_some(),
+        };
         self.apply(vec![op], fd.as_slice())
     }
 
     pub fn delete(&self, key: &str) -> Result<(), VaultError> {
-        self.apply(vec![VaultOp::Delete { key: key.to_string() }], &[])
+        self.apply(
+            vec![VaultOp::Delete {
+                key: key.to_string(),
+            }],
+            &[],
+        )
     }
 
     /// Every record this component has kept, in key order.
@@ -110,16 +144,29 @@ impl Vault {
         let mut out = Vec::new();
         let mut after = None;
         loop {
-            let (reply, fds) = self.round_trip(|id| VaultRequest::List { id, after: after.clone() }, &[])?;
+            let (reply, fds) = self.round_trip(
+                |id| VaultRequest::List {
+                    id,
+                    after: after.clone(),
+                },
+                &[],
+            )?;
             let mut fds = fds.into_iter();
             for h in reply.records {
                 let fd = if h.fd {
-                    Some(fds.next().ok_or_else(|| VaultError::Protocol("missing descriptor".into()))?)
+                    Some(
+                        fds.next()
+                            .ok_or_else(|| VaultError::Protocol("missing descriptor".into()))?,
+                    )
                 } else {
                     None
                 };
                 after = Some(h.key.clone());
-                out.push(VaultRecord { key: h.key, value: h.value, fd });
+                out.push(VaultRecord {
+                    key: h.key,
+                    value: h.value,
+                    fd,
+                });
             }
             if !reply.more {
                 return Ok(out);
@@ -135,12 +182,15 @@ impl Vault {
         let mut next = self.next_id.lock().unwrap();
         *next += 1;
         let id = *next;
-        let bytes = serde_json::to_vec(&make(id)).map_err(|e| VaultError::Protocol(e.to_string()))?;
+        let bytes =
+            serde_json::to_vec(&make(id)).map_err(|e| VaultError::Protocol(e.to_string()))?;
         fdpass::send(self.sock.as_fd(), &bytes, fds)?;
         loop {
             let (bytes, fds) = fdpass::recv(self.sock.as_fd())?;
             if bytes.is_empty() {
-                return Err(VaultError::Io(std::io::Error::other("the vault closed the connection")));
+                return Err(VaultError::Io(std::io::Error::other(
+                    "the vault closed the connection",
+                )));
             }
             let reply: VaultReply =
                 serde_json::from_slice(&bytes).map_err(|e| VaultError::Protocol(e.to_string()))?;

@@ -186,9 +186,15 @@ mod tests {
     #[test]
     fn malformed_input_is_rejected() {
         assert_eq!(Reader::new(&[1, 0]).u32(), Err(WireError::Truncated));
-        assert_eq!(Reader::new(&[9, 0, 0, 0, 1]).bytes(), Err(WireError::Truncated));
+        assert_eq!(
+            Reader::new(&[9, 0, 0, 0, 1]).bytes(),
+            Err(WireError::Truncated)
+        );
         assert_eq!(Reader::new(&[2]).bool(), Err(WireError::BadBool(2)));
-        assert_eq!(Reader::new(&[1, 0, 0, 0, 0xff]).str(), Err(WireError::BadUtf8));
+        assert_eq!(
+            Reader::new(&[1, 0, 0, 0, 0xff]).str(),
+            Err(WireError::BadUtf8)
+        );
         assert_eq!(Reader::new(&[0]).finish(), Err(WireError::Trailing(1)));
         let mut small = [0u8; 3];
         assert_eq!(Writer::new(&mut small).u32(1), Err(WireError::Overflow));

@@ -10,7 +10,11 @@ use kintsugi_runtime::stub::{Caller, Dispatched, Fault, InterfaceInfo, ReplyStat
 use kintsugi_runtime::testing::Loopback;
 use kintsugi_runtime::wire::{Reader, Writer};
 
-static ECHO: InterfaceInfo = InterfaceInfo { name: "echo", hash: 0xec40, functions: &["echo", "count"] };
+static ECHO: InterfaceInfo = InterfaceInfo {
+    name: "echo",
+    hash: 0xec40,
+    functions: &["echo", "count"],
+};
 
 /// Echoes its argument; counts calls per instance.
 #[derive(Default)]
@@ -41,7 +45,11 @@ impl Service for EchoService {
     }
 }
 
-fn echo(conn: &kintsugi_runtime::Connection, data: &[u8], epoch: Option<u64>) -> Result<Vec<u8>, Fault> {
+fn echo(
+    conn: &kintsugi_runtime::Connection,
+    data: &[u8],
+    epoch: Option<u64>,
+) -> Result<Vec<u8>, Fault> {
     conn.call(
         0,
         epoch,
@@ -61,7 +69,10 @@ fn loopback_round_trip_and_refusal() {
     assert_eq!(echo(&conn, b"hi", None).unwrap(), b"hi");
     assert_eq!(echo(&conn, &big, None).unwrap(), big);
     let refused = conn.call(9, None, |_| Ok(()), |_| Ok(()));
-    assert!(matches!(refused, Err(Fault::Refused(ref m)) if m.contains("no function with id 9")), "{refused:?}");
+    assert!(
+        matches!(refused, Err(Fault::Refused(ref m)) if m.contains("no function with id 9")),
+        "{refused:?}"
+    );
 }
 
 #[test]
@@ -73,7 +84,11 @@ fn reboot_raises_epoch_and_stale_calls_are_refused_unrun() {
     lb.reboot(fresh.clone());
     assert_eq!(conn.epoch(), 2);
     assert_eq!(echo(&conn, b"x", Some(1)), Err(Fault::Stale));
-    assert_eq!(fresh.calls.load(Ordering::Relaxed), 0, "a stale call must not reach the server");
+    assert_eq!(
+        fresh.calls.load(Ordering::Relaxed),
+        0,
+        "a stale call must not reach the server"
+    );
     assert_eq!(echo(&conn, b"x", Some(2)).unwrap(), b"x");
 }
 
@@ -127,14 +142,22 @@ fn a_server_in_another_process_serves() {
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let svc = EchoService::default();
-        let w = SlotWorker { edge: edge.clone(), slot: 0, client: 1, retire: Default::default() };
+        let w = SlotWorker {
+            edge: edge.clone(),
+            slot: 0,
+            client: 1,
+            retire: Default::default(),
+        };
         w.run(&svc, 1);
         unsafe { libc::_exit(0) };
     }
     edge.server_live(1, pid as u32);
     let conn = kintsugi_runtime::testing::connection_for_tests(edge.clone(), &ECHO);
     for i in 0..1000u32 {
-        assert_eq!(echo(&conn, &i.to_le_bytes(), Some(1)).unwrap(), i.to_le_bytes());
+        assert_eq!(
+            echo(&conn, &i.to_le_bytes(), Some(1)).unwrap(),
+            i.to_le_bytes()
+        );
     }
     unsafe { libc::kill(pid, libc::SIGKILL) };
     unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };

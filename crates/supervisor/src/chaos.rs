@@ -31,12 +31,20 @@ impl Chaos {
     pub fn new(plan: ChaosPlan) -> Self {
         let mut rng = StdRng::seed_from_u64(plan.seed);
         let next = Instant::now() + Self::gap(&plan, &mut rng);
-        Self { plan, rng, next, sent: 0 }
+        Self {
+            plan,
+            rng,
+            next,
+            sent: 0,
+        }
     }
 
     fn gap(plan: &ChaosPlan, rng: &mut StdRng) -> Duration {
         let lo = plan.min_interval.as_micros() as u64;
-        let hi = plan.max_interval.as_micros().max(plan.min_interval.as_micros()) as u64;
+        let hi = plan
+            .max_interval
+            .as_micros()
+            .max(plan.min_interval.as_micros()) as u64;
         Duration::from_micros(rng.gen_range(lo..=hi))
     }
 

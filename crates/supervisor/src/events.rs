@@ -43,20 +43,52 @@ pub fn signal_name(sig: i32) -> String {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// A component's first incarnation is serving.
-    Started { component: String, pid: u32, boot: Duration },
+    Started {
+        component: String,
+        pid: u32,
+        boot: Duration,
+    },
     /// The injector sent a signal to a live incarnation.
-    Injected { component: String, pid: u32, signal: i32, in_flight: Vec<String>, rss_kib: u64 },
-    /// An incarnation died.
-    Crashed { component: String, pid: u32, epoch: u64, exit: Exit, in_flight: Vec<String> },
+    Injected {
+        component: String,
+        pid: u32,
+        signal: i32,
+        in_flight: Vec<String>,
+        rss_kib: u64,
+    },
+    /// An incarnation died; `after_injection` is the time from the
+    /// injector's signal to the supervisor's detection, when it caused it.
+    Crashed {
+        component: String,
+        pid: u32,
+        epoch: u64,
+        exit: Exit,
+        in_flight: Vec<String>,
+        after_injection: Option<Duration>,
+    },
     /// A new incarnation serves; `took` runs from the death's detection to
     /// the new incarnation's readiness.
-    Rebooted { component: String, epoch: u64, pid: u32, took: Duration },
+    Rebooted {
+        component: String,
+        epoch: u64,
+        pid: u32,
+        took: Duration,
+    },
     /// Clients rebuilt descriptors of `server` during its previous epoch.
-    Recovered { server: String, client: String, epoch: u64, descriptors: u64 },
+    Recovered {
+        server: String,
+        client: String,
+        epoch: u64,
+        descriptors: u64,
+    },
     /// An active component ended by itself.
     Finished { component: String, exit: Exit },
     /// The restart policy gave up on a component.
-    GaveUp { component: String, restarts: u32, window: Duration },
+    GaveUp {
+        component: String,
+        restarts: u32,
+        window: Duration,
+    },
     /// The pristine image died and was rebuilt from the binary.
     ZygoteRespawned { component: String, pid: u32 },
     /// The system stopped.
@@ -77,8 +109,12 @@ impl fmt::Display for Event {
                     write!(f, ", during {})", in_flight.join(", "))
                 }
             }
-            Event::Crashed { component, pid, epoch, exit, in_flight } => {
-                write!(f, "{component}: crashed with {exit} (pid {pid}, epoch {epoch})")?;
+            Event::Crashed { component, pid, epoch, exit, in_flight, after_injection } => {
+                write!(f, "{component}: crashed with {exit} (pid {pid}, epoch {epoch}")?;
+                match after_injection {
+                    Some(d) => write!(f, ", detected {} µs after the signal)", d.as_micros())?,
+                    None => write!(f, ")")?,
+                }
                 if !in_flight.is_empty() {
                     write!(f, "; calls in flight: {}", in_flight.join(", "))?;
                 }

@@ -13,12 +13,20 @@ pub struct RestartWindow {
 
 impl RestartWindow {
     pub fn new(max: u32, window: Duration) -> Self {
-        Self { max, window, recent: VecDeque::new() }
+        Self {
+            max,
+            window,
+            recent: VecDeque::new(),
+        }
     }
 
     /// Records a restart at `now`; false if it exceeds the policy.
     pub fn allow(&mut self, now: Instant) -> bool {
-        while self.recent.front().is_some_and(|t| now.duration_since(*t) > self.window) {
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > self.window)
+        {
             self.recent.pop_front();
         }
         self.recent.push_back(now);
@@ -41,7 +49,10 @@ mod tests {
         assert!(w.allow(t));
         assert!(w.allow(t + Duration::from_millis(10)));
         assert!(!w.allow(t + Duration::from_millis(20)));
-        assert!(w.allow(t + Duration::from_millis(500)), "old restarts leave the window");
+        assert!(
+            w.allow(t + Duration::from_millis(500)),
+            "old restarts leave the window"
+        );
     }
 
     #[test]

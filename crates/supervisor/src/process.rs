@@ -1,15 +1,17 @@
 //! Processes the supervisor watches: a pidfd per process, and the exec of a
 //! component binary with exactly the descriptors the system grants it.
 
+use std::cell::OnceCell;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::cell::OnceCell;
 use std::time::Duration;
 
 use rustix::event::{poll, PollFd, PollFlags};
-use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
+use rustix::process::{
+    pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal, WaitId, WaitIdOptions,
+};
 
 use crate::events::Exit;
 
@@ -27,7 +29,11 @@ impl Proc {
     /// (so its pid cannot have been reused).
     pub fn adopt(pid: u32) -> std::io::Result<Self> {
         let p = Pid::from_raw(pid as i32).ok_or_else(|| std::io::Error::other("pid 0"))?;
-        Ok(Self { pid, pidfd: pidfd_open(p, PidfdFlags::empty())?, exit: OnceCell::new() })
+        Ok(Self {
+            pid,
+            pidfd: pidfd_open(p, PidfdFlags::empty())?,
+            exit: OnceCell::new(),
+        })
     }
 
     pub fn signal(&self, sig: Signal) {
@@ -57,13 +63,11 @@ impl Proc {
     /// Waits up to `timeout` for the process to exit and reaps it.
     pub fn wait_exit(&self, timeout: Duration) -> Option<Exit> {
         let mut fds = [PollFd::new(&self.pidfd, PollFlags::IN)];
-        let ts = rustix::time::Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: timeout.subsec_nanos() as i64 };
-        loop {
-            match poll(&mut fds, Some(&ts)) {
-                Err(rustix::io::Errno::INTR) => continue,
-                _ => break,
-            }
-        }
+        let ts = rustix::time::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: timeout.subsec_nanos() as i64,
+        };
+        while let Err(rustix::io::Errno::INTR) = poll(&mut fds, Some(&ts)) {}
         self.try_reap()
     }
 
@@ -102,10 +106,17 @@ impl Proc {
 /// Execs `binary` as a component: `boot_json` in its environment, `pass` the
 /// only inherited descriptors besides stdio, its own process group (so a
 /// terminal's Ctrl-C reaches the supervisor alone), `nice` applied.
-pub fn spawn_component(binary: &Path, boot_json: &str, pass: &[RawFd], nice: i32) -> std::io::Result<Proc> {
+pub fn spawn_component(
+    binary: &Path,
+    boot_json: &str,
+    pass: &[RawFd],
+    nice: i32,
+) -> std::io::Result<Proc> {
     let pass = pass.to_vec();
     let mut cmd = Command::new(binary);
-    cmd.env(kintsugi_runtime::boot::BOOT_ENV, boot_json).stdin(Stdio::null()).process_group(0);
+    cmd.env(kintsugi_runtime::boot::BOOT_ENV, boot_json)
+        .stdin(Stdio::null())
+        .process_group(0);
     // SAFETY: the closure runs in the forked child before exec and calls only
     // async-signal-safe functions (fcntl, setpriority); it allocates nothing.
     unsafe {

@@ -30,7 +30,11 @@ use crate::vault::VaultStore;
 #[derive(Debug, Error)]
 pub enum SupervisorError {
     #[error("component `{component}`: cannot start `{binary}`: {source}")]
-    Spawn { component: String, binary: String, source: std::io::Error },
+    Spawn {
+        component: String,
+        binary: String,
+        source: std::io::Error,
+    },
     #[error("component `{component}` failed to boot: {detail}")]
     Boot { component: String, detail: String },
     #[error("chaos target `{0}` is not a component of this system")]
@@ -97,7 +101,10 @@ impl Report {
     /// True if the run ended as planned and no active component failed.
     pub fn success(&self) -> bool {
         !matches!(self.reason, StopReason::GaveUp(_))
-            && self.exits.iter().all(|(_, e)| matches!(e, Exit::Code(0) | Exit::Signal(15)))
+            && self
+                .exits
+                .iter()
+                .all(|(_, e)| matches!(e, Exit::Code(0) | Exit::Signal(15)))
     }
 }
 
@@ -152,7 +159,11 @@ const TOKEN_SIGNAL: u64 = 1 << 40;
 const TOKEN_ZYGOTE_SOCK: u64 = 1 << 41;
 
 /// Runs `system` until it is stopped; `on_event` sees every event as it happens.
-pub fn run(system: &System, options: Options, on_event: &mut dyn FnMut(&Event)) -> Result<Report, SupervisorError> {
+pub fn run(
+    system: &System,
+    options: Options,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<Report, SupervisorError> {
     let mut sup = Supervisor::new(options, on_event)?;
     let result = sup.start(system).and_then(|()| sup.event_loop());
     let reason = match result {
@@ -163,8 +174,14 @@ pub fn run(system: &System, options: Options, on_event: &mut dyn FnMut(&Event)) 
         }
     };
     let exits = sup.shutdown();
-    sup.emit(Event::Stopped { reason: format!("{reason:?}") });
-    Ok(Report { reason, exits, chaos_sent: sup.chaos.as_ref().map_or(0, |c| c.sent) })
+    sup.emit(Event::Stopped {
+        reason: format!("{reason:?}"),
+    });
+    Ok(Report {
+        reason,
+        exits,
+        chaos_sent: sup.chaos.as_ref().map_or(0, |c| c.sent),
+    })
 }
 
 struct Supervisor<'a> {
@@ -182,16 +199,28 @@ struct Supervisor<'a> {
 }
 
 impl<'a> Supervisor<'a> {
-    fn new(mut options: Options, on_event: &'a mut dyn FnMut(&Event)) -> Result<Self, SupervisorError> {
+    fn new(
+        mut options: Options,
+        on_event: &'a mut dyn FnMut(&Event),
+    ) -> Result<Self, SupervisorError> {
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
-        let (signal_pipe, write_end) =
-            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)?;
+        let (signal_pipe, write_end) = rustix::pipe::pipe_with(
+            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        )?;
         let write_end = std::os::unix::net::UnixStream::from(write_end);
         let mut signal_ids = Vec::new();
         for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-            signal_ids.push(signal_hook::low_level::pipe::register(sig, write_end.try_clone()?)?);
+            signal_ids.push(signal_hook::low_level::pipe::register(
+                sig,
+                write_end.try_clone()?,
+            )?);
         }
-        epoll::add(&epoll, &signal_pipe, epoll::EventData::new_u64(TOKEN_SIGNAL), epoll::EventFlags::IN)?;
+        epoll::add(
+            &epoll,
+            &signal_pipe,
+            epoll::EventData::new_u64(TOKEN_SIGNAL),
+            epoll::EventFlags::IN,
+        )?;
         let chaos = options.chaos.take().map(Chaos::new);
         Ok(Self {
             options,
@@ -223,7 +252,10 @@ impl<'a> Supervisor<'a> {
         for c in &system.components {
             for u in &c.uses {
                 let slots = system.component(&u.server).map_or(8, |s| s.slots);
-                let edge = Edge::create(&format!("kintsugi:{}->{}:{}", c.name, u.server, u.interface), slots)?;
+                let edge = Edge::create(
+                    &format!("kintsugi:{}->{}:{}", c.name, u.server, u.interface),
+                    slots,
+                )?;
                 edges.push((c, &u.server, &u.interface, Arc::new(edge)));
             }
         }
@@ -242,7 +274,11 @@ impl<'a> Supervisor<'a> {
             let used = edges
                 .iter()
                 .filter(|(c, _, _, _)| c.name == spec.name)
-                .map(|(_, s, i, e)| Used { interface: i.to_string(), server: s.to_string(), edge: e.clone() })
+                .map(|(_, s, i, e)| Used {
+                    interface: i.to_string(),
+                    server: s.to_string(),
+                    edge: e.clone(),
+                })
                 .collect();
             self.boot(spec, served, used)?;
         }
@@ -257,15 +293,31 @@ impl<'a> Supervisor<'a> {
         used: Vec<Used>,
     ) -> Result<(), SupervisorError> {
         let t0 = Instant::now();
-        let control = Region::create(&format!("kintsugi:{}:control", spec.name), std::mem::size_of::<ControlBlock>())?;
-        let (zygote_sock, zygote_peer) =
-            socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
-        let (vault_sock, vault_peer) =
-            socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+        let control = Region::create(
+            &format!("kintsugi:{}:control", spec.name),
+            std::mem::size_of::<ControlBlock>(),
+        )?;
+        let (zygote_sock, zygote_peer) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        let (vault_sock, vault_peer) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
         self.vault.serve(spec.name.clone(), vault_sock);
         let zygote = Self::spawn_zygote(spec, &control, &zygote_peer, &vault_peer, &served, &used)?;
         let idx = self.comps.len();
-        epoll::add(&self.epoll, &zygote.pidfd, epoll::EventData::new_u64(zygote.pid as u64), epoll::EventFlags::IN)?;
+        epoll::add(
+            &self.epoll,
+            &zygote.pidfd,
+            epoll::EventData::new_u64(zygote.pid as u64),
+            epoll::EventFlags::IN,
+        )?;
         epoll::add(
             &self.epoll,
             &zygote_sock,
@@ -293,9 +345,18 @@ impl<'a> Supervisor<'a> {
         let pid = inc.proc.pid;
         match self.activate(idx, inc) {
             Ok(()) => {}
-            Err(detail) => return Err(SupervisorError::Boot { component: spec.name.clone(), detail }),
+            Err(detail) => {
+                return Err(SupervisorError::Boot {
+                    component: spec.name.clone(),
+                    detail,
+                })
+            }
         }
-        self.emit(Event::Started { component: spec.name.clone(), pid, boot: t0.elapsed() });
+        self.emit(Event::Started {
+            component: spec.name.clone(),
+            pid,
+            boot: t0.elapsed(),
+        });
         if spec.reboot == RebootMode::Standby {
             self.request_fork(idx)?;
         }
@@ -321,7 +382,11 @@ impl<'a> Supervisor<'a> {
             .collect::<Vec<_>>();
         let uses = used
             .iter()
-            .map(|u| UsedEdge { interface: u.interface.clone(), server: u.server.clone(), fd: raw(&u.edge.region().fd()) })
+            .map(|u| UsedEdge {
+                interface: u.interface.clone(),
+                server: u.server.clone(),
+                fd: raw(&u.edge.region().fd()),
+            })
             .collect::<Vec<_>>();
         let boot = BootInfo {
             component: spec.name.clone(),
@@ -337,10 +402,12 @@ impl<'a> Supervisor<'a> {
         pass.extend(boot.provides.iter().map(|p| p.fd));
         pass.extend(boot.uses.iter().map(|u| u.fd));
         let json = serde_json::to_string(&boot).expect("boot info serializes");
-        spawn_component(&spec.binary, &json, &pass, spec.priority).map_err(|source| SupervisorError::Spawn {
-            component: spec.name.clone(),
-            binary: spec.binary.display().to_string(),
-            source,
+        spawn_component(&spec.binary, &json, &pass, spec.priority).map_err(|source| {
+            SupervisorError::Spawn {
+                component: spec.name.clone(),
+                binary: spec.binary.display().to_string(),
+                source,
+            }
         })
     }
 
@@ -352,7 +419,11 @@ impl<'a> Supervisor<'a> {
         }
         let generation = m.next_generation;
         m.next_generation += 1;
-        fdpass::send(&m.zygote_sock, &zygote::encode(zygote::FORK, generation), &[])?;
+        fdpass::send(
+            &m.zygote_sock,
+            &zygote::encode(zygote::FORK, generation),
+            &[],
+        )?;
         m.fork_pending = Some(generation);
         Ok(())
     }
@@ -362,15 +433,27 @@ impl<'a> Supervisor<'a> {
         let timeout = self.options.ready_timeout;
         let m = &mut self.comps[idx];
         let name = m.spec.name.clone();
-        let boot_err = |detail: String| SupervisorError::Boot { component: name.clone(), detail };
+        let boot_err = |detail: String| SupervisorError::Boot {
+            component: name.clone(),
+            detail,
+        };
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(boot_err(format!("no reply from the pristine image within {} ms", timeout.as_millis())));
+                return Err(boot_err(format!(
+                    "no reply from the pristine image within {} ms",
+                    timeout.as_millis()
+                )));
             }
-            let ts = rustix::time::Timespec { tv_sec: left.as_secs() as i64, tv_nsec: left.subsec_nanos() as i64 };
-            let mut fds = [PollFd::new(&m.zygote_sock, PollFlags::IN), PollFd::new(&m.zygote.pidfd, PollFlags::IN)];
+            let ts = rustix::time::Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: left.subsec_nanos() as i64,
+            };
+            let mut fds = [
+                PollFd::new(&m.zygote_sock, PollFlags::IN),
+                PollFd::new(&m.zygote.pidfd, PollFlags::IN),
+            ];
             match poll(&mut fds, Some(&ts)) {
                 Err(rustix::io::Errno::INTR) => continue,
                 r => {
@@ -381,18 +464,32 @@ impl<'a> Supervisor<'a> {
                 break;
             }
             if !fds[1].revents().is_empty() {
-                let exit = m.zygote.try_reap().map_or("an unknown status".to_string(), |e| e.to_string());
-                return Err(boot_err(format!("the process exited during boot with {exit}")));
+                let exit = m
+                    .zygote
+                    .try_reap()
+                    .map_or("an unknown status".to_string(), |e| e.to_string());
+                return Err(boot_err(format!(
+                    "the process exited during boot with {exit}"
+                )));
             }
         }
         let (msg, _) = fdpass::recv(&m.zygote_sock)?;
-        let (generation, pid) = zygote::decode(&msg).ok_or_else(|| boot_err("malformed zygote reply".into()))?;
+        let (generation, pid) =
+            zygote::decode(&msg).ok_or_else(|| boot_err("malformed zygote reply".into()))?;
         if Some(generation) != m.fork_pending {
-            return Err(boot_err(format!("zygote answered generation {generation}, expected {:?}", m.fork_pending)));
+            return Err(boot_err(format!(
+                "zygote answered generation {generation}, expected {:?}",
+                m.fork_pending
+            )));
         }
         m.fork_pending = None;
         let proc = Proc::adopt(pid)?;
-        epoll::add(&self.epoll, &proc.pidfd, epoll::EventData::new_u64(pid as u64), epoll::EventFlags::IN)?;
+        epoll::add(
+            &self.epoll,
+            &proc.pidfd,
+            epoll::EventData::new_u64(pid as u64),
+            epoll::EventFlags::IN,
+        )?;
         Ok(Incarnation { proc, generation })
     }
 
@@ -445,7 +542,10 @@ impl<'a> Supervisor<'a> {
                 }
             }
             let victim_replaced = self.victim_replaced();
-            if self.options.stop_after_chaos && self.chaos.as_ref().is_some_and(|c| c.done()) && victim_replaced {
+            if self.options.stop_after_chaos
+                && self.chaos.as_ref().is_some_and(|c| c.done())
+                && victim_replaced
+            {
                 return Ok(StopReason::ChaosDone);
             }
             // While the last victim is still dying, its pidfd is what wakes us.
@@ -459,7 +559,10 @@ impl<'a> Supervisor<'a> {
             }
             let timeout = wake.map(|w| {
                 let d = w.saturating_duration_since(Instant::now());
-                rustix::time::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos() as i64 }
+                rustix::time::Timespec {
+                    tv_sec: d.as_secs() as i64,
+                    tv_nsec: d.subsec_nanos() as i64,
+                }
             });
             let (events, _) = match epoll::wait(&self.epoll, &mut buf, timeout.as_ref()) {
                 Err(rustix::io::Errno::INTR) => continue,
@@ -487,7 +590,9 @@ impl<'a> Supervisor<'a> {
     /// Sends the chaos plan's next signal to its target's live incarnation.
     fn inject(&mut self, sig: Signal) {
         let target = self.chaos.as_ref().expect("chaos").plan.target.clone();
-        let Some(m) = self.comps.iter().find(|m| m.spec.name == target) else { return };
+        let Some(m) = self.comps.iter().find(|m| m.spec.name == target) else {
+            return;
+        };
         let Some(live) = &m.live else { return };
         let in_flight = self.name_calls(m.served.iter().flat_map(|s| {
             let hash = s.edge.header().interface_hash.load(Ordering::Relaxed);
@@ -496,14 +601,22 @@ impl<'a> Supervisor<'a> {
         let (pid, rss_kib) = (live.proc.pid, live.proc.rss_kib());
         live.proc.signal(sig);
         self.last_victim = Some((pid, Instant::now()));
-        self.emit(Event::Injected { component: target, pid, signal: sig.as_raw(), in_flight, rss_kib });
+        self.emit(Event::Injected {
+            component: target,
+            pid,
+            signal: sig.as_raw(),
+            in_flight,
+            rss_kib,
+        });
     }
 
     /// True once the last injection's target runs a new incarnation, or
     /// the injection visibly did not kill it. The injector never signals a
     /// process it has already signalled, so each injection is one fault.
     fn victim_replaced(&self) -> bool {
-        let Some((victim, at)) = self.last_victim else { return true };
+        let Some((victim, at)) = self.last_victim else {
+            return true;
+        };
         let target = &self.chaos.as_ref().expect("chaos").plan.target;
         at.elapsed() >= VICTIM_GRACE
             || self
@@ -515,10 +628,16 @@ impl<'a> Supervisor<'a> {
 
     fn name_calls(&self, calls: impl Iterator<Item = (u64, u32)>) -> Vec<String> {
         calls
-            .map(|(hash, func)| match self.options.interfaces.iter().find(|i| i.hash == hash) {
-                Some(i) => format!("{}.{}", i.name, i.functions.get(func as usize).copied().unwrap_or("?")),
-                None => format!("function {func}"),
-            })
+            .map(
+                |(hash, func)| match self.options.interfaces.iter().find(|i| i.hash == hash) {
+                    Some(i) => format!(
+                        "{}.{}",
+                        i.name,
+                        i.functions.get(func as usize).copied().unwrap_or("?")
+                    ),
+                    None => format!("function {func}"),
+                },
+            )
             .collect()
     }
 
@@ -534,7 +653,9 @@ impl<'a> Supervisor<'a> {
         };
         let m = &mut self.comps[idx];
         if m.zygote.pid == pid {
-            let Some(_) = m.zygote.try_reap() else { return Ok(None) };
+            let Some(_) = m.zygote.try_reap() else {
+                return Ok(None);
+            };
             self.respawn_zygote(idx)?;
             return Ok(None);
         }
@@ -546,7 +667,9 @@ impl<'a> Supervisor<'a> {
             self.request_fork(idx)?;
             return Ok(None);
         }
-        let Some(exit) = m.live.as_ref().unwrap().proc.try_reap() else { return Ok(None) };
+        let Some(exit) = m.live.as_ref().unwrap().proc.try_reap() else {
+            return Ok(None);
+        };
         m.live = None;
         let name = m.spec.name.clone();
         if exit == Exit::Code(0) {
@@ -554,14 +677,24 @@ impl<'a> Supervisor<'a> {
             for s in &m.served {
                 s.edge.server_gone();
             }
-            self.emit(Event::Finished { component: name.clone(), exit });
-            return Ok((self.options.stop_when_finished.as_deref() == Some(&name)).then_some(StopReason::Finished(name)));
+            self.emit(Event::Finished {
+                component: name.clone(),
+                exit,
+            });
+            return Ok((self.options.stop_when_finished.as_deref() == Some(&name))
+                .then_some(StopReason::Finished(name)));
         }
         self.reboot(idx, pid, exit, detected)
     }
 
     /// Micro-reboots component `idx` after its incarnation `pid` died.
-    fn reboot(&mut self, idx: usize, pid: u32, exit: Exit, detected: Instant) -> Result<Option<StopReason>, SupervisorError> {
+    fn reboot(
+        &mut self,
+        idx: usize,
+        pid: u32,
+        exit: Exit,
+        detected: Instant,
+    ) -> Result<Option<StopReason>, SupervisorError> {
         let m = &mut self.comps[idx];
         let name = m.spec.name.clone();
         let mut calls = Vec::new();
@@ -575,7 +708,18 @@ impl<'a> Supervisor<'a> {
         let epoch = m.epoch;
         // Events are emitted after the reboot, so that logging does not delay it.
         let in_flight = self.name_calls(calls.into_iter());
-        let mut pending = vec![Event::Crashed { component: name.clone(), pid, epoch, exit, in_flight }];
+        let after_injection = self
+            .last_victim
+            .filter(|(victim, _)| *victim == pid)
+            .map(|(_, at)| detected.duration_since(at));
+        let mut pending = vec![Event::Crashed {
+            component: name.clone(),
+            pid,
+            epoch,
+            exit,
+            in_flight,
+            after_injection,
+        }];
         pending.extend(self.recoveries(idx));
         loop {
             let m = &mut self.comps[idx];
@@ -585,7 +729,11 @@ impl<'a> Supervisor<'a> {
                 for s in &m.served {
                     s.edge.server_gone();
                 }
-                pending.push(Event::GaveUp { component: name.clone(), restarts, window });
+                pending.push(Event::GaveUp {
+                    component: name.clone(),
+                    restarts,
+                    window,
+                });
                 pending.into_iter().for_each(|e| self.emit(e));
                 return Ok(Some(StopReason::GaveUp(name)));
             }
@@ -598,7 +746,12 @@ impl<'a> Supervisor<'a> {
                 Ok(()) => {
                     let took = detected.elapsed();
                     let epoch = self.comps[idx].epoch;
-                    pending.push(Event::Rebooted { component: name.clone(), epoch, pid: new_pid, took });
+                    pending.push(Event::Rebooted {
+                        component: name.clone(),
+                        epoch,
+                        pid: new_pid,
+                        took,
+                    });
                     pending.into_iter().for_each(|e| self.emit(e));
                     if self.comps[idx].spec.reboot == RebootMode::Standby {
                         self.request_fork(idx)?;
@@ -646,14 +799,29 @@ impl<'a> Supervisor<'a> {
         if m.zygote.try_reap().is_none() {
             m.zygote.kill();
         }
-        let zygote = Self::spawn_zygote(&m.spec, &m.control, &m.zygote_peer, &m.vault_peer, &m.served, &m.used)?;
-        epoll::add(&self.epoll, &zygote.pidfd, epoll::EventData::new_u64(zygote.pid as u64), epoll::EventFlags::IN)?;
+        let zygote = Self::spawn_zygote(
+            &m.spec,
+            &m.control,
+            &m.zygote_peer,
+            &m.vault_peer,
+            &m.served,
+            &m.used,
+        )?;
+        epoll::add(
+            &self.epoll,
+            &zygote.pidfd,
+            epoll::EventData::new_u64(zygote.pid as u64),
+            epoll::EventFlags::IN,
+        )?;
         let pid = zygote.pid;
         m.zygote = zygote;
         let exec_mode = m.spec.reboot == RebootMode::Exec;
         let name = m.spec.name.clone();
         if !exec_mode {
-            self.emit(Event::ZygoteRespawned { component: name, pid });
+            self.emit(Event::ZygoteRespawned {
+                component: name,
+                pid,
+            });
             if self.comps[idx].spec.reboot == RebootMode::Standby {
                 self.request_fork(idx)?;
             }
@@ -695,7 +863,10 @@ impl<'a> Supervisor<'a> {
     /// The standby announced by a pending fork reply, if one arrives within `wait`.
     fn drain_reply(sock: &OwnedFd, wait: Duration) -> Option<Proc> {
         let mut fds = [PollFd::new(sock, PollFlags::IN)];
-        let ts = rustix::time::Timespec { tv_sec: wait.as_secs() as i64, tv_nsec: wait.subsec_nanos() as i64 };
+        let ts = rustix::time::Timespec {
+            tv_sec: wait.as_secs() as i64,
+            tv_nsec: wait.subsec_nanos() as i64,
+        };
         poll(&mut fds, Some(&ts)).ok()?;
         if !fds[0].revents().contains(PollFlags::IN) {
             return None;

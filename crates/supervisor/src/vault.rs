@@ -49,11 +49,21 @@ impl VaultStore {
             .expect("spawn vault thread")
     }
 
-    fn handle(&self, component: &str, bytes: &[u8], fds: Vec<OwnedFd>) -> (VaultReply, Vec<OwnedFd>) {
+    fn handle(
+        &self,
+        component: &str,
+        bytes: &[u8],
+        fds: Vec<OwnedFd>,
+    ) -> (VaultReply, Vec<OwnedFd>) {
         let request: VaultRequest = match serde_json::from_slice(bytes) {
             Ok(r) => r,
             Err(e) => {
-                let reply = VaultReply { id: 0, error: Some(format!("malformed request: {e}")), records: vec![], more: false };
+                let reply = VaultReply {
+                    id: 0,
+                    error: Some(format!("malformed request: {e}")),
+                    records: vec![],
+                    more: false,
+                };
                 return (reply, vec![]);
             }
         };
@@ -62,11 +72,22 @@ impl VaultStore {
         match request {
             VaultRequest::Apply { id, ops } => {
                 let error = apply(records, ops, fds).err();
-                (VaultReply { id, error, records: vec![], more: false }, vec![])
+                (
+                    VaultReply {
+                        id,
+                        error,
+                        records: vec![],
+                        more: false,
+                    },
+                    vec![],
+                )
             }
             VaultRequest::List { id, after } => {
                 let range = match &after {
-                    Some(k) => records.range::<String, _>((std::ops::Bound::Excluded(k), std::ops::Bound::Unbounded)),
+                    Some(k) => records.range::<String, _>((
+                        std::ops::Bound::Excluded(k),
+                        std::ops::Bound::Unbounded,
+                    )),
                     None => records.range::<String, _>(..),
                 };
                 let mut headers = Vec::new();
@@ -87,9 +108,21 @@ impl VaultStore {
                         },
                         None => false,
                     };
-                    headers.push(RecordHeader { key: key.clone(), value: e.value.clone(), fd });
+                    headers.push(RecordHeader {
+                        key: key.clone(),
+                        value: e.value.clone(),
+                        fd,
+                    });
                 }
-                (VaultReply { id, error: None, records: headers, more }, out)
+                (
+                    VaultReply {
+                        id,
+                        error: None,
+                        records: headers,
+                        more,
+                    },
+                    out,
+                )
             }
         }
     }
@@ -97,15 +130,29 @@ impl VaultStore {
     /// Number of records kept for `component`.
     #[cfg(test)]
     pub fn len(&self, component: &str) -> usize {
-        self.inner.lock().unwrap().get(component).map_or(0, |r| r.len())
+        self.inner
+            .lock()
+            .unwrap()
+            .get(component)
+            .map_or(0, |r| r.len())
     }
 }
 
 /// Applies every op or none.
-fn apply(records: &mut BTreeMap<String, Entry>, ops: Vec<VaultOp>, fds: Vec<OwnedFd>) -> Result<(), String> {
-    let wanted = ops.iter().filter(|op| matches!(op, VaultOp::Put { fd: true, .. })).count();
+fn apply(
+    records: &mut BTreeMap<String, Entry>,
+    ops: Vec<VaultOp>,
+    fds: Vec<OwnedFd>,
+) -> Result<(), String> {
+    let wanted = ops
+        .iter()
+        .filter(|op| matches!(op, VaultOp::Put { fd: true, .. }))
+        .count();
     if wanted != fds.len() {
-        return Err(format!("{wanted} descriptors announced, {} attached", fds.len()));
+        return Err(format!(
+            "{wanted} descriptors announced, {} attached",
+            fds.len()
+        ));
     }
     let mut fds = fds.into_iter();
     for op in ops {
@@ -135,17 +182,29 @@ mod tests {
     #[test]
     fn records_and_descriptors_survive_the_client() {
         let store = VaultStore::default();
-        let (a, b) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+        let (a, b) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
         store.serve("c".into(), b);
         let vault = Vault::new(a);
-        let mut f = std::fs::File::from(rustix::fs::memfd_create("t", rustix::fs::MemfdFlags::CLOEXEC).unwrap());
+        let mut f = std::fs::File::from(
+            rustix::fs::memfd_create("t", rustix::fs::MemfdFlags::CLOEXEC).unwrap(),
+        );
         f.write_all(b"contents").unwrap();
-        vault.put("k1", serde_json::json!({"name": "a"}), Some(f.as_fd())).unwrap();
+        vault
+            .put("k1", serde_json::json!({"name": "a"}), Some(f.as_fd()))
+            .unwrap();
         vault.put("k2", serde_json::json!(2), None).unwrap();
         drop(f);
         vault.delete("k2").unwrap();
         for i in 0..300 {
-            vault.put(&format!("n{i:03}"), serde_json::json!(i), None).unwrap();
+            vault
+                .put(&format!("n{i:03}"), serde_json::json!(i), None)
+                .unwrap();
         }
         let list = vault.list().unwrap();
         assert_eq!(list.len(), 301, "pages are joined");
@@ -162,8 +221,16 @@ mod tests {
     fn a_request_with_missing_descriptors_changes_nothing() {
         let mut records = BTreeMap::new();
         let ops = vec![
-            VaultOp::Put { key: "a".into(), value: 1.into(), fd: false },
-            VaultOp::Put { key: "b".into(), value: 2.into(), fd: true },
+            VaultOp::Put {
+                key: "a".into(),
+                value: 1.into(),
+                fd: false,
+            },
+            VaultOp::Put {
+                key: "b".into(),
+                value: 2.into(),
+                fd: true,
+            },
         ];
         assert!(apply(&mut records, ops, vec![]).is_err());
         assert!(records.is_empty());

@@ -9,15 +9,23 @@ use std::process::{Command, Output};
 
 pub fn kintsugi(tag: &str) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kintsugi"));
-    cmd.env("KINTSUGI_TEST_TAG", tag).env("KINTSUGI_LOG", "warn");
+    cmd.env("KINTSUGI_TEST_TAG", tag)
+        .env("KINTSUGI_LOG", "warn");
     cmd
 }
 
 /// A seed from `KINTSUGI_TEST_SEED` or the clock, printed so that a failure can be replayed.
 pub fn seed(test: &str) -> u64 {
-    let seed = std::env::var("KINTSUGI_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000
-    });
+    let seed = std::env::var("KINTSUGI_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                % 1_000_000
+        });
     eprintln!("{test}: seed {seed} (replay with KINTSUGI_TEST_SEED={seed})");
     seed
 }
@@ -37,7 +45,10 @@ pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 }
 
 pub fn text(out: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Processes that still carry `tag` in their environment.
@@ -56,9 +67,20 @@ pub fn leftovers(tag: &str) -> Vec<u32> {
 
 /// The JSON lines a component printed, parsed.
 pub fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
-    stdout.lines().filter(|l| l.starts_with('{')).filter_map(|l| serde_json::from_str(l).ok()).collect()
+    stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
 }
 
 pub fn unique_tag(test: &str) -> String {
-    format!("{test}-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos())
+    format!(
+        "{test}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
 }

@@ -129,6 +129,39 @@ impl RamFs {
     }
 }
 
+impl RamFs {
+    /// Records a new node in the vault (with its memfd, for a file), then
+    /// links it into the tree: a crash in between leaves it in the vault
+    /// only, and the next incarnation links it.
+    fn create(&self, st: &mut State, parent: u64, name: &str, kind: Kind) -> Result<(), Error> {
+        let ino = st.next_ino;
+        let record = NodeRecord {
+            parent,
+            name: name.to_string(),
+            dir: matches!(kind, Kind::Dir(_)),
+        };
+        let fd = match &kind {
+            Kind::File(data) => Some(data.as_fd()),
+            Kind::Dir(_) => None,
+        };
+        self.rt
+            .vault()
+            .put(&key(ino), serde_json::to_value(&record).unwrap(), fd)
+            .map_err(|e| io_err(std::io::Error::other(e)))?;
+        st.next_ino += 1;
+        st.children_mut(parent).insert(name.to_string(), ino);
+        st.nodes.insert(
+            ino,
+            Node {
+                parent,
+                name: name.to_string(),
+                kind,
+            },
+        );
+        Ok(())
+    }
+}
+
 impl State {
     fn lookup(&self, path: &str) -> Result<u64, Error> {
         let mut ino = ROOT;
@@ -193,36 +226,13 @@ impl fs::Server for RamFs {
             },
             Err(Error::NotFound) if flags & CREATE != 0 => {
                 let (parent, name) = st.parent_of(path)?;
-                let ino = st.next_ino;
                 let memfd = rustix::fs::memfd_create(
-                    format!("ramfs:{ino}"),
+                    format!("ramfs:{}", st.next_ino),
                     rustix::fs::MemfdFlags::CLOEXEC,
                 )
                 .map_err(|e| io_err(e.into()))?;
                 let data = Arc::new(File::from(memfd));
-                let record = NodeRecord {
-                    parent,
-                    name: name.to_string(),
-                    dir: false,
-                };
-                self.rt
-                    .vault()
-                    .put(
-                        &key(ino),
-                        serde_json::to_value(&record).unwrap(),
-                        Some(data.as_fd()),
-                    )
-                    .map_err(|e| io_err(std::io::Error::other(e)))?;
-                st.next_ino += 1;
-                st.children_mut(parent).insert(name.to_string(), ino);
-                st.nodes.insert(
-                    ino,
-                    Node {
-                        parent,
-                        name: name.to_string(),
-                        kind: Kind::File(data.clone()),
-                    },
-                );
+                self.create(&mut st, parent, name, Kind::File(data.clone()))?;
                 data
             }
             Err(e) => return Err(e),
@@ -331,27 +341,7 @@ impl fs::Server for RamFs {
         if st.child(parent, name).is_some() {
             return Err(Error::Exists);
         }
-        let ino = st.next_ino;
-        let record = NodeRecord {
-            parent,
-            name: name.to_string(),
-            dir: true,
-        };
-        self.rt
-            .vault()
-            .put(&key(ino), serde_json::to_value(&record).unwrap(), None)
-            .map_err(|e| io_err(std::io::Error::other(e)))?;
-        st.next_ino += 1;
-        st.children_mut(parent).insert(name.to_string(), ino);
-        st.nodes.insert(
-            ino,
-            Node {
-                parent,
-                name: name.to_string(),
-                kind: Kind::Dir(BTreeMap::new()),
-            },
-        );
-        Ok(())
+        self.create(&mut st, parent, name, Kind::Dir(BTreeMap::new()))
     }
 
     fn rename(&self, _caller: &Caller, from: &str, to: &str) -> Result<(), Error> {

@@ -12,11 +12,16 @@ use rustix::thread::futex;
 /// Sleeps while `word == expected`, at most `timeout` (forever if `None`).
 /// Returns on wake-up, value change, timeout or signal; callers re-check.
 pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
-    let ts = timeout.map(|d| rustix::time::Timespec {
+    let ts = timeout.map(timespec);
+    let _ = futex::wait(word, futex::Flags::empty(), expected, ts.as_ref());
+}
+
+/// A duration as the kernel's timespec.
+pub fn timespec(d: Duration) -> rustix::time::Timespec {
+    rustix::time::Timespec {
         tv_sec: d.as_secs() as i64,
         tv_nsec: d.subsec_nanos() as i64,
-    });
-    let _ = futex::wait(word, futex::Flags::empty(), expected, ts.as_ref());
+    }
 }
 
 /// Wakes up to `n` sleepers on `word`.

@@ -114,17 +114,21 @@ fn a_dead_server_fails_the_call_in_flight() {
     // A server process that takes the request and dies without replying.
     let edge = Arc::new(Edge::create("test", 1).unwrap());
     edge.server_live(1, 1);
+    // SAFETY: the child only spins on an atomic in shared memory and calls
+    // _exit; it touches no lock another test thread could hold.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let s = edge.slot(0);
         while s.state.load(Ordering::SeqCst) != kintsugi_runtime::channel::state::REQUEST {
             std::hint::spin_loop();
         }
+        // SAFETY: ends the forked child without running the parent's handlers.
         unsafe { libc::_exit(0) };
     }
     let conn_edge = edge.clone();
     let watcher = std::thread::spawn(move || {
         let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a valid out pointer.
         unsafe { libc::waitpid(pid, &mut status, 0) };
         // What the supervisor does when the server's pidfd fires.
         conn_edge.server_down()
@@ -139,6 +143,8 @@ fn a_dead_server_fails_the_call_in_flight() {
 #[test]
 fn a_server_in_another_process_serves() {
     let edge = Arc::new(Edge::create("test", 2).unwrap());
+    // SAFETY: the child serves one slot with lock-free code (the echo service
+    // takes no lock) and leaves with _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let svc = EchoService::default();
@@ -149,6 +155,7 @@ fn a_server_in_another_process_serves() {
             retire: Default::default(),
         };
         w.run(&svc, 1);
+        // SAFETY: ends the forked child without running the parent's handlers.
         unsafe { libc::_exit(0) };
     }
     edge.server_live(1, pid as u32);
@@ -159,6 +166,9 @@ fn a_server_in_another_process_serves() {
             i.to_le_bytes()
         );
     }
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    // SAFETY: signals and reaps our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
 }

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use kintsugi_runtime::futex::timespec;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::process::{
     pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal, WaitId, WaitIdOptions,
@@ -63,10 +64,7 @@ impl Proc {
     /// Waits up to `timeout` for the process to exit and reaps it.
     pub fn wait_exit(&self, timeout: Duration) -> Option<Exit> {
         let mut fds = [PollFd::new(&self.pidfd, PollFlags::IN)];
-        let ts = rustix::time::Timespec {
-            tv_sec: timeout.as_secs() as i64,
-            tv_nsec: timeout.subsec_nanos() as i64,
-        };
+        let ts = timespec(timeout);
         while let Err(rustix::io::Errno::INTR) = poll(&mut fds, Some(&ts)) {}
         self.try_reap()
     }

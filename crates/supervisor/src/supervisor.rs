@@ -12,6 +12,7 @@ use kintsugi_runtime::boot::{Activation, BootInfo, ControlBlock, ProvidedEdge, U
 use kintsugi_runtime::channel::Edge;
 use kintsugi_runtime::component::zygote;
 use kintsugi_runtime::fdpass;
+use kintsugi_runtime::futex::timespec;
 use kintsugi_runtime::shm::Region;
 use kintsugi_runtime::stub::InterfaceInfo;
 use kintsugi_system::{ComponentSpec, RebootMode, System};
@@ -39,6 +40,8 @@ pub enum SupervisorError {
     Boot { component: String, detail: String },
     #[error("chaos target `{0}` is not a component of this system")]
     UnknownTarget(String),
+    #[error("component `{0}`: recovery = \"eager\" is not implemented yet; use \"on-demand\"")]
+    EagerRecovery(String),
     #[error("supervisor: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -133,6 +136,16 @@ struct Managed {
     next_generation: u32,
     restarts: RestartWindow,
     done: bool,
+}
+
+impl Managed {
+    /// The component will not run again: its clients' calls fail from now on.
+    fn retire(&mut self) {
+        self.done = true;
+        for s in &self.served {
+            s.edge.server_gone();
+        }
+    }
 }
 
 /// An edge a component serves.
@@ -246,6 +259,9 @@ impl<'a> Supervisor<'a> {
             if system.component(&c.plan.target).is_none() {
                 return Err(SupervisorError::UnknownTarget(c.plan.target.clone()));
             }
+        }
+        if let Some(c) = system.components.iter().find(|c| c.recovery == kintsugi_system::RecoveryMode::Eager) {
+            return Err(SupervisorError::EagerRecovery(c.name.clone()));
         }
         // One edge per (client, used interface), sized by the server's slots.
         let mut edges: Vec<(&ComponentSpec, &str, &str, Arc<Edge>)> = Vec::new(); // client, server, interface
@@ -446,10 +462,7 @@ impl<'a> Supervisor<'a> {
                     timeout.as_millis()
                 )));
             }
-            let ts = rustix::time::Timespec {
-                tv_sec: left.as_secs() as i64,
-                tv_nsec: left.subsec_nanos() as i64,
-            };
+            let ts = timespec(left);
             let mut fds = [
                 PollFd::new(&m.zygote_sock, PollFlags::IN),
                 PollFd::new(&m.zygote.pidfd, PollFlags::IN),
@@ -559,10 +572,7 @@ impl<'a> Supervisor<'a> {
             }
             let timeout = wake.map(|w| {
                 let d = w.saturating_duration_since(Instant::now());
-                rustix::time::Timespec {
-                    tv_sec: d.as_secs() as i64,
-                    tv_nsec: d.subsec_nanos() as i64,
-                }
+                timespec(d)
             });
             let (events, _) = match epoll::wait(&self.epoll, &mut buf, timeout.as_ref()) {
                 Err(rustix::io::Errno::INTR) => continue,
@@ -673,10 +683,7 @@ impl<'a> Supervisor<'a> {
         m.live = None;
         let name = m.spec.name.clone();
         if exit == Exit::Code(0) {
-            m.done = true;
-            for s in &m.served {
-                s.edge.server_gone();
-            }
+            m.retire();
             self.emit(Event::Finished {
                 component: name.clone(),
                 exit,
@@ -725,10 +732,7 @@ impl<'a> Supervisor<'a> {
             let m = &mut self.comps[idx];
             if !m.restarts.allow(Instant::now()) {
                 let (restarts, window) = (m.restarts.recent(), m.spec.restart.window);
-                m.done = true;
-                for s in &m.served {
-                    s.edge.server_gone();
-                }
+                m.retire();
                 pending.push(Event::GaveUp {
                     component: name.clone(),
                     restarts,
@@ -863,10 +867,7 @@ impl<'a> Supervisor<'a> {
     /// The standby announced by a pending fork reply, if one arrives within `wait`.
     fn drain_reply(sock: &OwnedFd, wait: Duration) -> Option<Proc> {
         let mut fds = [PollFd::new(sock, PollFlags::IN)];
-        let ts = rustix::time::Timespec {
-            tv_sec: wait.as_secs() as i64,
-            tv_nsec: wait.subsec_nanos() as i64,
-        };
+        let ts = timespec(wait);
         poll(&mut fds, Some(&ts)).ok()?;
         if !fds[0].revents().contains(PollFlags::IN) {
             return None;

@@ -260,7 +260,11 @@ impl<'a> Supervisor<'a> {
                 return Err(SupervisorError::UnknownTarget(c.plan.target.clone()));
             }
         }
-        if let Some(c) = system.components.iter().find(|c| c.recovery == kintsugi_system::RecoveryMode::Eager) {
+        if let Some(c) = system
+            .components
+            .iter()
+            .find(|c| c.recovery == kintsugi_system::RecoveryMode::Eager)
+        {
             return Err(SupervisorError::EagerRecovery(c.name.clone()));
         }
         // One edge per (client, used interface), sized by the server's slots.

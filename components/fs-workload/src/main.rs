@@ -23,8 +23,10 @@ pub struct Config {
     pub ops: u64,
     /// Largest single write, in bytes (at most 65536).
     pub max_write: usize,
-    /// Descriptors held open at once.
+    /// Descriptors held open at once, per thread.
     pub max_open: usize,
+    /// Client threads, each with its own channel slot, directories and model.
+    pub threads: usize,
 }
 
 impl Default for Config {
@@ -36,6 +38,7 @@ impl Default for Config {
             ops: 0,
             max_write: 16384,
             max_open: 6,
+            threads: 1,
         }
     }
 }
@@ -46,14 +49,39 @@ fn main() {
         let client = fs::Client::connect(rt)?;
         let rt = rt.clone();
         Ok(Incarnation::main(move || {
-            tracing::info!(seed = config.seed, "fs-workload starting");
-            let mut w = model::Workload::new(client, &config)?;
-            let mut n = 0u64;
-            while !rt.stop_requested() && (config.ops == 0 || n < config.ops) {
-                w.step();
-                n += 1;
+            tracing::info!(
+                seed = config.seed,
+                threads = config.threads,
+                "fs-workload starting"
+            );
+            let threads = config.threads.max(1);
+            let reports = std::thread::scope(|s| {
+                let runs: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let (client, config, rt) = (&client, &config, &rt);
+                        s.spawn(move || -> anyhow::Result<model::Report> {
+                            let mut w = model::Workload::new(client, config, t)?;
+                            let mut n = 0u64;
+                            while !rt.stop_requested() && (config.ops == 0 || n < config.ops) {
+                                w.step();
+                                n += 1;
+                            }
+                            Ok(w.finish())
+                        })
+                    })
+                    .collect();
+                runs.into_iter()
+                    .map(|r| r.join().expect("workload thread panicked"))
+                    .collect::<anyhow::Result<Vec<_>>>()
+            })?;
+            let mut report = model::Report {
+                seed: config.seed,
+                ..Default::default()
+            };
+            for r in reports {
+                report.merge(r);
             }
-            let report = w.finish();
+            report.descriptors_open_at_end = client.tracked_files();
             println!("{}", serde_json::to_string(&report)?);
             if report.errors > 0 {
                 anyhow::bail!(

@@ -16,8 +16,9 @@ struct Handle {
     offset: u64,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Clone, Serialize)]
 pub struct Report {
+    pub threads: usize,
     pub seed: u64,
     pub ops: u64,
     pub errors: u64,
@@ -29,8 +30,8 @@ pub struct Report {
     pub descriptors_open_at_end: usize,
 }
 
-pub struct Workload {
-    fs: Client,
+pub struct Workload<'a> {
+    fs: &'a Client,
     rng: StdRng,
     files: BTreeMap<String, Vec<u8>>,
     dirs: BTreeSet<String>,
@@ -41,12 +42,13 @@ pub struct Workload {
     report: Report,
 }
 
-impl Workload {
-    pub fn new(fs: Client, config: &Config) -> anyhow::Result<Self> {
+impl<'a> Workload<'a> {
+    /// Thread `thread`'s workload: its own directories, model and random stream.
+    pub fn new(fs: &'a Client, config: &Config, thread: usize) -> anyhow::Result<Self> {
         let mut dirs = BTreeSet::new();
         let mut names = Vec::new();
         for d in 0..config.dirs.max(1) {
-            let dir = format!("/d{d}");
+            let dir = format!("/t{thread}d{d}");
             fs.mkdir(&dir)
                 .map_err(|e| anyhow::anyhow!("mkdir {dir}: {e}"))?;
             for f in 0..config.files.max(1) {
@@ -56,7 +58,7 @@ impl Workload {
         }
         Ok(Self {
             fs,
-            rng: StdRng::seed_from_u64(config.seed),
+            rng: StdRng::seed_from_u64(config.seed.wrapping_add(thread as u64)),
             files: BTreeMap::new(),
             dirs,
             open: Vec::new(),
@@ -298,7 +300,6 @@ impl Workload {
                 Err(e) => self.fail(format!("final read {path}: {e}")),
             }
         }
-        self.report.descriptors_open_at_end = self.fs.tracked_files();
         self.report
     }
 
@@ -314,5 +315,21 @@ impl Workload {
         }
         self.fs.close(fd)?;
         Ok(out)
+    }
+}
+
+impl Report {
+    /// Adds another thread's report to this one.
+    pub fn merge(&mut self, other: Report) {
+        self.threads += 1;
+        self.ops += other.ops;
+        self.errors += other.errors;
+        self.bytes_written += other.bytes_written;
+        self.bytes_read += other.bytes_read;
+        self.verified_files += other.verified_files;
+        self.verified_bytes += other.verified_bytes;
+        let room = 10usize.saturating_sub(self.first_errors.len());
+        self.first_errors
+            .extend(other.first_errors.into_iter().take(room));
     }
 }

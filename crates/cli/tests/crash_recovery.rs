@@ -1,7 +1,8 @@
 //! ramfs is killed with SIGKILL and SIGSEGV at random instants, hundreds of
-//! times, while a workload writes, reads, seeks, truncates, renames and
-//! unlinks; the workload must see no error, and every file must match its
-//! model byte for byte at the end.
+//! times, while a workload of three client threads (each on its own channel
+//! slot) writes, reads, seeks, truncates, renames and unlinks; the workload
+//! must see no error, and every file must match its model byte for byte at
+//! the end.
 
 mod common;
 
@@ -34,6 +35,7 @@ seed = {seed}
 files = 8
 dirs = 3
 max_write = 65536
+threads = 3
 "#
         ),
     );
@@ -94,6 +96,7 @@ max_write = 65536
         .expect("workload report");
     eprintln!("workload report: {report}");
     assert_eq!(report["errors"], 0, "the workload saw errors: {report}");
+    assert_eq!(report["threads"], 3, "three client threads, each on its own channel slot: {report}");
     assert!(
         report["ops"].as_u64().unwrap() > 1000,
         "the workload ran: {report}"

@@ -96,7 +96,10 @@ threads = 3
         .expect("workload report");
     eprintln!("workload report: {report}");
     assert_eq!(report["errors"], 0, "the workload saw errors: {report}");
-    assert_eq!(report["threads"], 3, "three client threads, each on its own channel slot: {report}");
+    assert_eq!(
+        report["threads"], 3,
+        "three client threads, each on its own channel slot: {report}"
+    );
     assert!(
         report["ops"].as_u64().unwrap() > 1000,
         "the workload ran: {report}"

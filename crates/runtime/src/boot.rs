@@ -9,7 +9,11 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::futex;
+use crate::lifeline::Lifeline;
 use crate::shm::SharedPod;
+
+/// Lifelines per incarnation: its main thread and its slot workers.
+pub const LIFELINES: usize = 128;
 
 /// The environment variable that carries [`BootInfo`].
 pub const BOOT_ENV: &str = "KINTSUGI_BOOT";
@@ -59,6 +63,13 @@ pub struct ControlBlock {
     _pad: AtomicU32,
     /// Epoch of the incarnation being activated.
     pub epoch: AtomicU64,
+    /// Generation that is exiting by itself (not a crash).
+    pub exiting: AtomicU32,
+    /// Lifelines registered in each bank.
+    pub lifeline_count: [AtomicU32; 2],
+    _pad2: AtomicU32,
+    /// Two banks of lifelines: the live incarnation uses one, its standby the other.
+    pub lifelines: [[Lifeline; LIFELINES]; 2],
 }
 // SAFETY: repr(C), atomics only, all-zero means "nothing activated yet".
 unsafe impl SharedPod for ControlBlock {}
@@ -112,6 +123,12 @@ impl ControlBlock {
             }
             futex::wait(&self.go, g, None);
         }
+    }
+
+    /// The lifelines of bank `bank` that are in use.
+    pub fn bank(&self, bank: usize) -> &[Lifeline] {
+        let n = (self.lifeline_count[bank].load(Ordering::SeqCst) as usize).min(LIFELINES);
+        &self.lifelines[bank][..n]
     }
 
     /// Incarnation: reports the end of initialization.

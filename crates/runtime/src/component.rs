@@ -26,7 +26,7 @@ use std::sync::{Arc, OnceLock};
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 
-use crate::boot::{BootInfo, ControlBlock, BOOT_ENV};
+use crate::boot::{BootInfo, ControlBlock, BOOT_ENV, LIFELINES};
 use crate::channel::Edge;
 use crate::client::Connection;
 use crate::fdpass;
@@ -37,7 +37,8 @@ use crate::shm::Region;
 use crate::stub::{InterfaceInfo, Service};
 use crate::vault::Vault;
 
-/// Zygote commands, as sent by the supervisor: `[op: u32][generation: u32]`.
+/// Zygote commands, as sent by the supervisor: `[op: u32][generation: u32]`,
+/// where op is `FORK | bank << 16` (the lifeline bank the standby will use).
 pub mod zygote {
     pub const FORK: u32 = 1;
     /// The zygote's reply: `[generation: u32][pid: u32]`.
@@ -269,11 +270,14 @@ impl Boot {
             if msg.is_empty() {
                 std::process::exit(0); // the supervisor is gone or done with us
             }
-            let Some((zygote::FORK, generation)) = zygote::decode(&msg) else {
+            let Some((op, generation)) = zygote::decode(&msg) else {
+                fatal("malformed zygote command");
+            };
+            let (zygote::FORK, bank @ (0 | 1)) = (op & 0xffff, (op >> 16) as usize) else {
                 fatal("malformed zygote command");
             };
             match process::fork_sibling() {
-                Ok(None) => self.standby(generation, init),
+                Ok(None) => self.standby(generation, bank, init),
                 Ok(Some(pid)) => {
                     if let Err(e) =
                         fdpass::send(&self.zygote, &zygote::encode(generation, pid), &[])
@@ -288,7 +292,7 @@ impl Boot {
 
     /// A forked incarnation-to-be: park the workers, wait for activation,
     /// initialize, serve.
-    fn standby<F>(self, generation: u32, init: F) -> !
+    fn standby<F>(self, generation: u32, bank: usize, init: F) -> !
     where
         F: FnOnce(&Arc<Runtime>) -> anyhow::Result<Incarnation>,
     {
@@ -305,7 +309,21 @@ impl Boot {
         if let Err(e) = process::die_with_parent(supervisor) {
             fatal(&format!("standby: {e}"));
         }
+        let control = Arc::new(control);
+        let ctl: &ControlBlock = control.at(0);
+        let workers: usize = provided.iter().map(|e| e.slot_count() as usize).sum();
+        if workers + 1 > LIFELINES {
+            fatal(&format!(
+                "{} worker threads exceed the {LIFELINES} lifelines",
+                workers
+            ));
+        }
+        ctl.lifeline_count[bank].store(workers as u32 + 1, Ordering::SeqCst);
+        if let Err(e) = ctl.lifelines[bank][0].register() {
+            fatal(&format!("lifeline: {e}"));
+        }
         let gate = Arc::new(Gate::default());
+        let mut line = 1;
         for (i, edge) in provided.iter().enumerate() {
             for slot in 0..edge.slot_count() {
                 let worker = SlotWorker {
@@ -316,10 +334,17 @@ impl Boot {
                 };
                 let gate = gate.clone();
                 let interface = info.provides[i].interface.clone();
+                let (control, index) = (control.clone(), line);
+                line += 1;
                 std::thread::Builder::new()
                     .name(format!("{}:{}", interface, slot))
                     .stack_size(256 * 1024)
                     .spawn(move || {
+                        let ctl: &ControlBlock = control.at(0);
+                        if let Err(e) = ctl.lifelines[bank][index].register() {
+                            fatal(&format!("lifeline: {e}"));
+                        }
+                        gate.registered.fetch_add(1, Ordering::SeqCst);
                         let (service, epoch) = gate.wait(&interface);
                         worker.run(service.as_ref(), epoch);
                     })
@@ -327,7 +352,10 @@ impl Boot {
             }
         }
 
-        let ctl: &ControlBlock = control.at(0);
+        // Every thread holds its lifeline before this incarnation can serve.
+        while (gate.registered.load(Ordering::SeqCst) as usize) < workers {
+            std::thread::yield_now();
+        }
         let epoch = ctl.wait_activation(generation);
         let stop = Arc::new(AtomicBool::new(false));
         let runtime = Arc::new(Runtime {
@@ -358,7 +386,11 @@ impl Boot {
                 let _ = signal_hook::flag::register(signal_hook::consts::SIGTERM, stop);
             }
             match main() {
-                Ok(()) if !serve_after_main => std::process::exit(0),
+                Ok(()) if !serve_after_main => {
+                    // Its lifelines will fire, but this is no crash.
+                    ctl.exiting.store(generation, Ordering::SeqCst);
+                    std::process::exit(0)
+                }
                 Ok(()) => {}
                 Err(e) => {
                     tracing::error!("{e:#}");
@@ -410,6 +442,8 @@ type Services = (HashMap<&'static str, Arc<dyn Service>>, u64);
 #[derive(Default)]
 struct Gate {
     open: AtomicU32,
+    /// Workers that hold their lifeline.
+    registered: AtomicU32,
     services: OnceLock<Services>,
 }
 

@@ -9,6 +9,7 @@ pub mod client;
 pub mod component;
 pub mod fdpass;
 pub mod futex;
+pub mod lifeline;
 mod logging;
 pub mod process;
 pub mod server;

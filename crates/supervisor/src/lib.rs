@@ -10,6 +10,7 @@ mod policy;
 mod process;
 mod supervisor;
 mod vault;
+mod watch;
 
 pub use chaos::{parse_signal, ChaosPlan};
 pub use events::{Event, Exit};

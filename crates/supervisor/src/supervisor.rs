@@ -27,6 +27,7 @@ use crate::events::{Event, Exit};
 use crate::policy::RestartWindow;
 use crate::process::{raw, spawn_component, Proc};
 use crate::vault::VaultStore;
+use crate::watch::Watch;
 
 #[derive(Debug, Error)]
 pub enum SupervisorError {
@@ -115,12 +116,14 @@ impl Report {
 struct Incarnation {
     proc: Proc,
     generation: u32,
+    /// The control block's lifeline bank its threads registered in.
+    bank: usize,
 }
 
 /// One component under supervision.
 struct Managed {
     spec: ComponentSpec,
-    control: Region,
+    control: Arc<Region>,
     zygote: Proc,
     /// Our end of the zygote socket, and the component's (kept to hand to a
     /// respawned zygote).
@@ -130,8 +133,14 @@ struct Managed {
     served: Vec<Served>,
     used: Vec<Used>,
     live: Option<Incarnation>,
+    /// Watches the live incarnation's lifelines.
+    watch: Option<Watch>,
+    /// Incarnations found dead by their lifelines, not yet reaped.
+    dying: Vec<Proc>,
+    /// The bank of the latest live incarnation; its standby takes the other.
+    live_bank: usize,
     standby: Option<Incarnation>,
-    fork_pending: Option<u32>,
+    fork_pending: Option<(u32, usize)>,
     epoch: u64,
     next_generation: u32,
     restarts: RestartWindow,
@@ -169,6 +178,7 @@ struct Used {
 const VICTIM_GRACE: Duration = Duration::from_secs(1);
 
 const TOKEN_SIGNAL: u64 = 1 << 40;
+const TOKEN_LIFELINE: u64 = 1 << 42;
 const TOKEN_ZYGOTE_SOCK: u64 = 1 << 41;
 
 /// Runs `system` until it is stopped; `on_event` sees every event as it happens.
@@ -203,6 +213,9 @@ struct Supervisor<'a> {
     comps: Vec<Managed>,
     epoll: OwnedFd,
     signal_pipe: OwnedFd,
+    /// Lifeline watchers write here; the event loop reads.
+    lifeline_pipe: OwnedFd,
+    lifeline_notify: Arc<OwnedFd>,
     signal_ids: Vec<signal_hook::SigId>,
     vault: VaultStore,
     chaos: Option<Chaos>,
@@ -234,6 +247,14 @@ impl<'a> Supervisor<'a> {
             epoll::EventData::new_u64(TOKEN_SIGNAL),
             epoll::EventFlags::IN,
         )?;
+        let (lifeline_pipe, lifeline_notify) =
+            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        epoll::add(
+            &epoll,
+            &lifeline_pipe,
+            epoll::EventData::new_u64(TOKEN_LIFELINE),
+            epoll::EventFlags::IN,
+        )?;
         let chaos = options.chaos.take().map(Chaos::new);
         Ok(Self {
             options,
@@ -241,6 +262,8 @@ impl<'a> Supervisor<'a> {
             comps: Vec::new(),
             epoll,
             signal_pipe,
+            lifeline_pipe,
+            lifeline_notify: Arc::new(lifeline_notify),
             signal_ids,
             vault: VaultStore::default(),
             chaos,
@@ -313,10 +336,10 @@ impl<'a> Supervisor<'a> {
         used: Vec<Used>,
     ) -> Result<(), SupervisorError> {
         let t0 = Instant::now();
-        let control = Region::create(
+        let control = Arc::new(Region::create(
             &format!("kintsugi:{}:control", spec.name),
             std::mem::size_of::<ControlBlock>(),
-        )?;
+        )?);
         let (zygote_sock, zygote_peer) = socketpair(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -355,6 +378,9 @@ impl<'a> Supervisor<'a> {
             served,
             used,
             live: None,
+            watch: None,
+            dying: Vec::new(),
+            live_bank: 1,
             standby: None,
             fork_pending: None,
             epoch: 0,
@@ -372,6 +398,7 @@ impl<'a> Supervisor<'a> {
                 })
             }
         }
+        self.watch_live(idx);
         self.emit(Event::Started {
             component: spec.name.clone(),
             pid,
@@ -439,12 +466,13 @@ impl<'a> Supervisor<'a> {
         }
         let generation = m.next_generation;
         m.next_generation += 1;
+        let bank = 1 - m.live_bank;
         fdpass::send(
             &m.zygote_sock,
-            &zygote::encode(zygote::FORK, generation),
+            &zygote::encode(zygote::FORK | (bank as u32) << 16, generation),
             &[],
         )?;
-        m.fork_pending = Some(generation);
+        m.fork_pending = Some((generation, bank));
         Ok(())
     }
 
@@ -493,13 +521,14 @@ impl<'a> Supervisor<'a> {
         let (msg, _) = fdpass::recv(&m.zygote_sock)?;
         let (generation, pid) =
             zygote::decode(&msg).ok_or_else(|| boot_err("malformed zygote reply".into()))?;
-        if Some(generation) != m.fork_pending {
+        let Some((expected, bank)) = m.fork_pending.take() else {
+            return Err(boot_err("zygote answered no request".into()));
+        };
+        if generation != expected {
             return Err(boot_err(format!(
-                "zygote answered generation {generation}, expected {:?}",
-                m.fork_pending
+                "zygote answered generation {generation}, expected {expected}"
             )));
         }
-        m.fork_pending = None;
         let proc = Proc::adopt(pid)?;
         epoll::add(
             &self.epoll,
@@ -507,7 +536,11 @@ impl<'a> Supervisor<'a> {
             epoll::EventData::new_u64(pid as u64),
             epoll::EventFlags::IN,
         )?;
-        Ok(Incarnation { proc, generation })
+        Ok(Incarnation {
+            proc,
+            generation,
+            bank,
+        })
     }
 
     /// A standby now: the warm one if there is one, else forked on the spot.
@@ -531,6 +564,7 @@ impl<'a> Supervisor<'a> {
                 for s in &m.served {
                     s.edge.server_live(m.epoch, inc.proc.pid);
                 }
+                m.live_bank = inc.bank;
                 m.live = Some(inc);
                 Ok(())
             }
@@ -541,6 +575,21 @@ impl<'a> Supervisor<'a> {
                     _ => format!("not ready within {} ms ({exit})", timeout.as_millis()),
                 })
             }
+        }
+    }
+
+    /// Starts watching the live incarnation's lifelines (after the reboot is
+    /// done: spawning the watcher is not on the reboot's path).
+    fn watch_live(&mut self, idx: usize) {
+        let m = &mut self.comps[idx];
+        if let Some(live) = &m.live {
+            m.watch = Some(Watch::start(
+                m.control.clone(),
+                live.bank,
+                idx as u32,
+                live.generation,
+                self.lifeline_notify.clone(),
+            ));
         }
     }
 
@@ -588,6 +637,10 @@ impl<'a> Supervisor<'a> {
                     let mut b = [0u8; 64];
                     let _ = rustix::io::read(&self.signal_pipe, &mut b);
                     return Ok(StopReason::Signal);
+                } else if token == TOKEN_LIFELINE {
+                    if let Some(reason) = self.on_lifelines()? {
+                        return Ok(reason);
+                    }
                 } else if token & TOKEN_ZYGOTE_SOCK != 0 {
                     let idx = (token & !TOKEN_ZYGOTE_SOCK) as usize;
                     if self.comps[idx].fork_pending.is_some() {
@@ -662,10 +715,18 @@ impl<'a> Supervisor<'a> {
             m.zygote.pid == pid
                 || m.live.as_ref().is_some_and(|l| l.proc.pid == pid)
                 || m.standby.as_ref().is_some_and(|s| s.proc.pid == pid)
+                || m.dying.iter().any(|p| p.pid == pid)
         }) else {
             return Ok(None);
         };
         let m = &mut self.comps[idx];
+        if let Some(i) = m.dying.iter().position(|p| p.pid == pid) {
+            // Rebooted already, when its lifelines were cut; now it is gone.
+            if m.dying[i].try_reap().is_some() {
+                m.dying.swap_remove(i);
+            }
+            return Ok(None);
+        }
         if m.zygote.pid == pid {
             let Some(_) = m.zygote.try_reap() else {
                 return Ok(None);
@@ -685,6 +746,7 @@ impl<'a> Supervisor<'a> {
             return Ok(None);
         };
         m.live = None;
+        m.watch = None;
         let name = m.spec.name.clone();
         if exit == Exit::Code(0) {
             m.retire();
@@ -695,6 +757,27 @@ impl<'a> Supervisor<'a> {
             return Ok((self.options.stop_when_finished.as_deref() == Some(&name))
                 .then_some(StopReason::Finished(name)));
         }
+        self.reboot(idx, pid, exit, detected)
+    }
+
+    /// Lifeline watchers report incarnations whose every thread has died:
+    /// reboot them now, while the kernel still tears them down.
+    fn on_lifelines(&mut self) -> Result<Option<StopReason>, SupervisorError> {
+        let detected = Instant::now();
+        let mut msg = [0u8; 8];
+        if rustix::io::read(&self.lifeline_pipe, &mut msg)? != 8 {
+            return Ok(None);
+        }
+        let idx = u32::from_le_bytes(msg[..4].try_into().unwrap()) as usize;
+        let generation = u32::from_le_bytes(msg[4..].try_into().unwrap());
+        let m = &mut self.comps[idx];
+        if m.live.as_ref().is_none_or(|l| l.generation != generation) {
+            return Ok(None); // already handled through its pidfd
+        }
+        let live = m.live.take().expect("checked");
+        m.watch = None;
+        let (pid, exit) = (live.proc.pid, dying_exit(live.proc.pid));
+        m.dying.push(live.proc);
         self.reboot(idx, pid, exit, detected)
     }
 
@@ -760,6 +843,7 @@ impl<'a> Supervisor<'a> {
                         pid: new_pid,
                         took,
                     });
+                    self.watch_live(idx);
                     pending.into_iter().for_each(|e| self.emit(e));
                     if self.comps[idx].spec.reboot == RebootMode::Standby {
                         self.request_fork(idx)?;
@@ -845,7 +929,13 @@ impl<'a> Supervisor<'a> {
         }
         let grace = self.options.stop_grace;
         let mut exits = Vec::new();
+        for m in &mut self.comps {
+            m.watch = None;
+        }
         for m in self.comps.iter_mut().rev() {
+            for p in m.dying.drain(..) {
+                p.kill();
+            }
             if let Some(live) = m.live.take() {
                 exits.push((m.spec.name.clone(), live.proc.stop(grace)));
             }
@@ -879,5 +969,22 @@ impl<'a> Supervisor<'a> {
         let (msg, _) = fdpass::recv(sock.as_fd()).ok()?;
         let (_, pid) = zygote::decode(&msg)?;
         Proc::adopt(pid).ok()
+    }
+}
+
+/// How a process whose threads have all died is ending, read from
+/// `/proc/PID/stat` while the kernel still tears it down (the exit code is
+/// set before the address space is freed).
+fn dying_exit(pid: u32) -> Exit {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(49)?.parse::<i32>().ok())
+        });
+    match status {
+        Some(st) if st & 0x7f != 0 => Exit::Signal(st & 0x7f),
+        Some(st) => Exit::Code((st >> 8) & 0xff),
+        None => Exit::Signal(0),
     }
 }

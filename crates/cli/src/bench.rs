@@ -241,6 +241,7 @@ fn kill_repeatedly(
     kills: u32,
     every: (Duration, Duration),
     stop_when_finished: Option<String>,
+    lifelines: bool,
 ) -> anyhow::Result<Vec<Event>> {
     let plan = ChaosPlan {
         target: target.into(),
@@ -255,6 +256,7 @@ fn kill_repeatedly(
         stop_after_chaos: stop_when_finished.is_none(),
         stop_when_finished,
         interfaces: kintsugi_interfaces::ALL.to_vec(),
+        lifelines,
         ..Options::default()
     };
     let mut events = Vec::new();
@@ -273,7 +275,13 @@ fn reboot(kills: u32, objects: usize, heap_mib: u32) -> anyhow::Result<bool> {
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for heap in [0, heap_mib] {
         let mut results = Vec::new();
-        for mode in [RebootMode::Standby, RebootMode::Fork, RebootMode::Exec] {
+        let configurations = [
+            (RebootMode::Standby, true),
+            (RebootMode::Standby, false),
+            (RebootMode::Fork, true),
+            (RebootMode::Exec, true),
+        ];
+        for (mode, lifelines) in configurations {
             let mut system = parse_system("systems/bench.toml", BENCH_SYSTEM)?;
             let echo = system.component_mut("echo").expect("bench.toml has echo");
             echo.reboot = mode;
@@ -290,7 +298,7 @@ fn reboot(kills: u32, objects: usize, heap_mib: u32) -> anyhow::Result<bool> {
                     Duration::from_millis(500 + heap as u64),
                 )
             };
-            let events = kill_repeatedly(&system, "echo", kills, every, None)?;
+            let events = kill_repeatedly(&system, "echo", kills, every, None, lifelines)?;
             let took: Vec<f64> = events
                 .iter()
                 .filter_map(|e| match e {
@@ -333,18 +341,20 @@ fn reboot(kills: u32, objects: usize, heap_mib: u32) -> anyhow::Result<bool> {
                 .collect();
             results.push((
                 mode,
+                lifelines,
                 Summary::of(&took).expect("reboots"),
                 Summary::of(&detect).expect("detections"),
                 Summary::of(&outage).expect("outages"),
                 Summary::of(&rss).expect("kills"),
             ));
         }
-        let exec = results.iter().find(|r| r.0 == RebootMode::Exec).unwrap().1;
-        for (mode, s, detect, outage, rss) in &results {
-            let from = match mode {
-                RebootMode::Standby => "warm standby (forked from the pristine image)",
-                RebootMode::Fork => "fork of the pristine image on demand",
-                RebootMode::Exec => "fork+exec of the binary (baseline)",
+        let exec = results.iter().find(|r| r.0 == RebootMode::Exec).unwrap().2;
+        for (mode, lifelines, s, detect, outage, rss) in &results {
+            let from = match (mode, lifelines) {
+                (RebootMode::Standby, true) => "warm standby (forked from the pristine image)",
+                (RebootMode::Standby, false) => "warm standby, death detected by pidfd only",
+                (RebootMode::Fork, _) => "fork of the pristine image on demand",
+                (RebootMode::Exec, _) => "fork+exec of the binary (baseline)",
             };
             let label = if heap == 0 {
                 "small".to_string()
@@ -380,7 +390,14 @@ fn descriptor_recovery(rounds: u32, objects: usize) -> anyhow::Result<bool> {
     driver.set_config("rounds", rounds.into());
     driver.set_config("out", out.display().to_string().into());
     let every = (Duration::from_millis(150), Duration::from_millis(250));
-    kill_repeatedly(&system, "echo", rounds + 5, every, Some("driver".into()))?;
+    kill_repeatedly(
+        &system,
+        "echo",
+        rounds + 5,
+        every,
+        Some("driver".into()),
+        true,
+    )?;
     let text = std::fs::read_to_string(&out)?;
     let _ = std::fs::remove_file(&out);
     let rounds: Vec<serde_json::Value> = text

@@ -49,6 +49,9 @@ pub struct RunArgs {
     /// Print only faults and the summary, not every reboot.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Detect deaths only through pidfds, not lifelines (for comparison).
+    #[arg(long)]
+    pub no_lifelines: bool,
 }
 
 #[derive(Args, Debug)]
@@ -202,6 +205,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
         stop_when_finished: args.until_finished,
         duration: args.duration.map(Duration::from_secs_f64),
         interfaces: interfaces(),
+        lifelines: !args.no_lifelines,
         ..Options::default()
     };
     execute(&system, options, args.quiet)

@@ -68,6 +68,9 @@ pub struct Options {
     pub stop_grace: Duration,
     /// Interfaces known by name, to name the functions in flight at a fault.
     pub interfaces: Vec<&'static InterfaceInfo>,
+    /// Detect deaths through lifelines as well as pidfds (see
+    /// `kintsugi_runtime::lifeline`); off, only the pidfd reports them.
+    pub lifelines: bool,
 }
 
 impl Default for Options {
@@ -80,6 +83,7 @@ impl Default for Options {
             ready_timeout: Duration::from_secs(10),
             stop_grace: Duration::from_secs(20),
             interfaces: Vec::new(),
+            lifelines: true,
         }
     }
 }
@@ -581,6 +585,9 @@ impl<'a> Supervisor<'a> {
     /// Starts watching the live incarnation's lifelines (after the reboot is
     /// done: spawning the watcher is not on the reboot's path).
     fn watch_live(&mut self, idx: usize) {
+        if !self.options.lifelines {
+            return;
+        }
         let m = &mut self.comps[idx];
         if let Some(live) = &m.live {
             m.watch = Some(Watch::start(

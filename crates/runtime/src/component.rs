@@ -311,51 +311,7 @@ impl Boot {
         }
         let control = Arc::new(control);
         let ctl: &ControlBlock = control.at(0);
-        let workers: usize = provided.iter().map(|e| e.slot_count() as usize).sum();
-        if workers + 1 > LIFELINES {
-            fatal(&format!(
-                "{} worker threads exceed the {LIFELINES} lifelines",
-                workers
-            ));
-        }
-        ctl.lifeline_count[bank].store(workers as u32 + 1, Ordering::SeqCst);
-        if let Err(e) = ctl.lifelines[bank][0].register() {
-            fatal(&format!("lifeline: {e}"));
-        }
-        let gate = Arc::new(Gate::default());
-        let mut line = 1;
-        for (i, edge) in provided.iter().enumerate() {
-            for slot in 0..edge.slot_count() {
-                let worker = SlotWorker {
-                    edge: edge.clone(),
-                    slot,
-                    client: info.provides[i].client_id,
-                    retire: Arc::new(AtomicBool::new(false)),
-                };
-                let gate = gate.clone();
-                let interface = info.provides[i].interface.clone();
-                let (control, index) = (control.clone(), line);
-                line += 1;
-                std::thread::Builder::new()
-                    .name(format!("{}:{}", interface, slot))
-                    .stack_size(256 * 1024)
-                    .spawn(move || {
-                        let ctl: &ControlBlock = control.at(0);
-                        if let Err(e) = ctl.lifelines[bank][index].register() {
-                            fatal(&format!("lifeline: {e}"));
-                        }
-                        gate.registered.fetch_add(1, Ordering::SeqCst);
-                        let (service, epoch) = gate.wait(&interface);
-                        worker.run(service.as_ref(), epoch);
-                    })
-                    .unwrap_or_else(|e| fatal(&format!("spawn worker: {e}")));
-            }
-        }
-
-        // Every thread holds its lifeline before this incarnation can serve.
-        while (gate.registered.load(Ordering::SeqCst) as usize) < workers {
-            std::thread::yield_now();
-        }
+        let gate = start_workers(&info, &provided, &control, bank);
         let epoch = ctl.wait_activation(generation);
         let stop = Arc::new(AtomicBool::new(false));
         let runtime = Arc::new(Runtime {
@@ -402,6 +358,60 @@ impl Boot {
             std::thread::park();
         }
     }
+}
+
+/// Starts one parked worker thread per slot of every provided edge, gives
+/// each thread (and the calling one) its lifeline in `bank`, and returns once
+/// all of them hold it.
+fn start_workers(
+    info: &BootInfo,
+    provided: &[Arc<Edge>],
+    control: &Arc<Region>,
+    bank: usize,
+) -> Arc<Gate> {
+    let ctl: &ControlBlock = control.at(0);
+    let workers: usize = provided.iter().map(|e| e.slot_count() as usize).sum();
+    if workers + 1 > LIFELINES {
+        fatal(&format!(
+            "{workers} worker threads exceed the {LIFELINES} lifelines"
+        ));
+    }
+    ctl.lifeline_count[bank].store(workers as u32 + 1, Ordering::SeqCst);
+    if let Err(e) = ctl.lifelines[bank][0].register() {
+        fatal(&format!("lifeline: {e}"));
+    }
+    let gate = Arc::new(Gate::default());
+    let slots = provided
+        .iter()
+        .zip(&info.provides)
+        .flat_map(|(edge, p)| (0..edge.slot_count()).map(move |slot| (edge, p, slot)));
+    for (line, (edge, p, slot)) in (1..).zip(slots) {
+        let worker = SlotWorker {
+            edge: edge.clone(),
+            slot,
+            client: p.client_id,
+            retire: Arc::new(AtomicBool::new(false)),
+        };
+        let (gate, control, interface) = (gate.clone(), control.clone(), p.interface.clone());
+        std::thread::Builder::new()
+            .name(format!("{interface}:{slot}"))
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let ctl: &ControlBlock = control.at(0);
+                if let Err(e) = ctl.lifelines[bank][line].register() {
+                    fatal(&format!("lifeline: {e}"));
+                }
+                gate.registered.fetch_add(1, Ordering::SeqCst);
+                let (service, epoch) = gate.wait(&interface);
+                worker.run(service.as_ref(), epoch);
+            })
+            .unwrap_or_else(|e| fatal(&format!("spawn worker: {e}")));
+    }
+    // Every thread holds its lifeline before this incarnation can serve.
+    while (gate.registered.load(Ordering::SeqCst) as usize) < workers {
+        std::thread::yield_now();
+    }
+    gate
 }
 
 /// Checks that the incarnation serves exactly what the system description

@@ -2,7 +2,7 @@
 //! component binary with exactly the descriptors the system grants it.
 
 use std::cell::OnceCell;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -132,9 +132,4 @@ pub fn spawn_component(
     }
     let child = cmd.spawn()?;
     Proc::adopt(child.id())
-}
-
-/// Raw number of a descriptor that is passed on by number.
-pub fn raw(fd: &impl AsRawFd) -> RawFd {
-    fd.as_raw_fd()
 }

@@ -1,9 +1,9 @@
 //! The supervisor's event loop: start the system in dependency order, watch
-//! every process through its pidfd, micro-reboot what dies, apply restart
-//! policies, and stop everything cleanly.
+//! every process through its pidfd and its threads' lifelines, micro-reboot
+//! what dies, apply restart policies, and stop everything cleanly.
 
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,7 +25,7 @@ use thiserror::Error;
 use crate::chaos::{Chaos, ChaosPlan};
 use crate::events::{Event, Exit};
 use crate::policy::RestartWindow;
-use crate::process::{raw, spawn_component, Proc};
+use crate::process::{spawn_component, Proc};
 use crate::vault::VaultStore;
 use crate::watch::Watch;
 
@@ -93,7 +93,6 @@ impl Default for Options {
 pub struct Report {
     pub reason: StopReason,
     pub exits: Vec<(String, Exit)>,
-    pub chaos_sent: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,11 +203,7 @@ pub fn run(
     sup.emit(Event::Stopped {
         reason: format!("{reason:?}"),
     });
-    Ok(Report {
-        reason,
-        exits,
-        chaos_sent: sup.chaos.as_ref().map_or(0, |c| c.sent),
-    })
+    Ok(Report { reason, exits })
 }
 
 struct Supervisor<'a> {
@@ -245,20 +240,10 @@ impl<'a> Supervisor<'a> {
                 write_end.try_clone()?,
             )?);
         }
-        epoll::add(
-            &epoll,
-            &signal_pipe,
-            epoll::EventData::new_u64(TOKEN_SIGNAL),
-            epoll::EventFlags::IN,
-        )?;
+        listen(&epoll, &signal_pipe, TOKEN_SIGNAL)?;
         let (lifeline_pipe, lifeline_notify) =
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-        epoll::add(
-            &epoll,
-            &lifeline_pipe,
-            epoll::EventData::new_u64(TOKEN_LIFELINE),
-            epoll::EventFlags::IN,
-        )?;
+        listen(&epoll, &lifeline_pipe, TOKEN_LIFELINE)?;
         let chaos = options.chaos.take().map(Chaos::new);
         Ok(Self {
             options,
@@ -359,18 +344,8 @@ impl<'a> Supervisor<'a> {
         self.vault.serve(spec.name.clone(), vault_sock);
         let zygote = Self::spawn_zygote(spec, &control, &zygote_peer, &vault_peer, &served, &used)?;
         let idx = self.comps.len();
-        epoll::add(
-            &self.epoll,
-            &zygote.pidfd,
-            epoll::EventData::new_u64(zygote.pid as u64),
-            epoll::EventFlags::IN,
-        )?;
-        epoll::add(
-            &self.epoll,
-            &zygote_sock,
-            epoll::EventData::new_u64(TOKEN_ZYGOTE_SOCK | idx as u64),
-            epoll::EventFlags::IN,
-        )?;
+        listen(&self.epoll, &zygote.pidfd, zygote.pid as u64)?;
+        listen(&self.epoll, &zygote_sock, TOKEN_ZYGOTE_SOCK | idx as u64)?;
         self.comps.push(Managed {
             restarts: RestartWindow::new(spec.restart.max, spec.restart.window),
             spec: spec.clone(),
@@ -428,7 +403,7 @@ impl<'a> Supervisor<'a> {
                 interface: s.interface.clone(),
                 client: s.client.clone(),
                 client_id: s.client_id,
-                fd: raw(&s.edge.region().fd()),
+                fd: s.edge.region().fd().as_raw_fd(),
             })
             .collect::<Vec<_>>();
         let uses = used
@@ -436,15 +411,15 @@ impl<'a> Supervisor<'a> {
             .map(|u| UsedEdge {
                 interface: u.interface.clone(),
                 server: u.server.clone(),
-                fd: raw(&u.edge.region().fd()),
+                fd: u.edge.region().fd().as_raw_fd(),
             })
             .collect::<Vec<_>>();
         let boot = BootInfo {
             component: spec.name.clone(),
             id: spec.id,
-            control_fd: raw(&control.fd()),
-            zygote_fd: raw(zygote_peer),
-            vault_fd: raw(vault_peer),
+            control_fd: control.fd().as_raw_fd(),
+            zygote_fd: zygote_peer.as_raw_fd(),
+            vault_fd: vault_peer.as_raw_fd(),
             provides,
             uses,
             config: spec.config.clone(),
@@ -534,12 +509,7 @@ impl<'a> Supervisor<'a> {
             )));
         }
         let proc = Proc::adopt(pid)?;
-        epoll::add(
-            &self.epoll,
-            &proc.pidfd,
-            epoll::EventData::new_u64(pid as u64),
-            epoll::EventFlags::IN,
-        )?;
+        listen(&self.epoll, &proc.pidfd, pid as u64)?;
         Ok(Incarnation {
             proc,
             generation,
@@ -906,12 +876,7 @@ impl<'a> Supervisor<'a> {
             &m.served,
             &m.used,
         )?;
-        epoll::add(
-            &self.epoll,
-            &zygote.pidfd,
-            epoll::EventData::new_u64(zygote.pid as u64),
-            epoll::EventFlags::IN,
-        )?;
+        listen(&self.epoll, &zygote.pidfd, zygote.pid as u64)?;
         let pid = zygote.pid;
         m.zygote = zygote;
         let exec_mode = m.spec.reboot == RebootMode::Exec;
@@ -994,4 +959,14 @@ fn dying_exit(pid: u32) -> Exit {
         Some(st) => Exit::Code((st >> 8) & 0xff),
         None => Exit::Signal(0),
     }
+}
+
+/// Adds `fd` to the supervisor's epoll set; its readiness comes back as `token`.
+fn listen(epoll: &OwnedFd, fd: impl AsFd, token: u64) -> rustix::io::Result<()> {
+    epoll::add(
+        epoll,
+        fd,
+        epoll::EventData::new_u64(token),
+        epoll::EventFlags::IN,
+    )
 }

@@ -49,8 +49,7 @@ impl<'a> Workload<'a> {
         let mut names = Vec::new();
         for d in 0..config.dirs.max(1) {
             let dir = format!("/t{thread}d{d}");
-            fs.mkdir(&dir)
-                .map_err(|e| anyhow::anyhow!("mkdir {dir}: {e}"))?;
+            clear(fs, &dir)?;
             for f in 0..config.files.max(1) {
                 names.push(format!("{dir}/f{f}"));
             }
@@ -331,5 +330,25 @@ impl Report {
         let room = 10usize.saturating_sub(self.first_errors.len());
         self.first_errors
             .extend(other.first_errors.into_iter().take(room));
+    }
+}
+
+/// Makes `dir` an empty directory: a rebooted workload starts from a clean
+/// slate, since its model of the files did not survive.
+fn clear(fs: &Client, dir: &str) -> anyhow::Result<()> {
+    match fs.mkdir(dir) {
+        Ok(()) => Ok(()),
+        Err(kintsugi_runtime::CallError::Server(fs::Error::Exists)) => {
+            for name in fs
+                .readdir(dir)
+                .map_err(|e| anyhow::anyhow!("readdir {dir}: {e}"))?
+            {
+                let path = format!("{dir}/{name}");
+                fs.unlink(&path)
+                    .map_err(|e| anyhow::anyhow!("unlink {path}: {e}"))?;
+            }
+            Ok(())
+        }
+        Err(e) => Err(anyhow::anyhow!("mkdir {dir}: {e}")),
     }
 }

@@ -398,6 +398,14 @@ impl fs::Server for RamFs {
         Ok(())
     }
 
+    fn client_died(&self, client: u32) {
+        let mut st = self.state.lock().unwrap();
+        let before = st.open.len();
+        st.open.retain(|(owner, _), _| *owner != client);
+        let released = before - st.open.len();
+        tracing::info!("released {released} descriptors of dead client {client}");
+    }
+
     fn readdir(&self, _caller: &Caller, path: &str) -> Result<Vec<String>, Error> {
         let st = self.state.lock().unwrap();
         let ino = st.lookup(path)?;

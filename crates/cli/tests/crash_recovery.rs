@@ -118,3 +118,59 @@ threads = 3
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// When a client dies, its server learns of it and releases what the client
+/// held; the client's next incarnation starts over and works.
+#[test]
+fn a_dead_clients_descriptors_are_released_by_its_server() {
+    let seed = seed("client_death");
+    let tag = unique_tag("client-death");
+    let system = concat!(env!("CARGO_MANIFEST_DIR"), "/../../systems/demo.toml");
+    let out = kintsugi(&tag)
+        .env("KINTSUGI_LOG", "info")
+        .args([
+            "run",
+            system,
+            "--kill",
+            "workload",
+            "--kills",
+            "5",
+            "--kill-every",
+            "100..200",
+        ])
+        .args([
+            "--signals",
+            "kill,segv",
+            "--seed",
+            &seed.to_string(),
+            "--stop-after-kills",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let crashes = stdout
+        .lines()
+        .filter(|l| l.contains("workload: crashed with"))
+        .count();
+    assert_eq!(crashes, 5, "{stdout}");
+    let released: Vec<u64> = stderr
+        .lines()
+        .filter_map(|l| l.split("released ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(
+        released.len(),
+        5,
+        "ramfs hears of every client death: {stderr}"
+    );
+    assert!(
+        released.iter().any(|n| *n > 0),
+        "the dead client held descriptors: {released:?}"
+    );
+    let report = json_lines(&stdout)
+        .into_iter()
+        .find(|v| v.get("verified_files").is_some())
+        .expect("workload report");
+    assert_eq!(report["errors"], 0, "{report}");
+    assert!(leftovers(&tag).is_empty());
+}

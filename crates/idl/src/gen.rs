@@ -426,6 +426,11 @@ impl Ctx<'_> {
                 params.join(", ")
             ));
         }
+        o.line("");
+        o.line("/// Client component `client` died: release what it held.");
+        o.open("fn client_died(&self, client: u32) {");
+        o.line("let _ = client;");
+        o.close("}");
         o.close("}");
         o.line("");
         o.line("/// The server stub: decodes and checks invocations, then calls `server`.");
@@ -438,6 +443,10 @@ impl Ctx<'_> {
         o.open("impl<S: Server> Service for ServerStub<S> {");
         o.open("fn interface(&self) -> &'static InterfaceInfo {");
         o.line("&INFO");
+        o.close("}");
+        o.line("");
+        o.open("fn client_died(&self, client: u32) {");
+        o.line("self.0.client_died(client)");
         o.close("}");
         o.line("");
         o.open("fn dispatch(&self, caller: &Caller, func: u32, request: &[u8], response: &mut [u8]) -> Dispatched {");

@@ -65,9 +65,10 @@ pub struct ControlBlock {
     pub epoch: AtomicU64,
     /// Generation that is exiting by itself (not a crash).
     pub exiting: AtomicU32,
+    /// Raised (and woken) by the supervisor when a client of this component dies.
+    pub client_deaths: AtomicU32,
     /// Lifelines registered in each bank.
     pub lifeline_count: [AtomicU32; 2],
-    _pad2: AtomicU32,
     /// Two banks of lifelines: the live incarnation uses one, its standby the other.
     pub lifelines: [[Lifeline; LIFELINES]; 2],
 }
@@ -129,6 +130,12 @@ impl ControlBlock {
     pub fn bank(&self, bank: usize) -> &[Lifeline] {
         let n = (self.lifeline_count[bank].load(Ordering::SeqCst) as usize).min(LIFELINES);
         &self.lifelines[bank][..n]
+    }
+
+    /// Supervisor: tells the component that one of its clients died.
+    pub fn client_died(&self) {
+        self.client_deaths.fetch_add(1, Ordering::SeqCst);
+        futex::wake_all(&self.client_deaths);
     }
 
     /// Incarnation: reports the end of initialization.

@@ -75,6 +75,9 @@ pub struct EdgeHeader {
     pub slot_count: AtomicU32,
     /// Process id of the live server incarnation (0 while down).
     pub server_pid: AtomicU32,
+    _pad: AtomicU32,
+    /// Raised by the supervisor each time the client's incarnation dies.
+    pub client_epoch: AtomicU64,
 }
 // SAFETY: repr(C), atomics only, all-zero is a valid (unset) header.
 unsafe impl SharedPod for EdgeHeader {}
@@ -247,9 +250,12 @@ impl Edge {
         self.fail_in_flight();
     }
 
-    /// The client died: its threads' slot claims go with it.
+    /// The client died: its threads' slot claims go with it, and its server
+    /// will see the client epoch change.
     pub fn client_down(&self) {
-        self.header().claimed.store(0, Ordering::SeqCst);
+        let h = self.header();
+        h.claimed.store(0, Ordering::SeqCst);
+        h.client_epoch.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Function ids of the calls in flight right now (for fault reports).

@@ -337,6 +337,7 @@ impl Boot {
         } = incarnation;
         gate.open(services, epoch);
         ctl.report(generation, true);
+        watch_clients(&control, &info_provides(&runtime), &provided, &gate);
         if let Some(main) = main {
             if !serve_after_main {
                 let _ = signal_hook::flag::register(signal_hook::consts::SIGTERM, stop);
@@ -357,6 +358,61 @@ impl Boot {
         loop {
             std::thread::park();
         }
+    }
+}
+
+/// The provided edges' (interface, client id), in edge order.
+fn info_provides(rt: &Runtime) -> Vec<(String, u32)> {
+    rt.boot
+        .provides
+        .iter()
+        .map(|p| (p.interface.clone(), p.client_id))
+        .collect()
+}
+
+/// Starts the thread that tells this incarnation's services when one of
+/// their clients dies (the supervisor raises the edge's client epoch).
+fn watch_clients(
+    control: &Arc<Region>,
+    clients: &[(String, u32)],
+    provided: &[Arc<Edge>],
+    gate: &Arc<Gate>,
+) {
+    let edges: Vec<(String, u32, Arc<Edge>)> = clients
+        .iter()
+        .zip(provided)
+        .map(|((i, c), e)| (i.clone(), *c, e.clone()))
+        .collect();
+    if edges.is_empty() {
+        return;
+    }
+    let (control, gate) = (control.clone(), gate.clone());
+    let mut seen: Vec<u64> = edges
+        .iter()
+        .map(|(_, _, e)| e.header().client_epoch.load(Ordering::SeqCst))
+        .collect();
+    let spawned = std::thread::Builder::new()
+        .name("clients".into())
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            let ctl: &ControlBlock = control.at(0);
+            let (services, _) = gate.services.get().expect("gate is open");
+            loop {
+                let deaths = ctl.client_deaths.load(Ordering::SeqCst);
+                for ((interface, client, edge), seen) in edges.iter().zip(&mut seen) {
+                    let now = edge.header().client_epoch.load(Ordering::SeqCst);
+                    if now != *seen {
+                        *seen = now;
+                        if let Some(service) = services.get(interface.as_str()) {
+                            service.client_died(*client);
+                        }
+                    }
+                }
+                futex::wait(&ctl.client_deaths, deaths, None);
+            }
+        });
+    if let Err(e) = spawned {
+        fatal(&format!("spawn client watcher: {e}"));
     }
 }
 

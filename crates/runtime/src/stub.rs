@@ -81,6 +81,9 @@ pub enum Dispatched {
 /// the component's implementation.
 pub trait Service: Send + Sync + 'static {
     fn interface(&self) -> &'static InterfaceInfo;
+    /// Client component `client` died: its descriptors and anything it
+    /// held or was blocked on can be released.
+    fn client_died(&self, client: u32);
     /// Runs function `func` with the encoded arguments `request`, writing the
     /// encoded result into `response`.
     fn dispatch(

@@ -26,6 +26,7 @@ impl Service for EchoService {
     fn interface(&self) -> &'static InterfaceInfo {
         &ECHO
     }
+    fn client_died(&self, _client: u32) {}
     fn dispatch(&self, _c: &Caller, func: u32, req: &[u8], resp: &mut [u8]) -> Dispatched {
         let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         let mut r = Reader::new(req);

@@ -724,9 +724,10 @@ impl<'a> Supervisor<'a> {
         };
         m.live = None;
         m.watch = None;
-        let name = m.spec.name.clone();
         if exit == Exit::Code(0) {
             m.retire();
+            let name = m.spec.name.clone();
+            self.client_gone(idx);
             self.emit(Event::Finished {
                 component: name.clone(),
                 exit,
@@ -758,6 +759,18 @@ impl<'a> Supervisor<'a> {
         self.reboot(idx, pid, exit, detected)
     }
 
+    /// Component `idx`'s incarnation is gone: its slot claims on the edges it
+    /// used are void, and its servers are told, so that they release what it held.
+    fn client_gone(&mut self, idx: usize) {
+        for u in &self.comps[idx].used {
+            u.edge.client_down();
+            if let Some(server) = self.comps.iter().find(|c| c.spec.name == u.server) {
+                let ctl: &ControlBlock = server.control.at(0);
+                ctl.client_died();
+            }
+        }
+    }
+
     /// Micro-reboots component `idx` after its incarnation `pid` died.
     fn reboot(
         &mut self,
@@ -773,10 +786,8 @@ impl<'a> Supervisor<'a> {
             let hash = s.edge.header().interface_hash.load(Ordering::Relaxed);
             calls.extend(s.edge.server_down().into_iter().map(|f| (hash, f)));
         }
-        for u in &m.used {
-            u.edge.client_down();
-        }
         let epoch = m.epoch;
+        self.client_gone(idx);
         // Events are emitted after the reboot, so that logging does not delay it.
         let in_flight = self.name_calls(calls.into_iter());
         let after_injection = self

@@ -90,10 +90,7 @@ threads = 3
         "some kills must land in the middle of a write"
     );
 
-    let report = json_lines(&stdout)
-        .into_iter()
-        .find(|v| v.get("verified_files").is_some())
-        .expect("workload report");
+    let report = workload_report(&stdout);
     eprintln!("workload report: {report}");
     assert_eq!(report["errors"], 0, "the workload saw errors: {report}");
     assert_eq!(
@@ -167,10 +164,7 @@ fn a_dead_clients_descriptors_are_released_by_its_server() {
         released.iter().any(|n| *n > 0),
         "the dead client held descriptors: {released:?}"
     );
-    let report = json_lines(&stdout)
-        .into_iter()
-        .find(|v| v.get("verified_files").is_some())
-        .expect("workload report");
+    let report = workload_report(&stdout);
     assert_eq!(report["errors"], 0, "{report}");
     assert!(leftovers(&tag).is_empty());
 }

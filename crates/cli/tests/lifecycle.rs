@@ -41,10 +41,7 @@ fn sigterm_stops_the_system_cleanly_and_leaves_nothing_behind() {
         stdout.contains("workload: last incarnation ended with exit code 0"),
         "{stdout}"
     );
-    let report = json_lines(&stdout)
-        .into_iter()
-        .find(|v| v.get("verified_files").is_some())
-        .expect("workload report");
+    let report = workload_report(&stdout);
     assert_eq!(report["errors"], 0, "{report}");
     let left = leftovers(&tag);
     assert!(left.is_empty(), "processes left behind: {left:?}");

@@ -84,3 +84,11 @@ pub fn unique_tag(test: &str) -> String {
             .as_nanos()
     )
 }
+
+/// The report fs-workload prints when it stops.
+pub fn workload_report(stdout: &str) -> serde_json::Value {
+    json_lines(stdout)
+        .into_iter()
+        .find(|v| v.get("verified_files").is_some())
+        .unwrap_or_else(|| panic!("no workload report in:\n{stdout}"))
+}

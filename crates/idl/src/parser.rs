@@ -355,28 +355,12 @@ impl Parser {
         let mut seen: Vec<String> = Vec::new();
         while !self.eat_punct(";") {
             let a = self.annotation("an annotation or `;`")?;
-            if !FN_ANNOTATIONS.contains(&a.name.as_str()) {
-                let hint = if ARG_ANNOTATIONS.contains(&a.name.as_str()) {
-                    " (argument annotations go right after the argument's type)".to_string()
-                } else {
-                    String::new()
-                };
-                return Err(Fail::new(
-                    a.span,
-                    format!(
-                        "unknown annotation `{}`; expected {}{hint}",
-                        a.name,
-                        one_of(FN_ANNOTATIONS)
-                    ),
-                ));
-            }
-            if seen.contains(&a.name) {
-                return Err(Fail::new(
-                    a.span,
-                    format!("duplicate annotation `{}`", a.name),
-                ));
-            }
-            seen.push(a.name.clone());
+            let hint = if ARG_ANNOTATIONS.contains(&a.name.as_str()) {
+                " (argument annotations go right after the argument's type)"
+            } else {
+                ""
+            };
+            a.admit(FN_ANNOTATIONS, hint, &mut seen)?;
             match a.name.as_str() {
                 "create" | "terminal" => {
                     a.arity(0, "")?;
@@ -440,23 +424,7 @@ impl Parser {
         let mut seen: Vec<String> = Vec::new();
         while matches!(self.peek().tok, Tok::Ident(_)) {
             let a = self.annotation("an annotation")?;
-            if !ARG_ANNOTATIONS.contains(&a.name.as_str()) {
-                return Err(Fail::new(
-                    a.span,
-                    format!(
-                        "unknown annotation `{}`; expected {}",
-                        a.name,
-                        one_of(ARG_ANNOTATIONS)
-                    ),
-                ));
-            }
-            if seen.contains(&a.name) {
-                return Err(Fail::new(
-                    a.span,
-                    format!("duplicate annotation `{}`", a.name),
-                ));
-            }
-            seen.push(a.name.clone());
+            a.admit(ARG_ANNOTATIONS, "", &mut seen)?;
             match a.name.as_str() {
                 "remember" => {
                     a.arity(0, "")?;
@@ -599,6 +567,29 @@ impl Parser {
 }
 
 impl Annotation {
+    /// Checks that this annotation is one of `allowed` and not a repeat of one
+    /// in `seen`, then records it there.
+    fn admit(&self, allowed: &[&str], hint: &str, seen: &mut Vec<String>) -> Result<(), Fail> {
+        if !allowed.contains(&self.name.as_str()) {
+            return Err(Fail::new(
+                self.span,
+                format!(
+                    "unknown annotation `{}`; expected {}{hint}",
+                    self.name,
+                    one_of(allowed)
+                ),
+            ));
+        }
+        if seen.contains(&self.name) {
+            return Err(Fail::new(
+                self.span,
+                format!("duplicate annotation `{}`", self.name),
+            ));
+        }
+        seen.push(self.name.clone());
+        Ok(())
+    }
+
     fn arity(&self, n: usize, what: &str) -> Result<(), Fail> {
         if self.values.len() == n {
             return Ok(());

@@ -212,13 +212,21 @@ pub(crate) fn check(iface: &mut Interface) -> Result<(), Fail> {
                 ));
             }
         }
-        if d.namespace == Namespace::Global {
+        let mut states = HashSet::new();
+        for (st, span) in &d.states {
+            name_ok(st, *span, "a state", false)?;
+            unique(&mut states, st, *span, "state")?;
+        }
+        if d.namespace == Namespace::Global && !d.states.is_empty() {
+            return Err(Fail::new(
+                d.states[0].1,
+                format!("`{}`: a global descriptor is shared by its clients, so it cannot have per-client states; keep such state in the server", d.name),
+            ));
+        }
+        if d.parent == Parent::Same && d.close != Close::Subtree {
             return Err(Fail::new(
                 d.span,
-                format!(
-                    "`{}`: namespace `global` is not supported yet; v1 allows only `local`",
-                    d.name
-                ),
+                format!("`{}` has a parent, so it must declare `close: subtree` (closing a descriptor removes its children)", d.name),
             ));
         }
     }
@@ -352,14 +360,36 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
                 ),
             ));
         }
-        if (a.remember || a.replay.is_some()) && f.role != Role::Create {
+        if (a.remember || a.replay.is_some()) && f.role != Role::Create && f.transition.is_none()
+        {
             return Err(Fail::new(
                 a.span,
                 format!(
-                    "`{}`: `remember` and `replay` apply only to arguments of a `create` function",
+                    "`{}`: `remember` and `replay` apply only to arguments of a `create` or `transition` function",
                     a.name
                 ),
             ));
+        }
+        if a.parent {
+            let own = match (&f.role, &f.ret) {
+                (Role::Create, Type::Descriptor(d)) if a.ty == f.ret => iface.descriptor(d),
+                _ => None,
+            };
+            if !own.is_some_and(|d| d.parent == Parent::Same) {
+                return Err(Fail::new(
+                    a.span,
+                    format!("`{}`: `parent` marks the argument of a `create` function that is the parent of the descriptor it makes (same type, declared `parent: same`)", a.name),
+                ));
+            }
+        }
+        if let Some(r) = &a.from {
+            field_of(iface, f, r, "from")?;
+            if a.ty != Type::U64 || a.remember || a.replay.is_some() || a.set.is_some() {
+                return Err(Fail::new(
+                    a.span,
+                    format!("`from({})` fills in a u64 argument from a tracked field; `{}` must be u64 without other tracking annotations", r.idl(), a.name),
+                ));
+            }
         }
         if a.remember && a.replay.is_some() {
             return Err(Fail::new(
@@ -416,13 +446,37 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
                     format!("`create` function `{}` must return a descriptor", f.name),
                 ));
             }
-            if let Some((a, _)) = f.descriptor_args().next() {
+            if let Some((a, _)) = f.descriptor_args().find(|(a, _)| !a.parent) {
                 return Err(Fail::new(
                     a.span,
-                    format!("`create` function `{}` cannot take descriptor `{}`: parent dependencies are not supported yet", f.name, a.name),
+                    format!("`create` function `{}` can take a descriptor only as its `parent`, and `{}` is not marked so", f.name, a.name),
                 ));
             }
-            if let Some(a) = f.args.iter().find(|a| !a.remember && a.replay.is_none()) {
+            let made = match &f.ret {
+                Type::Descriptor(d) => iface.descriptor(d).expect("resolved"),
+                _ => unreachable!("checked above"),
+            };
+            let parents = f.args.iter().filter(|a| a.parent).count();
+            if parents > 1 {
+                return Err(Fail::new(
+                    f.span,
+                    format!("`{}` takes {parents} `parent` arguments; a descriptor has one parent", f.name),
+                ));
+            }
+            if made.parent == Parent::Same
+                && made.namespace == Namespace::Local
+                && parents != 1
+            {
+                return Err(Fail::new(
+                    f.span,
+                    format!("`{}` declares `parent: same`, so `{}` must take exactly one `parent` argument", made.name, f.name),
+                ));
+            }
+            if let Some(a) = f
+                .args
+                .iter()
+                .find(|a| !a.remember && a.replay.is_none() && !a.parent)
+            {
                 return Err(Fail::new(
                     a.span,
                     format!("argument `{}` of `create` function `{}` needs `remember` or `replay(..)`: recovery replays creation", a.name, f.name),
@@ -483,6 +537,53 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
             ));
         }
     }
+    if let Some(r) = &f.store {
+        field_of(iface, f, r, "store")?;
+        if !f.ret.is_int() || f.ret == Type::I64 {
+            return Err(Fail::new(
+                r.span,
+                format!("`store({})` needs a function returning an unsigned integer, and `{}` returns `{}`", r.idl(), f.name, f.ret.idl()),
+            ));
+        }
+    }
+    if f.block && f.role == Role::Create {
+        return Err(Fail::new(
+            f.span,
+            format!("`create` function `{}` cannot `block`", f.name),
+        ));
+    }
+    if let Some((from, to, span)) = &f.transition {
+        let mut descs = f.descriptor_args();
+        let desc = match (descs.next(), descs.next(), f.role) {
+            (Some((_, d)), None, Role::Plain) => iface.descriptor(d).expect("resolved"),
+            _ => {
+                return Err(Fail::new(
+                    *span,
+                    format!("`transition` needs a plain function taking exactly one descriptor, and `{}` is not", f.name),
+                ))
+            }
+        };
+        for st in [from, to] {
+            if desc.state(st).is_none() {
+                let declared: Vec<&str> = desc.states.iter().map(|(n, _)| n.as_str()).collect();
+                return Err(Fail::new(
+                    *span,
+                    format!("`transition({from}, {to})`: `{}` has no state `{st}`; declared: [{}]", desc.name, declared.join(", ")),
+                ));
+            }
+        }
+        if let Some(a) = f.args.iter().find(|a| {
+            !matches!(a.ty, Type::Descriptor(_))
+                && !a.remember
+                && a.replay.is_none()
+                && a.from.is_none()
+        }) {
+            return Err(Fail::new(
+                a.span,
+                format!("argument `{}` of transition `{}` needs `remember`, `replay(..)` or `from(..)`: recovery replays transitions", a.name, f.name),
+            ));
+        }
+    }
     for e in &f.retry_ok {
         if !iface.errors.iter().any(|x| &x.name == e) {
             let declared: Vec<&str> = iface.errors.iter().map(|e| e.name.as_str()).collect();
@@ -520,10 +621,20 @@ fn check_descriptors(iface: &Interface) -> Result<(), Fail> {
                 format!("descriptor `{}` has no `create` function", d.name),
             ));
         };
-        if let Some(second) = creators.next() {
+        if let (Some(second), Namespace::Local) = (creators.next(), d.namespace) {
             return Err(Fail::new(
                 second.span,
-                format!("descriptor `{}` is already created by `{}`; v1 allows one `create` function per descriptor", d.name, first.name),
+                format!("descriptor `{}` is already created by `{}`; a local descriptor has one `create` function (a global one may have several)", d.name, first.name),
+            ));
+        }
+        let parented = iface
+            .functions
+            .iter()
+            .any(|f| f.role == Role::Create && f.ret == ty && f.args.iter().any(|a| a.parent));
+        if d.parent == Parent::Same && !parented {
+            return Err(Fail::new(
+                d.span,
+                format!("`{}` declares `parent: same`, but no `create` function takes a `parent` argument", d.name),
             ));
         }
         for field in &d.fields {
@@ -546,12 +657,26 @@ fn check_descriptors(iface: &Interface) -> Result<(), Fail> {
                     ),
                 ));
             }
+            if let (Namespace::Global, Some(r)) = (d.namespace, restorer) {
+                return Err(Fail::new(
+                    r.span,
+                    format!("`{}` restores a field of global descriptor `{}`; a global descriptor's fields are per-client bookkeeping (`store`/`from`), never server state", r.name, d.name),
+                ));
+            }
+            // Fields set by `store` are the client's own bookkeeping, passed
+            // back with `from`: only `advance` and `set` mirror server state.
             let changer = iface.functions.iter().find(|f| {
                 f.advance.as_ref().is_some_and(|r| refers(r, f))
                     || f.args
                         .iter()
                         .any(|a| a.set.as_ref().is_some_and(|r| refers(r, f)))
             });
+            if let (Namespace::Global, Some(c)) = (d.namespace, changer) {
+                return Err(Fail::new(
+                    c.span,
+                    format!("`{}` changes field `{}` of global descriptor `{}` with `advance`/`set`; use `store`", c.name, field.name, d.name),
+                ));
+            }
             if let (Some(changer), None) = (changer, restorer) {
                 return Err(Fail::new(
                     field.span,
@@ -574,6 +699,33 @@ fn check_descriptors(iface: &Interface) -> Result<(), Fail> {
                     f.name, first.name
                 ),
             ));
+        }
+        // The client's record also holds `state`, `parent` and each transition's
+        // remembered arguments as `{function}_{argument}`.
+        let mut members: HashSet<String> = ["state", "parent"].map(String::from).into();
+        let remembered = first.args.iter().filter(|a| a.remember).map(|a| (a.name.clone(), a.span));
+        let fields = d.fields.iter().map(|f| (f.name.clone(), f.span));
+        let transition_args = iface.transitions(&d.name).flat_map(|f| {
+            f.args
+                .iter()
+                .filter(|a| a.remember)
+                .map(move |a| (format!("{}_{}", f.name, a.name), a.span))
+        });
+        for (name, span) in remembered.chain(fields).chain(transition_args) {
+            if !members.insert(name.clone()) {
+                return Err(Fail::new(
+                    span,
+                    format!("`{name}` would name two things in the client's record of `{}`", d.name),
+                ));
+            }
+        }
+        for ((st, span), path) in d.states.iter().zip(iface.replay_paths(d)) {
+            if path.is_none() {
+                return Err(Fail::new(
+                    *span,
+                    format!("state `{st}` of `{}` cannot be reached from `{}` by any transition, so recovery could not bring a descriptor back into it", d.name, d.states[0].0),
+                ));
+            }
         }
     }
     Ok(())

@@ -216,6 +216,44 @@ impl Ctx<'_> {
             .any(|f| has_list(&f.ret) || f.args.iter().any(|a| has_list(&a.ty)))
     }
 
+    fn is_global(&self, desc: &str) -> bool {
+        self.iface
+            .descriptor(desc)
+            .is_some_and(|d| d.namespace == Namespace::Global)
+    }
+
+    fn locals(&self) -> impl Iterator<Item = &Descriptor> {
+        self.iface
+            .descriptors
+            .iter()
+            .filter(|d| d.namespace == Namespace::Local)
+    }
+
+    fn globals(&self) -> impl Iterator<Item = &Descriptor> {
+        self.iface
+            .descriptors
+            .iter()
+            .filter(|d| d.namespace == Namespace::Global)
+    }
+
+    fn has_local(&self) -> bool {
+        self.locals().next().is_some()
+    }
+
+    fn has_global(&self) -> bool {
+        self.globals().next().is_some()
+    }
+
+    /// Global descriptors whose clients keep per-client fields.
+    fn global_fields(&self) -> impl Iterator<Item = &Descriptor> {
+        self.globals().filter(|d| !d.fields.is_empty())
+    }
+
+    /// The creator of a global descriptor gets the id to rebuild it with.
+    fn reuses(&self, f: &Function) -> bool {
+        f.role == Role::Create && matches!(&f.ret, Type::Descriptor(d) if self.is_global(d))
+    }
+
     fn header(&self, o: &mut Out) {
         let i = self.iface;
         o.line(format!(
@@ -223,27 +261,34 @@ impl Ctx<'_> {
             i.path.display()
         ));
         o.line("");
-        o.line("use std::sync::Arc;");
-        if !i.descriptors.is_empty() {
-            o.line("use std::sync::Mutex;");
+        if self.has_local() {
+            o.line("use std::sync::{Arc, Mutex, Weak};");
+        } else {
+            o.line("use std::sync::Arc;");
         }
         o.line("");
         let mut stub = vec!["CallError", "Caller"];
-        if !i.descriptors.is_empty() {
+        if self.has_local() {
             stub.push("DescTable");
         }
-        stub.extend([
-            "Dispatched",
-            "Fault",
-            "InterfaceInfo",
-            "Refusal",
-            "ReplyStatus",
-            "Service",
-        ]);
+        stub.extend(["Dispatched", "Fault"]);
+        if self.global_fields().next().is_some() {
+            stub.push("FieldTable");
+        }
+        stub.extend(["InterfaceInfo", "Refusal", "ReplyStatus", "Service"]);
         o.line(format!(
             "use kintsugi_runtime::stub::{{{}}};",
             stub.join(", ")
         ));
+        if self.has_local() {
+            o.line("use kintsugi_runtime::client::RecoveryScope;");
+            o.line("use kintsugi_runtime::upcall::Recover;");
+        }
+        if self.has_global() {
+            o.line(
+                "use kintsugi_runtime::records::{CreationRecord, GlobalRecords, RecordError, RecordStore};",
+            );
+        }
         o.line("use kintsugi_runtime::wire::{Reader, WireError, Writer};");
         o.line("use kintsugi_runtime::{ConnectError, Connection, Runtime};");
         o.line("");
@@ -357,33 +402,13 @@ impl Ctx<'_> {
         }
 
         for d in &i.descriptors {
-            let creator = i.creator(&d.name).expect("checked");
-            o.line(format!(
-                "/// A `{}` descriptor, as a client holds it: a virtual id that stays valid",
-                d.name
-            ));
-            o.line("/// across reboots of the server.");
-            o.line("#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]");
-            o.line(format!("pub struct {}(pub u32);", d.name));
-            o.line("");
-            o.line(format!(
-                "/// What the client stub keeps per `{}` to rebuild it after a reboot.",
-                d.name
-            ));
-            o.line("#[derive(Debug, Clone, Default)]");
-            o.open(format!("pub struct {}Record {{", d.name));
-            for a in creator.args.iter().filter(|a| a.remember) {
-                o.line(format!("/// `{}` as passed to `{}`.", a.name, creator.name));
-                o.line(format!("pub {}: {},", a.name, owned(&a.ty)));
+            if d.namespace == Namespace::Global {
+                self.global_types(o, d);
+            } else {
+                self.local_types(o, d);
             }
-            for f in &d.fields {
-                o.line(format!("/// Tracked field `{}`.", f.name));
-                o.line(format!("pub {}: u64,", f.name));
-            }
-            o.close("}");
-            o.line("");
         }
-        if !i.descriptors.is_empty() {
+        if self.has_local() {
             o.line("/// Where a descriptor lives in the server's current incarnation.");
             o.line("#[derive(Debug, Clone, Copy)]");
             o.open("struct Current {");
@@ -392,6 +417,84 @@ impl Ctx<'_> {
             o.close("}");
             o.line("");
         }
+    }
+
+    fn global_types(&self, o: &mut Out, d: &Descriptor) {
+        o.line(format!(
+            "/// A `{}` descriptor: a global id, the same in every component that uses it",
+            d.name
+        ));
+        o.line("/// and across reboots of the server.");
+        o.line("#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]");
+        o.line(format!("pub struct {}(pub u64);", d.name));
+        o.line("");
+        if d.fields.is_empty() {
+            return;
+        }
+        o.line(format!(
+            "/// What this client tracks of a `{}` for itself.",
+            d.name
+        ));
+        o.line("#[derive(Debug, Clone, Default)]");
+        o.open(format!("pub struct {}Record {{", d.name));
+        for f in &d.fields {
+            o.line(format!("/// Tracked field `{}`.", f.name));
+            o.line(format!("pub {}: u64,", f.name));
+        }
+        o.close("}");
+        o.line("");
+    }
+
+    fn local_types(&self, o: &mut Out, d: &Descriptor) {
+        let i = self.iface;
+        let creator = i.creator(&d.name).expect("checked");
+        o.line(format!(
+            "/// A `{}` descriptor, as a client holds it: a virtual id that stays valid",
+            d.name
+        ));
+        o.line("/// across reboots of the server.");
+        o.line("#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]");
+        o.line(format!("pub struct {}(pub u32);", d.name));
+        o.line("");
+        o.line(format!(
+            "/// What the client stub keeps per `{}` to rebuild it after a reboot.",
+            d.name
+        ));
+        o.line("#[derive(Debug, Clone, Default)]");
+        o.open(format!("pub struct {}Record {{", d.name));
+        for a in creator.args.iter().filter(|a| a.remember) {
+            o.line(format!("/// `{}` as passed to `{}`.", a.name, creator.name));
+            o.line(format!("pub {}: {},", a.name, owned(&a.ty)));
+        }
+        if d.parent == Parent::Same {
+            o.line("/// The parent descriptor (rebuilt first).");
+            o.line("pub parent: u32,");
+        }
+        for f in &d.fields {
+            o.line(format!("/// Tracked field `{}`.", f.name));
+            o.line(format!("pub {}: u64,", f.name));
+        }
+        if !d.states.is_empty() {
+            let states: Vec<String> = d
+                .states
+                .iter()
+                .enumerate()
+                .map(|(n, (s, _))| format!("{n} = {s}"))
+                .collect();
+            o.line(format!("/// State: {}.", states.join(", ")));
+            o.line("pub state: u8,");
+        }
+        for f in i.transitions(&d.name) {
+            for a in f.args.iter().filter(|a| a.remember) {
+                o.line(format!(
+                    "/// `{}` as last passed to `{}`.",
+                    a.name, f.name
+                ));
+                o.line(format!("pub {}_{}: {},", f.name, a.name, owned(&a.ty)));
+            }
+        }
+        o.close("}");
+        o.line("");
     }
 
     fn server(&self, o: &mut Out) {
@@ -407,6 +510,11 @@ impl Ctx<'_> {
                 o.line("");
             }
             let mut params = vec!["&self".to_string(), "caller: &Caller".to_string()];
+            if self.reuses(f) {
+                o.line("/// With `reuse`, the stub rebuilds a descriptor after a reboot: create it");
+                o.line("/// again with exactly that id, for `caller` (its creator).");
+                params.push("reuse: Option<u64>".into());
+            }
             params.extend(
                 f.args
                     .iter()
@@ -434,11 +542,23 @@ impl Ctx<'_> {
         o.close("}");
         o.line("");
         o.line("/// The server stub: decodes and checks invocations, then calls `server`.");
-        o.open("pub fn service<S: Server>(server: Arc<S>) -> Arc<dyn Service> {");
-        o.line("Arc::new(ServerStub(server))");
+        if self.has_global() {
+            o.line("/// `records` keeps the creation records of global descriptors across reboots.");
+            o.open("pub fn service<S: Server>(server: Arc<S>, records: Arc<dyn RecordStore>) -> Arc<dyn Service> {");
+            o.line("let globals = GlobalRecords::new(records, INFO.name);");
+            o.line("Arc::new(ServerStub { server, globals })");
+        } else {
+            o.open("pub fn service<S: Server>(server: Arc<S>) -> Arc<dyn Service> {");
+            o.line("Arc::new(ServerStub { server })");
+        }
         o.close("}");
         o.line("");
-        o.line("struct ServerStub<S>(Arc<S>);");
+        o.open("struct ServerStub<S> {");
+        o.line("server: Arc<S>,");
+        if self.has_global() {
+            o.line("globals: GlobalRecords,");
+        }
+        o.close("}");
         o.line("");
         o.open("impl<S: Server> Service for ServerStub<S> {");
         o.open("fn interface(&self) -> &'static InterfaceInfo {");
@@ -446,7 +566,7 @@ impl Ctx<'_> {
         o.close("}");
         o.line("");
         o.open("fn client_died(&self, client: u32) {");
-        o.line("self.0.client_died(client)");
+        o.line("self.server.client_died(client)");
         o.close("}");
         o.line("");
         o.open("fn dispatch(&self, caller: &Caller, func: u32, request: &[u8], response: &mut [u8]) -> Dispatched {");
@@ -454,8 +574,9 @@ impl Ctx<'_> {
         o.line("let mut w = Writer::new(response);");
         o.open("let done = match func {");
         for f in &i.functions {
+            let request = if self.reuses(f) { ", request" } else { "" };
             o.line(format!(
-                "FN_{} => self.serve_{}(caller, r, &mut w),",
+                "FN_{} => self.serve_{}(caller, r{request}, &mut w),",
                 f.name.to_uppercase(),
                 f.name
             ));
@@ -477,6 +598,10 @@ impl Ctx<'_> {
             }
             self.serve_fn(o, f);
         }
+        for d in self.globals() {
+            o.line("");
+            self.ensure_fn(o, d);
+        }
         o.close("}");
         o.line("");
 
@@ -497,6 +622,12 @@ impl Ctx<'_> {
         o.line("Dispatched::AppError(e.code())");
         o.close("}");
         o.line("");
+        if self.has_global() {
+            o.open("fn records_unavailable(_: RecordError) -> Dispatched {");
+            o.line("Dispatched::Refused(Refusal::Records)");
+            o.close("}");
+            o.line("");
+        }
         if self.uses_lists() {
             o.open("fn list_len(n: usize) -> Result<u32, WireError> {");
             o.line("u32::try_from(n).map_err(|_| WireError::Overflow)");
@@ -505,12 +636,89 @@ impl Ctx<'_> {
         }
     }
 
+    /// Rebuilds a global descriptor (and the ancestors it depends on) from
+    /// its creation records, the first time the incarnation sees it.
+    fn ensure_fn(&self, o: &mut Out, d: &Descriptor) {
+        let q = ".map_err(malformed)?";
+        o.line(format!(
+            "/// Makes sure this incarnation holds `{}` `id`, rebuilding it (parents first) from",
+            d.name
+        ));
+        o.line("/// its creation record if it was created in an earlier one.");
+        o.open(format!(
+            "fn ensure_{}(&self, id: u64) -> Result<(), Dispatched> {{",
+            snake(&d.name)
+        ));
+        o.line(format!("const KIND: &str = {:?};", d.name));
+        o.open("if self.globals.is_known(KIND, id) {");
+        o.line("return Ok(());");
+        o.close("}");
+        o.line("let _one_at_a_time = self.globals.rebuilding();");
+        o.line("let mut chain = Vec::new();");
+        o.line("let mut at = id;");
+        o.open("while !self.globals.is_known(KIND, at) {");
+        o.open("let Some(record) = self.globals.fetch(KIND, at).map_err(records_unavailable)? else {");
+        o.line("return Err(Dispatched::Refused(Refusal::UnknownDescriptor(at)));");
+        o.close("};");
+        o.line("let parent = record.parent;");
+        o.line("chain.push((at, record));");
+        o.open("match parent {");
+        o.line("Some(p) => at = p,");
+        o.line("None => break,");
+        o.close("}");
+        o.close("}");
+        o.open("for (at, record) in chain.into_iter().rev() {");
+        o.line("let mut r = Reader::new(&record.args);");
+        o.line("let creator = Caller { component: record.creator, slot: u32::MAX };");
+        o.open("let rebuilt = match record.func {");
+        for creator in self.iface.creators(&d.name) {
+            o.open(format!("FN_{} => {{", creator.name.to_uppercase()));
+            for a in &creator.args {
+                let target = if a.replay.is_some() {
+                    format!("_{}", a.name)
+                } else {
+                    a.name.clone()
+                };
+                o.lines(decode(&a.ty, &target, true, 0, q));
+                if let Some(lit) = &a.replay {
+                    o.line(format!("let {} = {};", a.name, rust_literal(lit, &a.ty)));
+                }
+            }
+            o.line(format!("r.finish(){q};"));
+            let mut args = vec![
+                "&self.server".to_string(),
+                "&creator".to_string(),
+                "Some(at)".to_string(),
+            ];
+            args.extend(creator.args.iter().map(|a| match a.ty {
+                Type::List(_) | Type::Record(_) => format!("&{}", a.name),
+                _ => a.name.clone(),
+            }));
+            o.line(format!(
+                "S::{}({}).map_err(app_error)?",
+                creator.name,
+                args.join(", ")
+            ));
+            o.close("}");
+        }
+        o.line("_ => return Err(Dispatched::Refused(Refusal::UnknownDescriptor(at))),");
+        o.close("};");
+        o.open("if rebuilt != at {");
+        o.line("return Err(Dispatched::Refused(Refusal::UnknownDescriptor(at)));");
+        o.close("}");
+        o.line("self.globals.mark_known(KIND, at);");
+        o.close("}");
+        o.line("Ok(())");
+        o.close("}");
+    }
+
     fn serve_fn(&self, o: &mut Out, f: &Function) {
         let q = ".map_err(malformed)?";
         let r = if f.args.is_empty() { "r" } else { "mut r" };
         let w = if f.ret == Type::Unit { "_" } else { "w" };
+        let request = if self.reuses(f) { ", request: &[u8]" } else { "" };
         o.open(format!(
-            "fn serve_{}(&self, caller: &Caller, {r}: Reader<'_>, {w}: &mut Writer<'_>) -> Result<(), Dispatched> {{",
+            "fn serve_{}(&self, caller: &Caller, {r}: Reader<'_>{request}, {w}: &mut Writer<'_>) -> Result<(), Dispatched> {{",
             f.name
         ));
         for a in &f.args {
@@ -529,9 +737,35 @@ impl Ctx<'_> {
                 o.close("}");
             }
         }
-        // `S::name(&self.0, ..)` rather than `self.0.name(..)`: `Arc`'s own
-        // methods (`drop`, `clone`, ...) must not shadow the server's.
-        let mut args = vec!["&self.0".to_string(), "caller".to_string()];
+        for (a, d) in f.descriptor_args().filter(|(_, d)| self.is_global(d)) {
+            o.line(format!("self.ensure_{}({})?;", snake(d), a.name));
+        }
+        // A global terminal closes what the records say it holds, so every
+        // descendant must be rebuilt first for the server to close it.
+        let global_terminal = match (f.role, f.descriptor_args().next()) {
+            (Role::Terminal, Some((a, d))) if self.is_global(d) => {
+                let desc = self.iface.descriptor(d).expect("checked");
+                o.line(format!("let mut gone = vec![{}];", a.name));
+                if desc.close == Close::Subtree {
+                    o.line(format!(
+                        "let subtree = self.globals.subtree({:?}, {}).map_err(records_unavailable)?;",
+                        d, a.name
+                    ));
+                    o.open("for &child in &subtree {");
+                    o.line(format!("self.ensure_{}(child)?;", snake(d)));
+                    o.close("}");
+                    o.line("gone.extend(subtree);");
+                }
+                Some(d)
+            }
+            _ => None,
+        };
+        // `S::name(&self.server, ..)` rather than `self.server.name(..)`:
+        // `Arc`'s own methods (`drop`, `clone`, ...) must not shadow the server's.
+        let mut args = vec!["&self.server".to_string(), "caller".to_string()];
+        if self.reuses(f) {
+            args.push("None".into());
+        }
         args.extend(f.args.iter().map(|a| match a.ty {
             Type::List(_) | Type::Record(_) => format!("&{}", a.name),
             _ => a.name.clone(),
@@ -556,8 +790,24 @@ impl Ctx<'_> {
                     f.name,
                     args.join(", ")
                 ));
+                if let (true, Type::Descriptor(d)) = (self.reuses(f), ret) {
+                    let parent = f
+                        .args
+                        .iter()
+                        .find(|a| a.parent)
+                        .map_or("None".to_string(), |a| format!("Some({})", a.name));
+                    o.line(format!("let record = CreationRecord {{ func: FN_{}, creator: caller.component, parent: {parent}, args: request.to_vec() }};", f.name.to_uppercase()));
+                    o.line(format!(
+                        "self.globals.created({d:?}, ret, &record).map_err(records_unavailable)?;"
+                    ));
+                }
                 o.lines(encode(ret, "ret", false, 0, q));
             }
+        }
+        if let Some(d) = global_terminal {
+            o.line(format!(
+                "self.globals.closed({d:?}, &gone).map_err(records_unavailable)?;"
+            ));
         }
         o.line("Ok(())");
         o.close("}");
@@ -603,13 +853,20 @@ impl Ctx<'_> {
             i.name
         ));
         o.line("/// when the server has been micro-rebooted, rebuilds each one the next time");
-        o.line("/// it is used, so that callers do not notice the reboot.");
-        o.open("pub struct Client {");
+        o.line("/// it is used (or at once, when the server recovers eagerly), so that callers");
+        o.line("/// do not notice the reboot.");
+        o.line("pub struct Client(Arc<Inner>);");
+        o.line("");
+        o.line("/// The connection and the tracked descriptors, shared with the recovery upcall.");
+        o.open("struct Inner {");
         o.line("conn: Connection,");
-        for d in &i.descriptors {
+        for d in self.locals() {
             o.line(format!("{}s: DescTable<{}Record>,", snake(&d.name), d.name));
         }
-        if !i.descriptors.is_empty() {
+        for d in self.global_fields() {
+            o.line(format!("{}s: FieldTable<{}Record>,", snake(&d.name), d.name));
+        }
+        if self.has_local() {
             o.line("/// Held while a descriptor is rebuilt, so that it is rebuilt once.");
             o.line("recovery: Mutex<()>,");
         }
@@ -625,44 +882,80 @@ impl Ctx<'_> {
         o.close("}");
         o.line("");
         o.open("pub fn from_connection(conn: Connection) -> Self {");
-        o.open("Self {");
+        o.open("let inner = Arc::new(Inner {");
         o.line("conn,");
-        for d in &i.descriptors {
+        for d in self.locals() {
             o.line(format!("{}s: DescTable::default(),", snake(&d.name)));
         }
-        if !i.descriptors.is_empty() {
+        for d in self.global_fields() {
+            o.line(format!("{}s: FieldTable::default(),", snake(&d.name)));
+        }
+        if self.has_local() {
             o.line("recovery: Mutex::new(()),");
         }
-        o.close("}");
+        o.close("});");
+        if self.has_local() {
+            o.line("let recoverer: Weak<dyn Recover> = Arc::downgrade(&inner) as Weak<Inner>;");
+            o.line("inner.conn.register_recoverer(recoverer);");
+        }
+        o.line("Self(inner)");
         o.close("}");
         o.line("");
         o.open("pub fn connection(&self) -> &Connection {");
-        o.line("&self.conn");
+        o.line("&self.0.conn");
         o.close("}");
-        for d in &i.descriptors {
+        for d in self.locals().chain(self.global_fields()) {
             let s = snake(&d.name);
             o.line("");
             o.line(format!(
-                "/// How many `{}` descriptors this client holds.",
+                "/// How many `{}` descriptors this client tracks.",
                 d.name
             ));
             o.open(format!("pub fn tracked_{s}s(&self) -> usize {{"));
-            o.line(format!("self.{s}s.len()"));
+            o.line(format!("self.0.{s}s.len()"));
+            o.close("}");
+        }
+        if self.has_local() {
+            o.line("");
+            o.line("/// Rebuilds every descriptor the server's current incarnation lacks, now");
+            o.line("/// (what eager recovery does at reboot); returns how many.");
+            o.open("pub fn recover_all(&self) -> u64 {");
+            o.line("self.0.recover_all()");
             o.close("}");
         }
         for f in &i.functions {
             o.line("");
             self.client_fn(o, f);
         }
+        o.close("}");
         o.line("");
+        o.open("impl Inner {");
         o.open("fn raw(&self) -> Raw<'_> {");
         o.line("Raw(&self.conn)");
         o.close("}");
-        for d in &i.descriptors {
+        for d in self.locals() {
             o.line("");
             self.recovery_fns(o, d);
         }
         o.close("}");
+        if self.has_local() {
+            o.line("");
+            o.open("impl Recover for Inner {");
+            o.open("fn recover_all(&self) -> u64 {");
+            o.line("let epoch = self.conn.epoch();");
+            o.line("let mut rebuilt = 0;");
+            for d in self.locals() {
+                let s = snake(&d.name);
+                o.open(format!("for id in self.{s}s.stale(epoch) {{"));
+                o.open(format!("if self.current_{s}({}(id)).is_ok() {{", d.name));
+                o.line("rebuilt += 1;");
+                o.close("}");
+                o.close("}");
+            }
+            o.line("rebuilt");
+            o.close("}");
+            o.close("}");
+        }
     }
 
     fn raw_fn(&self, o: &mut Out, f: &Function) {
@@ -710,6 +1003,18 @@ impl Ctx<'_> {
         o.close("}");
     }
 
+    /// `self.0.{table}.update(..)` applying `body` to descriptor argument `a`'s
+    /// tracked record, which `body` names `@`.
+    fn update(&self, f: &Function, a: &str, body: String) -> String {
+        let d = match f.arg_type(a) {
+            Some(Type::Descriptor(d)) => d,
+            _ => unreachable!("checked"),
+        };
+        let record = if self.is_global(d) { "t." } else { "t.record." };
+        let body = body.replace("@.", record);
+        format!("self.0.{}s.update({a}.0, |t| {body});", snake(d))
+    }
+
     fn client_fn(&self, o: &mut Out, f: &Function) {
         let i = self.iface;
         let ret = match &f.ret {
@@ -718,13 +1023,13 @@ impl Ctx<'_> {
         };
         let mut params = vec!["&self".to_string()];
         params.extend(
-            f.args
-                .iter()
+            f.passed_args()
                 .map(|a| format!("{}: {}", a.name, client_param(&a.ty))),
         );
         let role = match f.role {
             Role::Create => " Creates a descriptor.",
             Role::Terminal => " Closes the descriptor.",
+            Role::Plain if f.block => " May block; re-issued if the server reboots meanwhile.",
             Role::Plain => "",
         };
         o.line(format!("/// Invokes `{}`.{role}", f.name));
@@ -740,36 +1045,46 @@ impl Ctx<'_> {
             o.line("let mut interrupted = false;");
         }
         o.open("loop {");
-        let desc_args: Vec<(&Arg, &str)> = f.descriptor_args().collect();
-        let epoch = match (f.role, desc_args.first()) {
-            (Role::Create, _) => {
-                o.line("let epoch = self.conn.epoch();");
+        let locals: Vec<(&Arg, &str)> = f
+            .descriptor_args()
+            .filter(|(_, d)| !self.is_global(d))
+            .collect();
+        let epoch = match (f.role, locals.first()) {
+            (Role::Create, _) if self.reuses(f) => "None".to_string(),
+            (Role::Create, Some((p, d))) => {
+                o.line(format!(
+                    "let {}_now = self.0.current_{}({})?;",
+                    p.name,
+                    snake(d),
+                    p.name
+                ));
+                o.line(format!("let epoch = {}_now.epoch;", p.name));
+                "Some(epoch)".to_string()
+            }
+            (Role::Create, None) => {
+                o.line("let epoch = self.0.conn.epoch();");
                 "Some(epoch)".to_string()
             }
             (Role::Terminal, Some((a, d))) => {
-                o.line(format!(
-                    "let {}_now = self.peek_{}({})?;",
-                    a.name,
-                    snake(d),
-                    a.name
-                ));
-                o.open(format!("if {}_now.epoch != self.conn.epoch() {{", a.name));
+                let s = snake(d);
+                o.line(format!("let {}_now = self.0.peek_{s}({})?;", a.name, a.name));
+                o.open(format!("if {}_now.epoch != self.0.conn.epoch() {{", a.name));
                 o.line(format!("// The server rebooted since `{}` was built: its new incarnation never had it.", a.name));
-                o.line(format!("self.{}s.remove({}.0);", snake(d), a.name));
+                self.forget(o, a, d);
                 o.line("return Ok(());");
                 o.close("}");
                 format!("Some({}_now.epoch)", a.name)
             }
             (_, Some((first, _))) => {
-                for (a, d) in &desc_args {
+                for (a, d) in &locals {
                     o.line(format!(
-                        "let {}_now = self.current_{}({})?;",
+                        "let {}_now = self.0.current_{}({})?;",
                         a.name,
                         snake(d),
                         a.name
                     ));
                 }
-                for (a, _) in &desc_args[1..] {
+                for (a, _) in &locals[1..] {
                     o.open(format!(
                         "if {}_now.epoch != {}_now.epoch {{",
                         a.name, first.name
@@ -781,43 +1096,83 @@ impl Ctx<'_> {
             }
             (_, None) => "None".to_string(),
         };
+        for a in &f.args {
+            let Some(r) = &a.from else { continue };
+            let d = match f.arg_type(&r.arg) {
+                Some(Type::Descriptor(d)) => d,
+                _ => unreachable!("checked"),
+            };
+            if self.is_global(d) {
+                o.line(format!(
+                    "let {} = self.0.{}s.get({}.0).{};",
+                    a.name,
+                    snake(d),
+                    r.arg,
+                    r.field
+                ));
+            } else {
+                o.line(format!(
+                    "let {} = self.0.{}s.get({}.0).ok_or(CallError::BadDescriptor({}.0))?.record.{};",
+                    a.name,
+                    snake(d),
+                    r.arg,
+                    r.arg,
+                    r.field
+                ));
+            }
+        }
         let mut args = vec![epoch];
-        args.extend(f.args.iter().map(|a| match a.ty {
+        args.extend(f.args.iter().map(|a| match &a.ty {
+            Type::Descriptor(d) if self.is_global(d) => format!("{}.0", a.name),
             Type::Descriptor(_) => format!("{}_now.server_id", a.name),
             _ => a.name.clone(),
         }));
         o.open(format!(
-            "match self.raw().{}({}) {{",
+            "match self.0.raw().{}({}) {{",
             f.name,
             args.join(", ")
         ));
         // Success: apply the call's effect on the tracked descriptors.
         let mut effects: Vec<String> = Vec::new();
-        let update = |a: &str, body: String| -> String {
-            let d = match f.arg_type(a) {
-                Some(Type::Descriptor(d)) => snake(d),
-                _ => unreachable!("checked"),
-            };
-            format!("self.{d}s.update({a}.0, |t| {body});")
+        let as_u64 = |ty: &Type| match ty {
+            Type::Bytes => "ret.len() as u64",
+            Type::U64 => "ret",
+            _ => "u64::from(ret)",
         };
         if let Some(r) = &f.advance {
-            let by = match f.ret {
-                Type::Bytes => "ret.len() as u64",
-                Type::U64 => "ret",
-                _ => "u64::from(ret)",
-            };
-            let field = format!("t.record.{}", r.field);
-            effects.push(update(
+            let field = format!("@.{}", r.field);
+            effects.push(self.update(
+                f,
                 &r.arg,
-                format!("{field} = {field}.wrapping_add({by})"),
+                format!("{field} = {field}.wrapping_add({})", as_u64(&f.ret)),
             ));
+        }
+        if let Some(r) = &f.store {
+            effects.push(self.update(f, &r.arg, format!("@.{} = {}", r.field, as_u64(&f.ret))));
         }
         for a in &f.args {
             if let Some(r) = &a.set {
-                effects.push(update(&r.arg, format!("t.record.{} = {}", r.field, a.name)));
+                effects.push(self.update(f, &r.arg, format!("@.{} = {}", r.field, a.name)));
             }
         }
+        if let (Some((_, to, _)), Some((d, desc))) = (&f.transition, locals.first()) {
+            let desc = i.descriptor(desc).expect("checked");
+            let mut sets = vec![format!("@.state = {};", desc.state(to).expect("checked"))];
+            for a in f.args.iter().filter(|a| a.remember) {
+                let v = match a.ty {
+                    Type::Str => format!("{}.to_owned()", a.name),
+                    Type::Bytes | Type::List(_) => format!("{}.to_vec()", a.name),
+                    Type::Record(_) => format!("{}.clone()", a.name),
+                    _ => a.name.clone(),
+                };
+                sets.push(format!("@.{}_{} = {v};", f.name, a.name));
+            }
+            effects.push(self.update(f, &d.name, format!("{{ {} }}", sets.join(" "))));
+        }
         match (&f.role, &f.ret) {
+            (Role::Create, Type::Descriptor(d)) if self.is_global(d) => {
+                o.line(format!("Ok(id) => return Ok({d}(id)),"));
+            }
             (Role::Create, Type::Descriptor(d)) => {
                 let creator = i.creator(d).expect("checked");
                 let desc = i.descriptor(d).expect("checked");
@@ -840,7 +1195,19 @@ impl Ctx<'_> {
                         }
                     })
                     .collect();
-                fields.extend(desc.fields.iter().map(|x| format!("{}: 0", x.name)));
+                if let Some(p) = creator.args.iter().find(|a| a.parent) {
+                    fields.push(format!("parent: {}.0", p.name));
+                }
+                let all = fields.len()
+                    == creator.args.iter().filter(|a| a.remember || a.parent).count()
+                        + desc.fields.len()
+                        + usize::from(!desc.states.is_empty())
+                        + i.transitions(d)
+                            .map(|t| t.args.iter().filter(|a| a.remember).count())
+                            .sum::<usize>();
+                if !all {
+                    fields.push("..Default::default()".into());
+                }
                 let record = if fields.is_empty() {
                     format!("{d}Record {{}}")
                 } else {
@@ -848,15 +1215,15 @@ impl Ctx<'_> {
                 };
                 o.line(format!("let record = {record};"));
                 o.line(format!(
-                    "return Ok({d}(self.{}s.insert(server_id, epoch, record)));",
+                    "return Ok({d}(self.0.{}s.insert(server_id, epoch, record)));",
                     snake(d)
                 ));
                 o.close("}");
             }
             (Role::Terminal, _) => {
-                let (a, d) = desc_args[0];
+                let (a, d) = f.descriptor_args().next().expect("checked");
                 o.open("Ok(()) => {");
-                o.line(format!("self.{}s.remove({}.0);", snake(d), a.name));
+                self.forget(o, a, d);
                 o.line("return Ok(());");
                 o.close("}");
             }
@@ -884,6 +1251,61 @@ impl Ctx<'_> {
         o.close("}");
         o.close("}");
         o.close("}");
+    }
+
+    /// Stops tracking descriptor argument `a` (and, for a subtree, its
+    /// descendants) after it was closed.
+    fn forget(&self, o: &mut Out, a: &Arg, d: &str) {
+        let s = snake(d);
+        let desc = self.iface.descriptor(d).expect("checked");
+        if desc.namespace == Namespace::Global {
+            if !desc.fields.is_empty() {
+                o.line(format!("self.0.{s}s.remove({}.0);", a.name));
+            }
+            return;
+        }
+        if desc.parent == Parent::Same {
+            o.line(format!(
+                "self.0.{s}s.remove_subtree({}.0, |r| r.parent);",
+                a.name
+            ));
+        }
+        o.line(format!("self.0.{s}s.remove({}.0);", a.name));
+    }
+
+    /// Arguments replaying `f` for the descriptor rebuilt as `server_id`,
+    /// from its tracked record `entry.record`.
+    fn replay_args(&self, f: &Function, prefix: &str) -> Vec<String> {
+        let mut args = vec!["Some(epoch)".to_string()];
+        args.extend(f.args.iter().map(|a| {
+            let stored = format!("entry.record.{prefix}{}", a.name);
+            match (&a.ty, &a.replay, &a.from) {
+                (Type::Descriptor(_), _, _) if a.parent => "parent_now.server_id".to_string(),
+                (Type::Descriptor(_), _, _) => "server_id".to_string(),
+                (_, Some(lit), _) => rust_literal(lit, &a.ty),
+                (_, None, Some(r)) => format!("entry.record.{}", r.field),
+                (ty, None, None) if is_scalar(ty) => stored,
+                _ => format!("&{stored}"),
+            }
+        }));
+        args
+    }
+
+    /// `match self.raw().f(args) { .. }` inside the rebuild loop.
+    fn replay_call(&self, o: &mut Out, f: &Function, args: Vec<String>, bind: &str) {
+        o.open(format!(
+            "{bind}match self.raw().{}({}) {{",
+            f.name,
+            args.join(", ")
+        ));
+        o.line(if bind.is_empty() {
+            "Ok(_) => {}"
+        } else {
+            "Ok(server_id) => server_id,"
+        });
+        o.line("Err(CallError::Fault(Fault::Stale | Fault::Interrupted)) => continue,");
+        o.line("Err(e) => return Err(e),");
+        o.close(if bind.is_empty() { "}" } else { "};" });
     }
 
     fn recovery_fns(&self, o: &mut Out, d: &Descriptor) {
@@ -918,16 +1340,21 @@ impl Ctx<'_> {
             .iter()
             .filter_map(|x| i.restorer(&d.name, &x.name))
             .collect();
+        let mut steps = vec![format!("replay `{}`", creator.name)];
+        if d.parent == Parent::Same {
+            steps.insert(0, "rebuild its parent".into());
+        }
+        if !restores.is_empty() {
+            steps.push("restore its tracked fields".into());
+        }
+        if !d.states.is_empty() {
+            steps.push("replay the transitions into its state".into());
+        }
         o.line(format!(
-            "// Rebuild it in the server's new incarnation: replay `{}`{}.",
-            creator.name,
-            if restores.is_empty() {
-                String::new()
-            } else {
-                ", then restore its tracked fields".to_string()
-            }
+            "// Rebuild it in the server's new incarnation: {}.",
+            steps.join(", then ")
         ));
-        o.line("let _one_at_a_time = self.recovery.lock().unwrap_or_else(|e| e.into_inner());");
+        o.line("let _recovering = RecoveryScope::enter();");
         o.open("loop {");
         o.line(format!(
             "let entry = self.{s}s.get({s}.0).ok_or(CallError::BadDescriptor({s}.0))?;"
@@ -937,21 +1364,22 @@ impl Ctx<'_> {
         o.line("// Another thread rebuilt it meanwhile.");
         o.line("return Ok(Current { server_id: entry.server_id, epoch });");
         o.close("}");
-        let mut args = vec!["Some(epoch)".to_string()];
-        args.extend(creator.args.iter().map(|a| match (&a.replay, &a.ty) {
-            (Some(lit), ty) => rust_literal(lit, ty),
-            (None, ty) if is_scalar(ty) => format!("entry.record.{}", a.name),
-            (None, _) => format!("&entry.record.{}", a.name),
-        }));
+        if d.parent == Parent::Same {
+            o.line(format!(
+                "let parent_now = self.current_{s}({}(entry.record.parent))?;",
+                d.name
+            ));
+            o.open("if parent_now.epoch != epoch {");
+            o.line("continue;");
+            o.close("}");
+        }
+        o.line("let _one_at_a_time = self.recovery.lock().unwrap_or_else(|e| e.into_inner());");
         o.open(format!(
-            "let server_id = match self.raw().{}({}) {{",
-            creator.name,
-            args.join(", ")
+            "if self.peek_{s}({s})?.epoch == epoch {{"
         ));
-        o.line("Ok(server_id) => server_id,");
-        o.line("Err(CallError::Fault(Fault::Stale | Fault::Interrupted)) => continue,");
-        o.line("Err(e) => return Err(e),");
-        o.close("};");
+        o.line("continue;");
+        o.close("}");
+        self.replay_call(o, creator, self.replay_args(creator, ""), "let server_id = ");
         for field in &d.fields {
             let Some(rf) = i.restorer(&d.name, &field.name) else {
                 continue;
@@ -964,15 +1392,22 @@ impl Ctx<'_> {
                 }))
                 .collect();
             o.open(format!("if {value} != 0 {{"));
-            o.open(format!(
-                "match self.raw().{}({}) {{",
-                rf.name,
-                args.join(", ")
-            ));
-            o.line("Ok(_) => {}");
-            o.line("Err(CallError::Fault(Fault::Stale | Fault::Interrupted)) => continue,");
-            o.line("Err(e) => return Err(e),");
+            self.replay_call(o, rf, args, "");
             o.close("}");
+        }
+        let paths = i.replay_paths(d);
+        if paths.iter().skip(1).any(|p| p.as_ref().is_some_and(|p| !p.is_empty())) {
+            o.open("match entry.record.state {");
+            for (n, path) in paths.iter().enumerate().skip(1) {
+                let Some(path) = path else { continue };
+                o.open(format!("{n} => {{"));
+                for f in path {
+                    let args = self.replay_args(f, &format!("{}_", f.name));
+                    self.replay_call(o, f, args, "");
+                }
+                o.close("}");
+            }
+            o.line("_ => {}");
             o.close("}");
         }
         o.open(format!("self.{s}s.update({s}.0, |t| {{"));

@@ -135,11 +135,12 @@ pub enum Close {
     Subtree,
 }
 
-/// What a descriptor's creation depends on. v1 knows only `none`; `same`
-/// and `other(iface)` are reserved for parent dependencies.
+/// What a descriptor's creation depends on: nothing, or a parent descriptor
+/// of the same type (passed to its `create` function as a `parent` argument).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Parent {
     None,
+    Same,
 }
 
 #[derive(Debug, Clone)]
@@ -149,8 +150,18 @@ pub struct Descriptor {
     pub namespace: Namespace,
     pub close: Close,
     pub parent: Parent,
-    /// State the client stub tracks per descriptor (all `u64` in v1).
+    /// State the client stub tracks per descriptor (all `u64`).
     pub fields: Vec<DescField>,
+    /// The states of its state machine, the first one initial (none: no
+    /// state machine).
+    pub states: Vec<(String, Span)>,
+}
+
+impl Descriptor {
+    /// The index of state `name`.
+    pub fn state(&self, name: &str) -> Option<usize> {
+        self.states.iter().position(|(s, _)| s == name)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -202,6 +213,11 @@ pub struct Arg {
     pub max: Option<u64>,
     /// The tracked field this argument sets.
     pub set: Option<FieldRef>,
+    /// The parent descriptor of the one a `create` function makes.
+    pub parent: bool,
+    /// Filled in by the client stub from this tracked field; the caller does
+    /// not pass it.
+    pub from: Option<FieldRef>,
 }
 
 #[derive(Debug, Clone)]
@@ -220,6 +236,14 @@ pub struct Function {
     /// Errors that mean success when the call is retried after its first
     /// attempt's fate was unknown.
     pub retry_ok: Vec<String>,
+    /// On success, the returned integer becomes this field's value.
+    pub store: Option<FieldRef>,
+    /// May wait inside the server (re-issued after the server's reboot).
+    pub block: bool,
+    /// Wakes threads that wait inside the server.
+    pub wakeup: bool,
+    /// Moves its descriptor from one state to another: `(from, to, span)`.
+    pub transition: Option<(String, String, Span)>,
 }
 
 impl Interface {
@@ -235,11 +259,54 @@ impl Interface {
         self.functions.iter().find(|f| f.name == name)
     }
 
-    /// The function that creates descriptors of type `desc`.
+    /// The functions that create descriptors of type `desc` (one for a local
+    /// descriptor; a global one may have several).
+    pub fn creators<'a>(&'a self, desc: &str) -> impl Iterator<Item = &'a Function> {
+        let ty = Type::Descriptor(desc.to_string());
+        self.functions
+            .iter()
+            .filter(move |f| f.role == Role::Create && f.ret == ty)
+    }
+
+    /// The (first) function that creates descriptors of type `desc`.
     pub fn creator(&self, desc: &str) -> Option<&Function> {
         self.functions
             .iter()
             .find(|f| f.role == Role::Create && f.ret == Type::Descriptor(desc.to_string()))
+    }
+
+    /// The functions that move descriptors of type `desc` between states.
+    pub fn transitions(&self, desc: &str) -> impl Iterator<Item = &Function> {
+        let ty = Type::Descriptor(desc.to_string());
+        self.functions.iter().filter(move |f| {
+            f.transition.is_some() && f.descriptor_args().next().is_some_and(|(a, _)| a.ty == ty)
+        })
+    }
+
+    /// The shortest sequence of transitions that brings a new descriptor of
+    /// type `desc` from the initial state into each state (`None`: unreachable).
+    pub fn replay_paths(&self, desc: &Descriptor) -> Vec<Option<Vec<&Function>>> {
+        let mut paths: Vec<Option<Vec<&Function>>> = vec![None; desc.states.len()];
+        if paths.is_empty() {
+            return paths;
+        }
+        paths[0] = Some(Vec::new());
+        let mut queue = std::collections::VecDeque::from([0]);
+        while let Some(at) = queue.pop_front() {
+            for f in self.transitions(&desc.name) {
+                let (from, to, _) = f.transition.as_ref().expect("a transition");
+                let (Some(from), Some(to)) = (desc.state(from), desc.state(to)) else {
+                    continue;
+                };
+                if from == at && paths[to].is_none() {
+                    let mut path = paths[at].clone().expect("reached");
+                    path.push(f);
+                    paths[to] = Some(path);
+                    queue.push_back(to);
+                }
+            }
+        }
+        paths
     }
 
     /// The function that restores field `field` of descriptor type `desc`.
@@ -280,11 +347,19 @@ impl Interface {
                 Close::Own => "self",
                 Close::Subtree => "subtree",
             };
+            let parent = match d.parent {
+                Parent::None => "none",
+                Parent::Same => "same",
+            };
             let _ = write!(
                 s,
-                "descriptor {} {{ namespace: {ns}; close: {close}; parent: none;",
+                "descriptor {} {{ namespace: {ns}; close: {close}; parent: {parent};",
                 d.name
             );
+            if !d.states.is_empty() {
+                let states: Vec<&str> = d.states.iter().map(|(n, _)| n.as_str()).collect();
+                let _ = write!(s, " states: {};", states.join(", "));
+            }
             for f in &d.fields {
                 let _ = write!(s, " field {}: {};", f.name, f.ty.idl());
             }
@@ -311,6 +386,12 @@ impl Interface {
                     if let Some(r) = &a.set {
                         t += &format!(" set({})", r.idl());
                     }
+                    if a.parent {
+                        t += " parent";
+                    }
+                    if let Some(r) = &a.from {
+                        t += &format!(" from({})", r.idl());
+                    }
                     t
                 })
                 .collect();
@@ -336,6 +417,18 @@ impl Interface {
             for e in &f.retry_ok {
                 let _ = write!(s, " retry_ok({e})");
             }
+            if let Some(r) = &f.store {
+                let _ = write!(s, " store({})", r.idl());
+            }
+            if f.block {
+                s += " block";
+            }
+            if f.wakeup {
+                s += " wakeup";
+            }
+            if let Some((from, to, _)) = &f.transition {
+                let _ = write!(s, " transition({from}, {to})");
+            }
             let _ = writeln!(s, ";");
         }
         s
@@ -355,6 +448,11 @@ impl Function {
 
     pub fn arg_type(&self, name: &str) -> Option<&Type> {
         self.arg(name).map(|a| &a.ty)
+    }
+
+    /// The arguments the caller passes (not those filled in from tracked fields).
+    pub fn passed_args(&self) -> impl Iterator<Item = &Arg> {
+        self.args.iter().filter(|a| a.from.is_none())
     }
 
     /// The arguments that are descriptors, with their descriptor type.

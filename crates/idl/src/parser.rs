@@ -6,7 +6,8 @@
 //! errors     := "errors" "{" NAME ("," NAME)* ","? "}"
 //! record     := "record" NAME "{" NAME ":" type ("," NAME ":" type)* ","? "}"
 //! descriptor := "descriptor" NAME "{" property* "}"
-//! property   := "field" NAME ":" type ";" | NAME ":" NAME ("(" values ")")? ";"
+//! property   := "field" NAME ":" type ";" | "states" ":" NAME ("," NAME)* ";"
+//!             | NAME ":" NAME ("(" values ")")? ";"
 //! function   := "fn" NAME "(" (arg ("," arg)* ","?)? ")" ("->" type)? annotation* ";"
 //! arg        := NAME ":" type annotation*
 //! annotation := NAME ("(" values ")")?
@@ -15,9 +16,8 @@
 //! type       := NAME | "[" type "]"
 //! ```
 //!
-//! Annotations and descriptor properties share one shape, so new ones (such
-//! as issue 3's `block`, `wakeup` or `parent: other(iface)`) need no new
-//! syntax: only a new name in the tables below.
+//! Annotations and descriptor properties share one shape, so new ones need no
+//! new syntax: only a new name in the tables below.
 
 use std::path::Path;
 
@@ -26,12 +26,22 @@ use crate::model::*;
 use crate::Fail;
 
 /// Annotations an argument may carry.
-pub(crate) const ARG_ANNOTATIONS: &[&str] = &["remember", "replay", "range", "max", "set"];
+pub(crate) const ARG_ANNOTATIONS: &[&str] =
+    &["remember", "replay", "range", "max", "set", "parent", "from"];
 /// Annotations a function may carry.
-pub(crate) const FN_ANNOTATIONS: &[&str] =
-    &["create", "terminal", "advance", "restore", "retry_ok"];
+pub(crate) const FN_ANNOTATIONS: &[&str] = &[
+    "create",
+    "terminal",
+    "advance",
+    "restore",
+    "retry_ok",
+    "store",
+    "block",
+    "wakeup",
+    "transition",
+];
 /// Properties a descriptor may declare.
-pub(crate) const DESC_PROPERTIES: &[&str] = &["namespace", "close", "parent", "field"];
+pub(crate) const DESC_PROPERTIES: &[&str] = &["namespace", "close", "parent", "field", "states"];
 
 /// One value inside an annotation's parentheses.
 #[derive(Debug, Clone)]
@@ -233,6 +243,7 @@ impl Parser {
             close: Close::Own,
             parent: Parent::None,
             fields: Vec::new(),
+            states: Vec::new(),
         };
         let mut seen: Vec<String> = Vec::new();
         self.punct("{")?;
@@ -268,6 +279,16 @@ impl Parser {
             }
             seen.push(prop.clone());
             self.punct(":")?;
+            if prop == "states" {
+                loop {
+                    d.states.push(self.ident("a state name")?);
+                    if !self.eat_punct(",") {
+                        break;
+                    }
+                }
+                self.punct(";")?;
+                continue;
+            }
             let value = self.annotation("a value")?;
             let choice = |choices: &[&str]| -> Result<(), Fail> {
                 if !choices.contains(&value.name.as_str()) {
@@ -306,17 +327,12 @@ impl Parser {
                     };
                 }
                 _ => {
-                    if value.name == "same" || value.name == "other" {
-                        return Err(Fail::new(
-                            value.span,
-                            format!(
-                                "parent `{}` is not supported yet; v1 allows only `none`",
-                                value.name
-                            ),
-                        ));
-                    }
-                    choice(&["none", "same", "other(iface)"])?;
-                    d.parent = Parent::None;
+                    choice(&["none", "same"])?;
+                    d.parent = if value.name == "none" {
+                        Parent::None
+                    } else {
+                        Parent::Same
+                    };
                 }
             }
             self.punct(";")?;
@@ -351,6 +367,10 @@ impl Parser {
             advance: None,
             restore: None,
             retry_ok: Vec::new(),
+            store: None,
+            block: false,
+            wakeup: false,
+            transition: None,
         };
         let mut seen: Vec<String> = Vec::new();
         while !self.eat_punct(";") {
@@ -379,6 +399,26 @@ impl Parser {
                 }
                 "advance" => f.advance = Some(a.field_ref()?),
                 "restore" => f.restore = Some(a.field_ref()?),
+                "store" => f.store = Some(a.field_ref()?),
+                "block" => {
+                    a.arity(0, "")?;
+                    f.block = true;
+                }
+                "wakeup" => {
+                    a.arity(0, "")?;
+                    f.wakeup = true;
+                }
+                "transition" => {
+                    a.arity(2, "from_state, to_state")?;
+                    let state = |i: usize| match &a.values[i] {
+                        (Value::Name(n), _) => Ok(n.clone()),
+                        (other, span) => Err(Fail::new(
+                            *span,
+                            format!("`transition` expects state names, found {}", other.describe()),
+                        )),
+                    };
+                    f.transition = Some((state(0)?, state(1)?, a.span));
+                }
                 _ => {
                     if a.values.is_empty() {
                         return Err(Fail::new(
@@ -420,6 +460,8 @@ impl Parser {
             range: None,
             max: None,
             set: None,
+            parent: false,
+            from: None,
         };
         let mut seen: Vec<String> = Vec::new();
         while matches!(self.peek().tok, Tok::Ident(_)) {
@@ -468,6 +510,11 @@ impl Parser {
                     }
                     arg.max = Some(n as u64);
                 }
+                "parent" => {
+                    a.arity(0, "")?;
+                    arg.parent = true;
+                }
+                "from" => arg.from = Some(a.field_ref()?),
                 _ => arg.set = Some(a.field_ref()?),
             }
         }
@@ -627,7 +674,8 @@ impl Annotation {
         }
     }
 
-    /// The single `d.field` argument of `set`, `advance` and `restore`.
+    /// The single `d.field` argument of `set`, `advance`, `restore`, `store`
+    /// and `from`.
     fn field_ref(&self) -> Result<FieldRef, Fail> {
         self.arity(1, "descriptor.field")?;
         match &self.values[0] {

@@ -110,7 +110,7 @@ fn second_errors_block() {
 fn unknown_argument_annotation() {
     expect(
         "fn f(path: str rememebr);",
-        "t.kidl:3:16: unknown annotation `rememebr`; expected one of remember, replay, range, max, set",
+        "t.kidl:3:16: unknown annotation `rememebr`; expected one of remember, replay, range, max, set, parent, from",
     );
 }
 
@@ -118,7 +118,7 @@ fn unknown_argument_annotation() {
 fn unknown_function_annotation() {
     expect(
         "fn f() creat;",
-        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, restore, retry_ok",
+        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, restore, retry_ok, store, block, wakeup, transition",
     );
 }
 
@@ -126,7 +126,7 @@ fn unknown_function_annotation() {
 fn argument_annotation_on_function() {
     expect(
         "fn f() remember;",
-        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, restore, retry_ok \
+        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, restore, retry_ok, store, block, wakeup, transition \
          (argument annotations go right after the argument's type)",
     );
 }
@@ -179,7 +179,7 @@ fn empty_range() {
 fn unknown_descriptor_property() {
     expect(
         "descriptor D { namspace: local; }",
-        "t.kidl:3:16: unknown descriptor property `namspace`; expected one of namespace, close, parent, field",
+        "t.kidl:3:16: unknown descriptor property `namspace`; expected one of namespace, close, parent, field, states",
     );
 }
 
@@ -204,105 +204,92 @@ fn duplicate_property() {
 }
 
 #[test]
-fn parent_not_in_v1() {
+fn parent_rules() {
     expect(
         "descriptor D { parent: same; }",
-        "t.kidl:3:24: parent `same` is not supported yet; v1 allows only `none`",
+        "t.kidl:3:12: `D` has a parent, so it must declare `close: subtree` (closing a descriptor removes its children)",
     );
     expect(
         "descriptor D { parent: other(fs); }",
-        "t.kidl:3:24: parent `other` is not supported yet; v1 allows only `none`",
+        "t.kidl:3:24: unknown parent `other`; expected none or same",
     );
-}
-
-// Semantic.
-
-#[test]
-fn unknown_type() {
-    expect("fn f(a: Foo);", "t.kidl:3:9: unknown type `Foo`");
-}
-
-#[test]
-fn duplicates() {
-    expect("fn f();\nfn f();", "t.kidl:4:4: duplicate function `f`");
-    expect(
-        "fn f(a: u32, a: u8);",
-        "t.kidl:3:14: duplicate argument `a`",
-    );
-    expect(
-        "record R { a: u8 }\nrecord R { b: u8 }",
-        "t.kidl:4:8: duplicate type `R`",
-    );
-    let e =
-        kintsugi_idl::parse(Path::new("t.kidl"), "interface t;\nerrors { A, B, A }").unwrap_err();
-    assert_eq!(e.to_string(), "t.kidl:2:16: duplicate error `A`");
-}
-
-#[test]
-fn names() {
-    expect(
-        "fn type();",
-        "t.kidl:3:4: `type` is a Rust keyword and cannot name a function",
-    );
-    expect(
-        "fn Open();",
-        "t.kidl:3:4: a function name `Open` must be lower_snake_case",
-    );
-    expect(
-        "record stat { a: u8 }",
-        "t.kidl:3:8: a type name `stat` must be UpperCamelCase",
-    );
-    expect(
-        "record Client { a: u8 }",
-        "t.kidl:3:8: type name `Client` is reserved by the generated stubs",
-    );
-    expect(
-        "fn f(w: u32);",
-        "t.kidl:3:6: argument name `w` is reserved by the generated stubs",
-    );
-    expect(
-        "fn connect();",
-        "t.kidl:3:4: function name `connect` is reserved by the generated stubs",
-    );
-}
-
-#[test]
-fn record_field_types() {
-    expect(
-        "record R { a: [u8] }",
-        "t.kidl:3:15: record field `a` has type `[u8]`; record fields are integers, bool, str or bytes",
-    );
-}
-
-#[test]
-fn unit_argument_and_lists() {
-    expect(
-        "fn f(a: unit);",
-        "t.kidl:3:9: argument `a` cannot be `unit`",
-    );
-    expect(
-        "fn f() -> [unit];",
-        "t.kidl:3:11: a list of `unit` carries nothing",
-    );
-    expect(
-        &format!("{DESC}{MAKE}fn f() -> [D];"),
-        "t.kidl:5:11: descriptors (`D`) cannot be in lists",
-    );
-}
-
-#[test]
-fn descriptor_field_type() {
     expect(
         "descriptor D { field pos: u32; }",
         "t.kidl:3:27: descriptor field `pos` must be u64",
     );
+    expect(
+        "descriptor D { close: subtree; parent: same; }\nfn mk() -> D create;",
+        "t.kidl:4:4: `D` declares `parent: same`, so `mk` must take exactly one `parent` argument",
+    );
+    expect(
+        "descriptor D { close: subtree; parent: same; }\nfn mk(p: D) -> D create;",
+        "t.kidl:4:7: `create` function `mk` can take a descriptor only as its `parent`, and `p` is not marked so",
+    );
+    expect(
+        "descriptor D { }\nfn mk(p: D parent) -> D create;",
+        "t.kidl:4:7: `p`: `parent` marks the argument of a `create` function that is the parent of the descriptor it makes (same type, declared `parent: same`)",
+    );
 }
 
 #[test]
-fn global_namespace_not_in_v1() {
+fn global_rules() {
     expect(
-        "descriptor D { namespace: global; }",
-        "t.kidl:3:12: `D`: namespace `global` is not supported yet; v1 allows only `local`",
+        "descriptor D { namespace: global; states: a, b; }",
+        "t.kidl:3:43: `D`: a global descriptor is shared by its clients, so it cannot have per-client states; keep such state in the server",
+    );
+    expect(
+        "descriptor D { namespace: global; field pos: u64; }\nfn mk() -> D create;\nfn mv(d: D, n: u64 set(d.pos)) -> u64 restore(d.pos);",
+        "t.kidl:5:4: `mv` restores a field of global descriptor `D`; a global descriptor's fields are per-client bookkeeping (`store`/`from`), never server state",
+    );
+    expect(
+        "descriptor D { namespace: global; field pos: u64; }\nfn mk() -> D create;\nfn mv(d: D) -> u64 advance(d.pos);",
+        "t.kidl:5:4: `mv` changes field `pos` of global descriptor `D` with `advance`/`set`; use `store`",
+    );
+}
+
+#[test]
+fn state_machine_rules() {
+    let d = "descriptor D { states: idle, armed, done; }\nfn mk() -> D create;\n";
+    expect(
+        &format!("{d}fn go(d: D) transition(idle, armd);"),
+        "t.kidl:5:13: `transition(idle, armd)`: `D` has no state `armd`; declared: [idle, armed, done]",
+    );
+    expect(
+        &format!("{d}fn go(d: D) transition(idle, armed);"),
+        "t.kidl:3:37: state `done` of `D` cannot be reached from `idle` by any transition, so recovery could not bring a descriptor back into it",
+    );
+    expect(
+        &format!("{d}fn go(d: D, at: u64) transition(idle, armed);"),
+        "t.kidl:5:13: argument `at` of transition `go` needs `remember`, `replay(..)` or `from(..)`: recovery replays transitions",
+    );
+    expect(
+        &format!("{d}fn go(a: u32) transition(idle, armed);"),
+        "t.kidl:5:15: `transition` needs a plain function taking exactly one descriptor, and `go` is not",
+    );
+    expect(
+        "descriptor D { states: a, a; }",
+        "t.kidl:3:27: duplicate state `a`",
+    );
+}
+
+#[test]
+fn store_and_from_rules() {
+    let d = "descriptor D { field seen: u64; }\nfn mk() -> D create;\n";
+    expect(
+        &format!("{d}fn w(d: D) -> bool store(d.seen);"),
+        "t.kidl:5:26: `store(d.seen)` needs a function returning an unsigned integer, and `w` returns `bool`",
+    );
+    expect(
+        &format!("{d}fn w(d: D, s: u32 from(d.seen)) -> u64;"),
+        "t.kidl:5:12: `from(d.seen)` fills in a u64 argument from a tracked field; `s` must be u64 without other tracking annotations",
+    );
+    expect(
+        &format!("{d}fn w(d: D, s: u64 from(d.sen)) -> u64;"),
+        "t.kidl:5:24: `from(d.sen)`: descriptor `D` has no field `sen`",
+    );
+    expect(
+        "descriptor D { }\nfn mk() -> D create block;",
+        "t.kidl:4:4: `create` function `mk` cannot `block`",
     );
 }
 
@@ -326,7 +313,7 @@ fn range_checks() {
 fn remember_outside_create() {
     expect(
         "fn f(a: u32 remember);",
-        "t.kidl:3:6: `a`: `remember` and `replay` apply only to arguments of a `create` function",
+        "t.kidl:3:6: `a`: `remember` and `replay` apply only to arguments of a `create` or `transition` function",
     );
 }
 
@@ -378,7 +365,7 @@ fn descriptor_without_create() {
 fn descriptor_with_two_creates() {
     expect(
         &format!("{DESC}{MAKE}fn mk2(tag: u64 remember) -> D create;"),
-        "t.kidl:5:4: descriptor `D` is already created by `mk`; v1 allows one `create` function per descriptor",
+        "t.kidl:5:4: descriptor `D` is already created by `mk`; a local descriptor has one `create` function (a global one may have several)",
     );
 }
 

@@ -13,6 +13,26 @@ pub mod bench {
     include!(concat!(env!("OUT_DIR"), "/bench.rs"));
 }
 
+/// `interfaces/lock.kidl`: locks shared between components.
+pub mod lock {
+    include!(concat!(env!("OUT_DIR"), "/lock.rs"));
+}
+
+/// `interfaces/evt.kidl`: events shared between components.
+pub mod evt {
+    include!(concat!(env!("OUT_DIR"), "/evt.rs"));
+}
+
+/// `interfaces/timer.kidl`: periodic and one-shot timers.
+pub mod timer {
+    include!(concat!(env!("OUT_DIR"), "/timer.rs"));
+}
+
+/// `interfaces/mm.kidl`: pages granted, aliased and revoked by the memory manager.
+pub mod mm {
+    include!(concat!(env!("OUT_DIR"), "/mm.rs"));
+}
+
 /// Flags of `fs.open`.
 pub mod fs_flags {
     /// Create the file if it does not exist.
@@ -22,4 +42,11 @@ pub mod fs_flags {
 }
 
 /// Every interface this crate knows, for naming functions in event logs.
-pub static ALL: &[&kintsugi_runtime::stub::InterfaceInfo] = &[&fs::INFO, &bench::INFO];
+pub static ALL: &[&kintsugi_runtime::stub::InterfaceInfo] = &[
+    &fs::INFO,
+    &bench::INFO,
+    &lock::INFO,
+    &evt::INFO,
+    &timer::INFO,
+    &mm::INFO,
+];

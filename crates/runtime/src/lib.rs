@@ -12,6 +12,7 @@ pub mod futex;
 pub mod lifeline;
 mod logging;
 pub mod process;
+pub mod records;
 pub mod server;
 pub mod shm;
 pub mod stub;

@@ -46,6 +46,10 @@ pub enum Refusal {
     OutOfRange(&'static str),
     #[error("interface mismatch")]
     InterfaceMismatch,
+    #[error("no descriptor {0:#x}")]
+    UnknownDescriptor(u64),
+    #[error("creation records unavailable")]
+    Records,
 }
 
 impl Refusal {
@@ -56,6 +60,8 @@ impl Refusal {
             Refusal::Malformed(_) => 2,
             Refusal::OutOfRange(_) => 3,
             Refusal::InterfaceMismatch => 4,
+            Refusal::UnknownDescriptor(_) => 5,
+            Refusal::Records => 6,
         }
     }
 }
@@ -216,6 +222,77 @@ impl<R: Clone> DescTable<R> {
 
     pub fn len(&self) -> usize {
         self.inner.lock().unwrap().entries.len()
+    }
+
+    /// The descriptors not yet rebuilt in server epoch `epoch`.
+    pub fn stale(&self, epoch: u64) -> Vec<u32> {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .entries
+            .iter()
+            .filter(|(_, t)| t.epoch != epoch)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Stops tracking every descendant of `id` (`parent_of` reads a record's
+    /// parent), as closing a subtree does.
+    pub fn remove_subtree(&self, id: u32, parent_of: impl Fn(&R) -> u32) {
+        let mut inner = self.inner.lock().unwrap();
+        let mut gone = vec![id];
+        while let Some(at) = gone.pop() {
+            let kids: Vec<u32> = inner
+                .entries
+                .iter()
+                .filter(|(_, t)| parent_of(&t.record) == at)
+                .map(|(&k, _)| k)
+                .collect();
+            for k in kids {
+                inner.entries.remove(&k);
+                gone.push(k);
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A client stub's per-client fields of global descriptors, keyed by their
+/// global ids (a descriptor another component created starts at defaults).
+pub struct FieldTable<R> {
+    inner: Mutex<HashMap<u64, R>>,
+}
+
+impl<R: Clone + Default> Default for FieldTable<R> {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<R: Clone + Default> FieldTable<R> {
+    pub fn get(&self, id: u64) -> R {
+        self.inner
+            .lock()
+            .unwrap()
+            .get(&id)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn update(&self, id: u64, f: impl FnOnce(&mut R)) {
+        f(self.inner.lock().unwrap().entry(id).or_default())
+    }
+
+    pub fn remove(&self, id: u64) {
+        self.inner.lock().unwrap().remove(&id);
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap().len()
     }
 
     pub fn is_empty(&self) -> bool {

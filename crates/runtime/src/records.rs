@@ -1,0 +1,224 @@
+//! Creation records of global descriptors, kept outside the server.
+//!
+//! A global descriptor keeps its id across its server's reboots and may be
+//! used by components that did not create it, so no single client stub can
+//! rebuild it. The generated server stub therefore writes, at creation, a
+//! record of the creator and its remembered arguments to a [`RecordStore`]
+//! (the state vault, in a running system), and rebuilds a descriptor from its
+//! record the first time any client names it in a new incarnation: on demand,
+//! in the calling thread, parents before children.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+#[error("creation records: {0}")]
+pub struct RecordError(pub String);
+
+/// Where creation records live: a key-value store that outlives the server.
+pub trait RecordStore: Send + Sync {
+    fn put(&self, key: &str, value: &[u8]) -> Result<(), RecordError>;
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, RecordError>;
+    /// Removes every key in `keys` at once.
+    fn delete(&self, keys: &[String]) -> Result<(), RecordError>;
+    /// Every record whose key starts with `prefix`.
+    fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, RecordError>;
+}
+
+/// A store in this process's memory, for tests that reboot a server in
+/// process (it survives the server object, as the vault survives a server).
+#[derive(Default)]
+pub struct MemoryStore(Mutex<HashMap<String, Vec<u8>>>);
+
+impl RecordStore for MemoryStore {
+    fn put(&self, key: &str, value: &[u8]) -> Result<(), RecordError> {
+        self.0.lock().unwrap().insert(key.into(), value.to_vec());
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, RecordError> {
+        Ok(self.0.lock().unwrap().get(key).cloned())
+    }
+
+    fn delete(&self, keys: &[String]) -> Result<(), RecordError> {
+        let mut map = self.0.lock().unwrap();
+        for k in keys {
+            map.remove(k);
+        }
+        Ok(())
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, RecordError> {
+        let map = self.0.lock().unwrap();
+        Ok(map
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+}
+
+/// How one global descriptor was made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreationRecord {
+    /// The function that created it.
+    pub func: u32,
+    /// The component that created it: the rebuilt descriptor is its again.
+    pub creator: u32,
+    pub parent: Option<u64>,
+    /// The creation function's arguments, wire-encoded.
+    pub args: Vec<u8>,
+}
+
+impl CreationRecord {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(17 + self.args.len());
+        v.extend_from_slice(&self.func.to_le_bytes());
+        v.extend_from_slice(&self.creator.to_le_bytes());
+        v.push(self.parent.is_some() as u8);
+        v.extend_from_slice(&self.parent.unwrap_or(0).to_le_bytes());
+        v.extend_from_slice(&self.args);
+        v
+    }
+
+    fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() < 17 {
+            return None;
+        }
+        let func = u32::from_le_bytes(b[0..4].try_into().ok()?);
+        let creator = u32::from_le_bytes(b[4..8].try_into().ok()?);
+        let parent = u64::from_le_bytes(b[9..17].try_into().ok()?);
+        Some(Self {
+            func,
+            creator,
+            parent: (b[8] == 1).then_some(parent),
+            args: b[17..].to_vec(),
+        })
+    }
+}
+
+/// A server stub's view of its global descriptors' records, and of which
+/// of them the current incarnation already holds.
+pub struct GlobalRecords {
+    store: Arc<dyn RecordStore>,
+    interface: &'static str,
+    /// (descriptor type, id) built or rebuilt in this incarnation.
+    known: RwLock<HashSet<(&'static str, u64)>>,
+    rebuild: Mutex<()>,
+}
+
+impl GlobalRecords {
+    pub fn new(store: Arc<dyn RecordStore>, interface: &'static str) -> Self {
+        Self {
+            store,
+            interface,
+            known: RwLock::new(HashSet::new()),
+            rebuild: Mutex::new(()),
+        }
+    }
+
+    fn key(&self, kind: &str, id: u64) -> String {
+        format!("{}/{kind}/{id:016x}", self.interface)
+    }
+
+    pub fn is_known(&self, kind: &'static str, id: u64) -> bool {
+        self.known.read().unwrap().contains(&(kind, id))
+    }
+
+    pub fn mark_known(&self, kind: &'static str, id: u64) {
+        self.known.write().unwrap().insert((kind, id));
+    }
+
+    /// Held while descriptors are rebuilt, so that each is rebuilt once.
+    pub fn rebuilding(&self) -> MutexGuard<'_, ()> {
+        self.rebuild.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a descriptor the server just created.
+    pub fn created(
+        &self,
+        kind: &'static str,
+        id: u64,
+        record: &CreationRecord,
+    ) -> Result<(), RecordError> {
+        self.store.put(&self.key(kind, id), &record.encode())?;
+        self.mark_known(kind, id);
+        Ok(())
+    }
+
+    pub fn fetch(&self, kind: &str, id: u64) -> Result<Option<CreationRecord>, RecordError> {
+        match self.store.get(&self.key(kind, id))? {
+            None => Ok(None),
+            Some(b) => CreationRecord::decode(&b)
+                .map(Some)
+                .ok_or_else(|| RecordError(format!("malformed record of {kind} {id:#x}"))),
+        }
+    }
+
+    /// Every descendant of `id`, parents before their children.
+    pub fn subtree(&self, kind: &str, id: u64) -> Result<Vec<u64>, RecordError> {
+        let prefix = format!("{}/{kind}/", self.interface);
+        let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
+        for (key, value) in self.store.list(&prefix)? {
+            let child = u64::from_str_radix(&key[prefix.len()..], 16)
+                .map_err(|_| RecordError(format!("malformed record key {key}")))?;
+            let record = CreationRecord::decode(&value)
+                .ok_or_else(|| RecordError(format!("malformed record {key}")))?;
+            if let Some(parent) = record.parent {
+                children.entry(parent).or_default().push(child);
+            }
+        }
+        let mut order = Vec::new();
+        let mut next = vec![id];
+        while let Some(at) = next.pop() {
+            if let Some(kids) = children.get(&at) {
+                order.extend(kids);
+                next.extend(kids);
+            }
+        }
+        Ok(order)
+    }
+
+    /// Forgets closed descriptors.
+    pub fn closed(&self, kind: &'static str, ids: &[u64]) -> Result<(), RecordError> {
+        let keys: Vec<String> = ids.iter().map(|&id| self.key(kind, id)).collect();
+        self.store.delete(&keys)?;
+        let mut known = self.known.write().unwrap();
+        for &id in ids {
+            known.remove(&(kind, id));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_subtrees_list_parents_first() {
+        let store = Arc::new(MemoryStore::default());
+        let g = GlobalRecords::new(store.clone(), "mm");
+        let rec = |parent| CreationRecord {
+            func: 1,
+            creator: 7,
+            parent,
+            args: vec![1, 2, 3],
+        };
+        g.created("Page", 1, &rec(None)).unwrap();
+        g.created("Page", 2, &rec(Some(1))).unwrap();
+        g.created("Page", 3, &rec(Some(2))).unwrap();
+        g.created("Page", 4, &rec(None)).unwrap();
+        assert_eq!(g.fetch("Page", 2).unwrap(), Some(rec(Some(1))));
+        assert_eq!(g.subtree("Page", 1).unwrap(), vec![2, 3]);
+        // A fresh incarnation knows nothing until it rebuilds.
+        let fresh = GlobalRecords::new(store, "mm");
+        assert!(!fresh.is_known("Page", 1));
+        assert!(fresh.fetch("Page", 3).unwrap().is_some());
+        fresh.closed("Page", &[1, 2, 3]).unwrap();
+        assert_eq!(fresh.fetch("Page", 3).unwrap(), None);
+        assert!(fresh.fetch("Page", 4).unwrap().is_some());
+    }
+}

@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use thiserror::Error;
 
+use crate::vault::{Vault, VaultOp};
+
 #[derive(Debug, Error)]
 #[error("creation records: {0}")]
 pub struct RecordError(pub String);
@@ -58,6 +60,67 @@ impl RecordStore for MemoryStore {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
     }
+}
+
+/// Records in the state vault, next to the component's other records, under
+/// keys starting with `desc/`; values are the record's bytes in hex.
+pub struct VaultRecords(pub Arc<Vault>);
+
+const VAULT_PREFIX: &str = "desc/";
+
+fn vault_error(e: crate::vault::VaultError) -> RecordError {
+    RecordError(e.to_string())
+}
+
+impl RecordStore for VaultRecords {
+    fn put(&self, key: &str, value: &[u8]) -> Result<(), RecordError> {
+        let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
+        self.0
+            .put(&format!("{VAULT_PREFIX}{key}"), serde_json::Value::String(hex), None)
+            .map_err(vault_error)
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, RecordError> {
+        match self.0.get(&format!("{VAULT_PREFIX}{key}")).map_err(vault_error)? {
+            None => Ok(None),
+            Some(r) => unhex(&r.value).map(Some),
+        }
+    }
+
+    fn delete(&self, keys: &[String]) -> Result<(), RecordError> {
+        let ops = keys
+            .iter()
+            .map(|k| VaultOp::Delete {
+                key: format!("{VAULT_PREFIX}{k}"),
+            })
+            .collect();
+        self.0.apply(ops, &[]).map_err(vault_error)
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, RecordError> {
+        let full = format!("{VAULT_PREFIX}{prefix}");
+        self.0
+            .list()
+            .map_err(vault_error)?
+            .into_iter()
+            .filter(|r| r.key.starts_with(&full))
+            .map(|r| Ok((r.key[VAULT_PREFIX.len()..].to_string(), unhex(&r.value)?)))
+            .collect()
+    }
+}
+
+fn unhex(v: &serde_json::Value) -> Result<Vec<u8>, RecordError> {
+    let s = v
+        .as_str()
+        .filter(|s| s.len() % 2 == 0)
+        .ok_or_else(|| RecordError(format!("malformed record value {v}")))?;
+    (0..s.len())
+        .step_by(2)
+        .map(|i| {
+            u8::from_str_radix(&s[i..i + 2], 16)
+                .map_err(|_| RecordError(format!("malformed record value {v}")))
+        })
+        .collect()
 }
 
 /// How one global descriptor was made.

@@ -3,12 +3,19 @@
 //! that recovery can be timed, and it can grow its heap after it starts
 //! (`grow_mib` in its config) so that reboot time can be measured against
 //! the memory a failed incarnation held.
+//!
+//! Its durable memory, when the system gives it some, serves the tests: each
+//! incarnation counts itself in the first word of its arena and prints the
+//! count, and writes a note for its clients at the start of its pool's
+//! second page.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kintsugi_interfaces::bench::{self, Error};
-use kintsugi_runtime::{Caller, Incarnation};
+use kintsugi_runtime::shm::page_size;
+use kintsugi_runtime::{Caller, Incarnation, Runtime};
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -88,14 +95,41 @@ impl bench::Server for Echo {
     }
 }
 
+/// Counts this incarnation in the arena (if any) and returns the count.
+fn count_incarnation(rt: &Runtime) -> Option<u64> {
+    let counter: &AtomicU64 = rt.arena()?.at(0);
+    Some(counter.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+/// Writes a note for the clients at the start of the pool's second page (if it has one).
+fn write_pool_note(rt: &Runtime) {
+    let Some(pool) = rt.pool().filter(|p| p.len() >= 2 * page_size()) else {
+        return;
+    };
+    let note = format!("pool of {}", rt.name());
+    for (cell, b) in pool.bytes(page_size(), note.len()).iter().zip(note.bytes()) {
+        cell.store(b, Ordering::Relaxed);
+    }
+}
+
 fn main() {
     kintsugi_runtime::run(|rt| {
         let config: Config = rt.config()?;
+        let incarnations = count_incarnation(rt);
+        write_pool_note(rt);
         let echo = Arc::new(Echo::default());
         let grower = echo.clone();
+        let (name, epoch) = (rt.name().to_string(), rt.epoch());
         Ok(
             Incarnation::serve(vec![bench::service(echo)]).then(move || {
-                // After the incarnation is ready: the failed one's heap, for the reboot benchmark.
+                // After the incarnation is ready, off the reboot's path.
+                if let Some(n) = incarnations {
+                    println!(
+                        "{}",
+                        serde_json::json!({ "component": name, "epoch": epoch, "incarnations": n })
+                    );
+                }
+                // The failed one's heap, for the reboot benchmark.
                 std::thread::sleep(std::time::Duration::from_millis(config.grow_after_ms));
                 grower.grow(config.grow_mib);
                 Ok(())

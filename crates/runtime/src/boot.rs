@@ -1,5 +1,6 @@
 //! What the supervisor tells a component at exec: its identity, its
-//! descriptors (control block, sockets, one shared region per edge) and its
+//! descriptors (control block, sockets, one shared region per edge, its
+//! durable memory and its servers' pools), its policies and its
 //! configuration, as JSON in the `KINTSUGI_BOOT` environment variable.
 
 use std::os::fd::RawFd;
@@ -31,6 +32,26 @@ pub struct BootInfo {
     pub provides: Vec<ProvidedEdge>,
     pub uses: Vec<UsedEdge>,
     pub config: serde_json::Value,
+    /// How clients rebuild this component's descriptors: "on-demand" or "eager".
+    #[serde(default = "on_demand")]
+    pub recovery: String,
+    /// Nice value (already applied at exec).
+    #[serde(default)]
+    pub priority: i32,
+    /// SCHED_FIFO priority for the component's threads, where permitted.
+    #[serde(default)]
+    pub realtime: Option<u8>,
+    /// Memfd of the component's private durable memory (`arena_kib`): every
+    /// incarnation maps the same pages.
+    #[serde(default)]
+    pub arena_fd: Option<RawFd>,
+    /// Memfd of the durable memory it shares with its clients (`pool_kib`).
+    #[serde(default)]
+    pub pool_fd: Option<RawFd>,
+}
+
+fn on_demand() -> String {
+    "on-demand".to_string()
 }
 
 /// An edge on which this component serves a client.
@@ -48,6 +69,10 @@ pub struct UsedEdge {
     pub interface: String,
     pub server: String,
     pub fd: RawFd,
+    /// The server's pool (`pool_kib`), if it has one; the same descriptor on
+    /// every edge to that server.
+    #[serde(default)]
+    pub pool_fd: Option<RawFd>,
 }
 
 /// Shared between the supervisor and one component's processes: how the

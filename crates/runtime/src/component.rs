@@ -29,6 +29,7 @@ use thiserror::Error;
 use crate::boot::{BootInfo, ControlBlock, BOOT_ENV, LIFELINES};
 use crate::channel::Edge;
 use crate::client::Connection;
+use crate::durable::Durable;
 use crate::fdpass;
 use crate::futex;
 use crate::process;
@@ -113,10 +114,11 @@ impl Incarnation {
 }
 
 /// The component's view of the system: its identity, configuration,
-/// granted interfaces and vault.
+/// granted interfaces, durable memory and vault.
 pub struct Runtime {
     boot: BootInfo,
     used: Vec<Arc<Edge>>,
+    durable: Durable,
     vault: Vault,
     epoch: u64,
     stop: Arc<AtomicBool>,
@@ -145,6 +147,23 @@ impl Runtime {
 
     pub fn vault(&self) -> &Vault {
         &self.vault
+    }
+
+    /// The component's private durable memory (`arena_kib`, zero-filled at
+    /// system start): every incarnation sees what the previous ones wrote.
+    pub fn arena(&self) -> Option<&Region> {
+        self.durable.arena.as_ref()
+    }
+
+    /// The durable memory this component shares with its clients (`pool_kib`).
+    pub fn pool(&self) -> Option<&Region> {
+        self.durable.pool.as_ref()
+    }
+
+    /// The pool of the server that provides `interface` to this component,
+    /// if it has one; map the pages it grants with [`Region::map_range`].
+    pub fn server_pool(&self, interface: &str) -> Option<Arc<Region>> {
+        self.durable.server_pools.get(interface).cloned()
     }
 
     /// True once the supervisor asked this component to stop (SIGTERM).
@@ -217,6 +236,7 @@ struct Boot {
     vault: OwnedFd,
     provided: Vec<Arc<Edge>>,
     used: Vec<Arc<Edge>>,
+    durable: Durable,
 }
 
 impl Boot {
@@ -246,6 +266,8 @@ impl Boot {
             .iter()
             .map(|e| map_edge(e.fd))
             .collect::<anyhow::Result<_>>()?;
+        // SAFETY: as above; `Durable::map` adopts each descriptor once.
+        let durable = Durable::map(&info, |fd| unsafe { Region::from_raw_fd(fd) })?;
         Ok(Self {
             info,
             supervisor,
@@ -254,6 +276,7 @@ impl Boot {
             vault,
             provided,
             used,
+            durable,
         })
     }
 
@@ -304,6 +327,7 @@ impl Boot {
             vault,
             provided,
             used,
+            durable,
         } = self;
         drop(zygote);
         if let Err(e) = process::die_with_parent(supervisor) {
@@ -317,6 +341,7 @@ impl Boot {
         let runtime = Arc::new(Runtime {
             boot: info,
             used,
+            durable,
             vault: Vault::new(vault),
             epoch,
             stop: stop.clone(),

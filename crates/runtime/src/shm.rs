@@ -5,17 +5,26 @@
 //! is ever named in `/dev/shm`, so nothing is left behind when the processes
 //! are gone. This module holds the unsafe code that views a region's bytes
 //! as typed, atomics-only headers.
+//!
+//! A [`Region`] maps its whole memfd; [`Region::map_range`] maps a part of
+//! it a second time, at its own address (a client's view of the pages a
+//! server granted it).
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::AtomicU8;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 
 use memmap2::{MmapOptions, MmapRaw};
 use rustix::fs::{MemfdFlags, SealFlags};
 
-/// A mapped memfd.
-pub struct Region {
+/// A shared mapping of (part of) a memfd, unmapped on drop.
+pub struct Mapping {
     map: MmapRaw,
+}
+
+/// A mapped memfd: its whole [`Mapping`] (through `Deref`) and its descriptor.
+pub struct Region {
+    map: Mapping,
     file: File,
 }
 
@@ -32,6 +41,12 @@ impl std::fmt::Debug for Region {
 /// # Safety
 /// Implementors must satisfy the above.
 pub unsafe trait SharedPod: Sync {}
+
+// SAFETY: an atomic integer has its integer's layout, every bit pattern is a
+// valid value, and it is only ever changed atomically.
+unsafe impl SharedPod for AtomicU32 {}
+// SAFETY: as above.
+unsafe impl SharedPod for AtomicU64 {}
 
 impl Region {
     /// Creates a zero-filled memfd region of `len` bytes (rounded up to a page).
@@ -55,16 +70,10 @@ impl Region {
     }
 
     fn map(file: File) -> std::io::Result<Self> {
-        let map = MmapOptions::new().map_raw(&file)?;
+        let map = Mapping {
+            map: MmapOptions::new().map_raw(&file)?,
+        };
         Ok(Self { map, file })
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {
@@ -76,7 +85,52 @@ impl Region {
         self.file.as_fd().try_clone_to_owned()
     }
 
-    /// A typed view of the region at `offset`.
+    /// A second, separate mapping of the bytes `offset..offset+len` (for
+    /// example the pages of a server's pool granted to a client). `offset`
+    /// must be a multiple of the page size.
+    pub fn map_range(&self, offset: usize, len: usize) -> std::io::Result<Mapping> {
+        let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+        if !offset.is_multiple_of(page_size()) {
+            return Err(invalid(format!("offset {offset} is not page-aligned")));
+        }
+        if len == 0 || offset.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(invalid(format!(
+                "range {offset}+{len} is empty or outside the region's {} bytes",
+                self.len()
+            )));
+        }
+        let map = MmapOptions::new()
+            .offset(offset as u64)
+            .len(len)
+            .map_raw(&self.file)?;
+        Ok(Mapping { map })
+    }
+}
+
+impl std::ops::Deref for Region {
+    type Target = Mapping;
+
+    fn deref(&self) -> &Mapping {
+        &self.map
+    }
+}
+
+impl Mapping {
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first byte of the mapping; valid as long as `self`, and shared
+    /// with every other process that maps these pages.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
+    /// A typed view of the mapping at `offset`.
     pub fn at<T: SharedPod>(&self, offset: usize) -> &T {
         assert!(
             offset.is_multiple_of(std::mem::align_of::<T>()),
@@ -120,12 +174,7 @@ pub fn page_size() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    #[repr(C)]
-    struct Word(AtomicU64);
-    // SAFETY: repr(C), one atomic, valid for all bit patterns.
-    unsafe impl SharedPod for Word {}
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn two_mappings_of_one_memfd_share_bytes() {
@@ -135,11 +184,40 @@ mod tests {
         use std::os::fd::IntoRawFd;
         // SAFETY: we own the duplicated descriptor.
         let b = unsafe { Region::from_raw_fd(fd.into_raw_fd()) }.unwrap();
-        a.at::<Word>(64).0.store(0xfeed, Ordering::SeqCst);
-        assert_eq!(b.at::<Word>(64).0.load(Ordering::SeqCst), 0xfeed);
+        a.at::<AtomicU64>(64).store(0xfeed, Ordering::SeqCst);
+        assert_eq!(b.at::<AtomicU64>(64).load(Ordering::SeqCst), 0xfeed);
         assert!(
             rustix::fs::ftruncate(a.fd(), 0).is_err(),
             "sealed against shrinking"
+        );
+    }
+
+    #[test]
+    fn a_range_mapped_apart_shares_the_regions_pages() {
+        let page = page_size();
+        let region = Region::create("test", 4 * page).unwrap();
+        region
+            .at::<AtomicU64>(2 * page + 8)
+            .store(7, Ordering::SeqCst);
+        let range = region.map_range(2 * page, page).unwrap();
+        assert_eq!(range.len(), page);
+        assert_ne!(range.as_ptr(), region.as_ptr().wrapping_add(2 * page));
+        assert_eq!(range.at::<AtomicU64>(8).load(Ordering::SeqCst), 7);
+        range.bytes(100, 1)[0].store(0xab, Ordering::SeqCst);
+        assert_eq!(
+            region.bytes(2 * page + 100, 1)[0].load(Ordering::SeqCst),
+            0xab
+        );
+
+        assert!(region.map_range(1, page).is_err(), "unaligned offset");
+        assert!(
+            region.map_range(3 * page, 2 * page).is_err(),
+            "past the end"
+        );
+        assert!(region.map_range(0, 0).is_err(), "empty");
+        assert!(
+            region.map_range(usize::MAX & !(page - 1), page).is_err(),
+            "overflow"
         );
     }
 }

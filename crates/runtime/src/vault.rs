@@ -41,6 +41,11 @@ pub enum VaultRequest {
         id: u64,
         after: Option<String>,
     },
+    /// The record under `key`: one record in the reply, or none.
+    Get {
+        id: u64,
+        key: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -139,6 +144,22 @@ impl Vault {
         )
     }
 
+    /// The record kept under `key`, if there is one.
+    pub fn get(&self, key: &str) -> Result<Option<VaultRecord>, VaultError> {
+        let (reply, fds) = self.round_trip(
+            |id| VaultRequest::Get {
+                id,
+                key: key.to_string(),
+            },
+            &[],
+        )?;
+        let mut records = records(reply.records, fds)?;
+        match records.len() {
+            0 | 1 => Ok(records.pop()),
+            n => Err(VaultError::Protocol(format!("{n} records for one key"))),
+        }
+    }
+
     /// Every record this component has kept, in key order.
     pub fn list(&self) -> Result<Vec<VaultRecord>, VaultError> {
         let mut out = Vec::new();
@@ -151,23 +172,8 @@ impl Vault {
                 },
                 &[],
             )?;
-            let mut fds = fds.into_iter();
-            for h in reply.records {
-                let fd = if h.fd {
-                    Some(
-                        fds.next()
-                            .ok_or_else(|| VaultError::Protocol("missing descriptor".into()))?,
-                    )
-                } else {
-                    None
-                };
-                after = Some(h.key.clone());
-                out.push(VaultRecord {
-                    key: h.key,
-                    value: h.value,
-                    fd,
-                });
-            }
+            out.extend(records(reply.records, fds)?);
+            after = out.last().map(|r| r.key.clone());
             if !reply.more {
                 return Ok(out);
             }
@@ -203,4 +209,26 @@ impl Vault {
             return Ok((reply, fds));
         }
     }
+}
+
+/// Joins listed records with the descriptors that rode along, in order.
+fn records(headers: Vec<RecordHeader>, fds: Vec<OwnedFd>) -> Result<Vec<VaultRecord>, VaultError> {
+    let mut fds = fds.into_iter();
+    headers
+        .into_iter()
+        .map(|h| {
+            let fd = match h.fd {
+                true => Some(
+                    fds.next()
+                        .ok_or_else(|| VaultError::Protocol("missing descriptor".into()))?,
+                ),
+                false => None,
+            };
+            Ok(VaultRecord {
+                key: h.key,
+                value: h.value,
+                fd,
+            })
+        })
+        .collect()
 }

@@ -2,8 +2,9 @@
 //! every process through its pidfd and its threads' lifelines, micro-reboot
 //! what dies, apply restart policies, and stop everything cleanly.
 
+use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,8 +42,6 @@ pub enum SupervisorError {
     Boot { component: String, detail: String },
     #[error("chaos target `{0}` is not a component of this system")]
     UnknownTarget(String),
-    #[error("component `{0}`: recovery = \"eager\" is not implemented yet; use \"on-demand\"")]
-    EagerRecovery(String),
     #[error("supervisor: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -135,6 +134,8 @@ struct Managed {
     vault_peer: OwnedFd,
     served: Vec<Served>,
     used: Vec<Used>,
+    /// Kept for every zygote it will ever spawn.
+    durable: Durable,
     live: Option<Incarnation>,
     /// Watches the live incarnation's lifelines.
     watch: Option<Watch>,
@@ -175,6 +176,37 @@ struct Used {
     interface: String,
     server: String,
     edge: Arc<Edge>,
+    /// The server's pool, if it has one.
+    pool: Option<Arc<Region>>,
+}
+
+/// A component's durable memory (`arena_kib`, `pool_kib`): created once, when
+/// the system starts, and handed to each of its zygotes, so that every
+/// incarnation maps the same pages.
+struct Durable {
+    arena: Option<Region>,
+    pool: Option<Arc<Region>>,
+}
+
+impl Durable {
+    fn create(spec: &ComponentSpec) -> std::io::Result<Self> {
+        let region = |what: &str, kib: u64| -> std::io::Result<Option<Region>> {
+            if kib == 0 {
+                return Ok(None);
+            }
+            let name = format!("kintsugi:{}:{what}", spec.name);
+            Region::create(&name, kib as usize * 1024).map(Some)
+        };
+        Ok(Self {
+            arena: region("arena", spec.arena_kib)?,
+            pool: region("pool", spec.pool_kib)?.map(Arc::new),
+        })
+    }
+}
+
+/// The descriptor number of a region the supervisor holds, as passed at exec.
+fn raw_fd(region: Option<&Region>) -> Option<RawFd> {
+    region.map(|r| r.fd().as_raw_fd())
 }
 
 /// How long the injector waits for its last victim to die and be replaced.
@@ -272,13 +304,15 @@ impl<'a> Supervisor<'a> {
                 return Err(SupervisorError::UnknownTarget(c.plan.target.clone()));
             }
         }
-        if let Some(c) = system
+        let mut durable = system
             .components
             .iter()
-            .find(|c| c.recovery == kintsugi_system::RecoveryMode::Eager)
-        {
-            return Err(SupervisorError::EagerRecovery(c.name.clone()));
-        }
+            .map(|c| Ok((c.name.as_str(), Durable::create(c)?)))
+            .collect::<std::io::Result<HashMap<_, _>>>()?;
+        let pools: HashMap<&str, Arc<Region>> = durable
+            .iter()
+            .filter_map(|(name, d)| Some((*name, d.pool.clone()?)))
+            .collect();
         // One edge per (client, used interface), sized by the server's slots.
         let mut edges: Vec<(&ComponentSpec, &str, &str, Arc<Edge>)> = Vec::new(); // client, server, interface
         for c in &system.components {
@@ -310,9 +344,13 @@ impl<'a> Supervisor<'a> {
                     interface: i.to_string(),
                     server: s.to_string(),
                     edge: e.clone(),
+                    pool: pools.get(s).cloned(),
                 })
                 .collect();
-            self.boot(spec, served, used)?;
+            let durable = durable
+                .remove(spec.name.as_str())
+                .expect("one per component");
+            self.boot(spec, served, used, durable)?;
         }
         Ok(())
     }
@@ -323,6 +361,7 @@ impl<'a> Supervisor<'a> {
         spec: &ComponentSpec,
         served: Vec<Served>,
         used: Vec<Used>,
+        durable: Durable,
     ) -> Result<(), SupervisorError> {
         let t0 = Instant::now();
         let control = Arc::new(Region::create(
@@ -342,7 +381,15 @@ impl<'a> Supervisor<'a> {
             None,
         )?;
         self.vault.serve(spec.name.clone(), vault_sock);
-        let zygote = Self::spawn_zygote(spec, &control, &zygote_peer, &vault_peer, &served, &used)?;
+        let zygote = Self::spawn_zygote(
+            spec,
+            &control,
+            &zygote_peer,
+            &vault_peer,
+            &served,
+            &used,
+            &durable,
+        )?;
         let idx = self.comps.len();
         listen(&self.epoll, &zygote.pidfd, zygote.pid as u64)?;
         listen(&self.epoll, &zygote_sock, TOKEN_ZYGOTE_SOCK | idx as u64)?;
@@ -356,6 +403,7 @@ impl<'a> Supervisor<'a> {
             vault_peer,
             served,
             used,
+            durable,
             live: None,
             watch: None,
             dying: Vec::new(),
@@ -396,6 +444,7 @@ impl<'a> Supervisor<'a> {
         vault_peer: &OwnedFd,
         served: &[Served],
         used: &[Used],
+        durable: &Durable,
     ) -> Result<Proc, SupervisorError> {
         let provides = served
             .iter()
@@ -412,6 +461,7 @@ impl<'a> Supervisor<'a> {
                 interface: u.interface.clone(),
                 server: u.server.clone(),
                 fd: u.edge.region().fd().as_raw_fd(),
+                pool_fd: raw_fd(u.pool.as_deref()),
             })
             .collect::<Vec<_>>();
         let boot = BootInfo {
@@ -423,10 +473,17 @@ impl<'a> Supervisor<'a> {
             provides,
             uses,
             config: spec.config.clone(),
+            recovery: spec.recovery.as_str().to_string(),
+            priority: spec.priority,
+            realtime: spec.realtime,
+            arena_fd: raw_fd(durable.arena.as_ref()),
+            pool_fd: raw_fd(durable.pool.as_deref()),
         };
         let mut pass = vec![boot.control_fd, boot.zygote_fd, boot.vault_fd];
         pass.extend(boot.provides.iter().map(|p| p.fd));
         pass.extend(boot.uses.iter().map(|u| u.fd));
+        pass.extend(boot.arena_fd.iter().chain(&boot.pool_fd));
+        pass.extend(boot.uses.iter().filter_map(|u| u.pool_fd));
         let json = serde_json::to_string(&boot).expect("boot info serializes");
         spawn_component(&spec.binary, &json, &pass, spec.priority).map_err(|source| {
             SupervisorError::Spawn {
@@ -886,6 +943,7 @@ impl<'a> Supervisor<'a> {
             &m.vault_peer,
             &m.served,
             &m.used,
+            &m.durable,
         )?;
         listen(&self.epoll, &zygote.pidfd, zygote.pid as u64)?;
         let pid = zygote.pid;

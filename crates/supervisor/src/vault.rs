@@ -98,21 +98,7 @@ impl VaultStore {
                         more = true;
                         break;
                     }
-                    let fd = match &e.fd {
-                        Some(fd) => match fd.try_clone() {
-                            Ok(dup) => {
-                                out.push(dup);
-                                true
-                            }
-                            Err(_) => false,
-                        },
-                        None => false,
-                    };
-                    headers.push(RecordHeader {
-                        key: key.clone(),
-                        value: e.value.clone(),
-                        fd,
-                    });
+                    headers.push(header(key, e, &mut out));
                 }
                 (
                     VaultReply {
@@ -120,6 +106,23 @@ impl VaultStore {
                         error: None,
                         records: headers,
                         more,
+                    },
+                    out,
+                )
+            }
+            VaultRequest::Get { id, key } => {
+                let mut out = Vec::new();
+                let records = records
+                    .get_key_value(&key)
+                    .map(|(key, e)| header(key, e, &mut out))
+                    .into_iter()
+                    .collect();
+                (
+                    VaultReply {
+                        id,
+                        error: None,
+                        records,
+                        more: false,
                     },
                     out,
                 )
@@ -135,6 +138,19 @@ impl VaultStore {
             .unwrap()
             .get(component)
             .map_or(0, |r| r.len())
+    }
+}
+
+/// A record as sent back; a duplicate of its descriptor, if it has one
+/// (and it can be duplicated), joins `fds`.
+fn header(key: &str, e: &Entry, fds: &mut Vec<OwnedFd>) -> RecordHeader {
+    let dup = e.fd.as_ref().and_then(|fd| fd.try_clone().ok());
+    let fd = dup.is_some();
+    fds.extend(dup);
+    RecordHeader {
+        key: key.to_string(),
+        value: e.value.clone(),
+        fd,
     }
 }
 
@@ -179,9 +195,8 @@ mod tests {
     use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
     use std::io::{Read, Seek, Write};
 
-    #[test]
-    fn records_and_descriptors_survive_the_client() {
-        let store = VaultStore::default();
+    /// A vault client on a socket served by `store` as component `c`.
+    fn client(store: &VaultStore) -> Vault {
         let (a, b) = socketpair(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -190,11 +205,30 @@ mod tests {
         )
         .unwrap();
         store.serve("c".into(), b);
-        let vault = Vault::new(a);
+        Vault::new(a)
+    }
+
+    fn memfd_with(contents: &[u8]) -> std::fs::File {
         let mut f = std::fs::File::from(
             rustix::fs::memfd_create("t", rustix::fs::MemfdFlags::CLOEXEC).unwrap(),
         );
-        f.write_all(b"contents").unwrap();
+        f.write_all(contents).unwrap();
+        f
+    }
+
+    fn read_all(fd: OwnedFd) -> String {
+        let mut f = std::fs::File::from(fd);
+        f.seek(std::io::SeekFrom::Start(0)).unwrap();
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        s
+    }
+
+    #[test]
+    fn records_and_descriptors_survive_the_client() {
+        let store = VaultStore::default();
+        let vault = client(&store);
+        let f = memfd_with(b"contents");
         vault
             .put("k1", serde_json::json!({"name": "a"}), Some(f.as_fd()))
             .unwrap();
@@ -209,12 +243,46 @@ mod tests {
         let list = vault.list().unwrap();
         assert_eq!(list.len(), 301, "pages are joined");
         assert_eq!(list[0].key, "k1");
-        let mut g = std::fs::File::from(list.into_iter().next().unwrap().fd.unwrap());
-        g.seek(std::io::SeekFrom::Start(0)).unwrap();
-        let mut s = String::new();
-        g.read_to_string(&mut s).unwrap();
-        assert_eq!(s, "contents");
+        assert_eq!(
+            read_all(list.into_iter().next().unwrap().fd.unwrap()),
+            "contents"
+        );
         assert_eq!(store.len("c"), 301);
+    }
+
+    #[test]
+    fn get_finds_present_keys_only() {
+        let store = VaultStore::default();
+        let vault = client(&store);
+        let f = memfd_with(b"kept");
+        vault
+            .put("with-fd", serde_json::json!({"size": 4}), Some(f.as_fd()))
+            .unwrap();
+        drop(f);
+        vault.put("plain", serde_json::json!([1, 2]), None).unwrap();
+        vault.put("gone", serde_json::json!(0), None).unwrap();
+        vault.delete("gone").unwrap();
+
+        let r = vault.get("with-fd").unwrap().expect("present");
+        assert_eq!(
+            (r.key.as_str(), &r.value),
+            ("with-fd", &serde_json::json!({"size": 4}))
+        );
+        assert_eq!(read_all(r.fd.expect("its descriptor rides along")), "kept");
+
+        let r = vault.get("plain").unwrap().expect("present");
+        assert_eq!(r.value, serde_json::json!([1, 2]));
+        assert!(r.fd.is_none());
+
+        assert!(vault.get("gone").unwrap().is_none(), "deleted");
+        assert!(vault.get("never").unwrap().is_none(), "absent");
+        assert!(vault.get("plai").unwrap().is_none(), "a prefix is no match");
+        // A get changes nothing, and the descriptor is still kept.
+        assert_eq!(store.len("c"), 2);
+        assert_eq!(
+            read_all(vault.get("with-fd").unwrap().unwrap().fd.unwrap()),
+            "kept"
+        );
     }
 
     #[test]

@@ -16,10 +16,13 @@
 //! binary = "ramfs"          # looked up in the search dirs, or a path relative to this file if it contains '/'
 //! provides = ["fs"]
 //! priority = 0              # nice value, -20..=19
+//! realtime = 10             # optional: SCHED_FIFO priority 1..=99 where permitted
 //! recovery = "on-demand"    # on-demand | eager
 //! reboot = "standby"        # standby | fork | exec
 //! restart = { max = 1000, window_ms = 1000 }
 //! slots = 8                 # 1..=64
+//! arena_kib = 64            # private memory that survives micro-reboots (default 0: none)
+//! pool_kib = 0              # memory shared with its clients, also durable (default 0: none)
 //!
 //! [[component]]
 //! name = "workload"
@@ -48,6 +51,10 @@ pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -20..=19;
 pub const SLOTS_RANGE: std::ops::RangeInclusive<u32> = 1..=64;
 /// `slots` when not given.
 pub const DEFAULT_SLOTS: u32 = 8;
+/// Values `realtime` (a SCHED_FIFO priority) may take.
+pub const REALTIME_RANGE: std::ops::RangeInclusive<u8> = 1..=99;
+/// Sizes `arena_kib` and `pool_kib` may take (0: none; at most 1 GiB).
+pub const DURABLE_KIB_RANGE: std::ops::RangeInclusive<u64> = 0..=1_048_576;
 
 /// A validated system description.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -77,11 +84,19 @@ pub struct ComponentSpec {
     pub uses: Vec<Use>,
     /// Nice value, in [`PRIORITY_RANGE`].
     pub priority: i32,
+    /// SCHED_FIFO priority for its threads where permitted, in [`REALTIME_RANGE`].
+    pub realtime: Option<u8>,
     pub recovery: RecoveryMode,
     pub reboot: RebootMode,
     pub restart: RestartPolicy,
     /// Channel slots per client edge, in [`SLOTS_RANGE`].
     pub slots: u32,
+    /// KiB of private shared memory that every incarnation maps (0: none),
+    /// in [`DURABLE_KIB_RANGE`].
+    pub arena_kib: u64,
+    /// KiB of shared memory that the component shares with its clients, which
+    /// map the pages it grants them (0: none), in [`DURABLE_KIB_RANGE`].
+    pub pool_kib: u64,
     /// Free-form configuration, always a JSON object (`{}` if absent).
     pub config: serde_json::Value,
 }

@@ -1,7 +1,8 @@
 //! TOML → validated [`System`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::ops::Range;
+use std::fmt::Display;
+use std::ops::{Range, RangeInclusive};
 use std::path::Path;
 use std::time::Duration;
 
@@ -10,7 +11,8 @@ use toml::Spanned;
 
 use crate::{
     ComponentSpec, ErrorKind, Location, RebootMode, RecoveryMode, RestartPolicy, System,
-    SystemError, Use, DEFAULT_SLOTS, PRIORITY_RANGE, SLOTS_RANGE,
+    SystemError, Use, DEFAULT_SLOTS, DURABLE_KIB_RANGE, PRIORITY_RANGE, REALTIME_RANGE,
+    SLOTS_RANGE,
 };
 
 #[derive(Deserialize)]
@@ -39,10 +41,13 @@ struct RawComponent {
     #[serde(default)]
     uses: Vec<Spanned<String>>,
     priority: Option<Spanned<i64>>,
+    realtime: Option<Spanned<i64>>,
     recovery: Option<RecoveryMode>,
     reboot: Option<RebootMode>,
     restart: Option<RawRestart>,
     slots: Option<Spanned<i64>>,
+    arena_kib: Option<Spanned<i64>>,
+    pool_kib: Option<Spanned<i64>>,
     config: Option<Spanned<toml::Table>>,
 }
 
@@ -94,6 +99,35 @@ impl Ctx<'_> {
             ));
         }
         Ok(())
+    }
+
+    /// Component `name`'s optional number `field`, checked to lie in `range`
+    /// (`hint` introduces the range in the error).
+    fn ranged<T>(
+        &self,
+        name: &str,
+        field: &str,
+        value: &Option<Spanned<i64>>,
+        range: RangeInclusive<T>,
+        hint: &str,
+    ) -> Result<Option<T>, SystemError>
+    where
+        T: TryFrom<i64> + PartialOrd + Display,
+    {
+        let Some(value) = value else { return Ok(None) };
+        let v = *value.get_ref();
+        match T::try_from(v) {
+            Ok(t) if range.contains(&t) => Ok(Some(t)),
+            _ => Err(self.err(
+                &value.span(),
+                ErrorKind::OutOfRange,
+                format!(
+                    "component `{name}`: {field} {v} is out of range ({hint}{}..={})",
+                    range.start(),
+                    range.end()
+                ),
+            )),
+        }
     }
 
     /// Validates the `name` part of an `iface@comp` string (no span of its own).
@@ -350,59 +384,35 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
         uses.push((iface.to_owned(), server.map(str::to_owned), u.span()));
     }
 
-    let priority = match &rc.priority {
-        None => 0,
-        Some(p) => {
-            let v = *p.get_ref();
-            if v < i64::from(*PRIORITY_RANGE.start()) || v > i64::from(*PRIORITY_RANGE.end()) {
-                return Err(cx.err(
-                    &p.span(),
-                    ErrorKind::OutOfRange,
-                    format!(
-                        "component `{name}`: priority {v} is out of range (a nice value, {}..={})",
-                        PRIORITY_RANGE.start(),
-                        PRIORITY_RANGE.end()
-                    ),
-                ));
-            }
-            v as i32
-        }
-    };
-
-    let slots = match &rc.slots {
-        None => DEFAULT_SLOTS,
-        Some(s) => {
-            let v = *s.get_ref();
-            if v < i64::from(*SLOTS_RANGE.start()) || v > i64::from(*SLOTS_RANGE.end()) {
-                return Err(cx.err(
-                    &s.span(),
-                    ErrorKind::OutOfRange,
-                    format!(
-                        "component `{name}`: slots {v} is out of range ({}..={})",
-                        SLOTS_RANGE.start(),
-                        SLOTS_RANGE.end()
-                    ),
-                ));
-            }
-            v as u32
-        }
-    };
-
+    let priority = cx
+        .ranged(
+            &name,
+            "priority",
+            &rc.priority,
+            PRIORITY_RANGE,
+            "a nice value, ",
+        )?
+        .unwrap_or(0);
+    let realtime = cx.ranged(
+        &name,
+        "realtime",
+        &rc.realtime,
+        REALTIME_RANGE,
+        "a SCHED_FIFO priority, ",
+    )?;
+    let slots = cx
+        .ranged(&name, "slots", &rc.slots, SLOTS_RANGE, "")?
+        .unwrap_or(DEFAULT_SLOTS);
+    let arena_kib = cx
+        .ranged(&name, "arena_kib", &rc.arena_kib, DURABLE_KIB_RANGE, "")?
+        .unwrap_or(0);
+    let pool_kib = cx
+        .ranged(&name, "pool_kib", &rc.pool_kib, DURABLE_KIB_RANGE, "")?
+        .unwrap_or(0);
     let mut restart = RestartPolicy::default();
     if let Some(r) = &rc.restart {
-        if let Some(m) = &r.max {
-            let v = *m.get_ref();
-            if v < 0 || v > i64::from(u32::MAX) {
-                return Err(cx.err(
-                    &m.span(),
-                    ErrorKind::OutOfRange,
-                    format!(
-                        "component `{name}`: restart.max {v} is out of range (0..={})",
-                        u32::MAX
-                    ),
-                ));
-            }
-            restart.max = v as u32;
+        if let Some(max) = cx.ranged(&name, "restart.max", &r.max, 0..=u32::MAX, "")? {
+            restart.max = max;
         }
         if let Some(w) = &r.window_ms {
             let v = *w.get_ref();
@@ -441,10 +451,13 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
             provides,
             uses: Vec::new(),
             priority,
+            realtime,
             recovery: rc.recovery.unwrap_or_default(),
             reboot: rc.reboot.unwrap_or_default(),
             restart,
             slots,
+            arena_kib,
+            pool_kib,
             config,
         },
         name_span: rc.name.span(),

@@ -6,6 +6,10 @@ use kintsugi_system::{parse, SystemError};
 use proptest::prelude::*;
 
 const DEMO: &str = include_str!("../../../systems/demo.toml");
+/// The numeric fields of issue 3, so that mutations reach their checks.
+const DURABLE: &str = "[system]\nname = \"d\"\n\n[[component]]\nname = \"mm\"\nbinary = \"mm\"\n\
+provides = [\"mem\"]\npool_kib = 64\narena_kib = 1048576\nrealtime = 10\nrecovery = \"eager\"\n\n\
+[[component]]\nname = \"app\"\nbinary = \"app\"\nuses = [\"mem\"]\nrealtime = 99\n";
 
 fn check(text: &str) {
     match parse(Path::new("f.toml"), text) {
@@ -28,6 +32,11 @@ fn check(text: &str) {
         }
         Err(e) => panic!("parse cannot fail to read: {e}"),
     }
+}
+
+#[test]
+fn durable_base_is_valid() {
+    parse(Path::new("d.toml"), DURABLE).unwrap();
 }
 
 #[derive(Debug, Clone)]
@@ -64,8 +73,8 @@ proptest! {
     }
 
     #[test]
-    fn mutated_demo(edits in prop::collection::vec(edit(), 1..8)) {
-        let mut bytes = DEMO.as_bytes().to_vec();
+    fn mutated_demo(durable in any::<bool>(), edits in prop::collection::vec(edit(), 1..8)) {
+        let mut bytes = if durable { DURABLE } else { DEMO }.as_bytes().to_vec();
         for e in edits {
             match e {
                 Edit::Set(i, b) if !bytes.is_empty() => { let n = bytes.len(); bytes[i % n] = b; }
@@ -78,9 +87,13 @@ proptest! {
     }
 
     #[test]
-    fn mutated_demo_lines(drop in prop::collection::vec(any::<bool>(), 0..40), dup in any::<usize>()) {
+    fn mutated_demo_lines(
+        durable in any::<bool>(),
+        drop in prop::collection::vec(any::<bool>(), 0..40),
+        dup in any::<usize>(),
+    ) {
         // Drop or duplicate whole lines: reaches the semantic checks more often.
-        let lines: Vec<&str> = DEMO.lines().collect();
+        let lines: Vec<&str> = if durable { DURABLE } else { DEMO }.lines().collect();
         let mut out: Vec<&str> = lines.iter().enumerate()
             .filter(|(i, _)| !drop.get(*i).copied().unwrap_or(false)).map(|(_, l)| *l).collect();
         if !out.is_empty() { let k = dup % out.len(); let l = out[k]; out.insert(k, l); }

@@ -48,6 +48,11 @@ fn demo_parses_in_start_order() {
         }
     );
     assert_eq!(ramfs.slots, 8);
+    assert_eq!(
+        (ramfs.realtime, ramfs.arena_kib, ramfs.pool_kib),
+        (None, 0, 0),
+        "no real-time priority and no durable memory unless asked"
+    );
     assert_eq!(ramfs.config, serde_json::json!({}));
 
     let w = s.component("workload").unwrap();
@@ -165,6 +170,26 @@ fn explicit_provider_and_modes() {
 }
 
 #[test]
+fn durable_memory_and_realtime() {
+    let text = format!(
+        "{HEAD}\
+[[component]]\nname = \"mm\"\nbinary = \"mm\"\nprovides = [\"mem\"]\npool_kib = 1048576\narena_kib = 4\nrealtime = 99\n\
+[[component]]\nname = \"app\"\nbinary = \"app\"\nuses = [\"mem\"]\narena_kib = 0\nrealtime = 1\npool_kib = 0\n"
+    );
+    let s = parse(Path::new("x.toml"), &text).unwrap();
+    let mm = s.component("mm").unwrap();
+    assert_eq!(
+        (mm.arena_kib, mm.pool_kib, mm.realtime),
+        (4, 1 << 20, Some(99))
+    );
+    let app = s.component("app").unwrap();
+    assert_eq!((app.arena_kib, app.pool_kib, app.realtime), (0, 0, Some(1)));
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(json["components"][0]["pool_kib"], 1 << 20);
+    assert_eq!(json["components"][0]["realtime"], 99);
+}
+
+#[test]
 fn location_counts_characters_from_one() {
     let t = "ab\ncé\n";
     assert_eq!(Location::of_offset(t, 0), Location { line: 1, col: 1 });
@@ -201,7 +226,8 @@ fn unknown_key() {
     assert_eq!(
         msg,
         "sys.toml:7:1: unknown field `foo`, expected one of `name`, `binary`, `provides`, `uses`, \
-         `priority`, `recovery`, `reboot`, `restart`, `slots`, `config`"
+         `priority`, `realtime`, `recovery`, `reboot`, `restart`, `slots`, `arena_kib`, \
+         `pool_kib`, `config`"
     );
     let (msg, _) = err_with_head(
         "[[component]]\nname = \"a\"\nbinary = \"a\"\nrestart = { max = 1, window = 3 }\n",
@@ -237,6 +263,17 @@ fn wrong_type() {
     assert_eq!(
         msg,
         "sys.toml:7:12: unknown variant `lazy`, expected `on-demand` or `eager`"
+    );
+    let (msg, _) =
+        err_with_head("[[component]]\nname = \"a\"\nbinary = \"a\"\narena_kib = \"1M\"\n");
+    assert_eq!(
+        msg,
+        "sys.toml:7:13: invalid type: string \"1M\", expected an integer"
+    );
+    let (msg, _) = err_with_head("[[component]]\nname = \"a\"\nbinary = \"a\"\nrealtime = 1.5\n");
+    assert_eq!(
+        msg,
+        "sys.toml:7:12: invalid type: floating point `1.5`, expected an integer"
     );
     let (msg, _) = err_with_head("[[component]]\nname = \"a\"\n");
     assert_eq!(msg, "sys.toml:4:1: missing field `binary`");
@@ -386,6 +423,30 @@ fn out_of_range_values() {
         (
             "restart = { max = -1 }",
             "sys.toml:7:19: component `a`: restart.max -1 is out of range (0..=4294967295)",
+        ),
+        (
+            "restart = { max = 4294967296 }",
+            "sys.toml:7:19: component `a`: restart.max 4294967296 is out of range (0..=4294967295)",
+        ),
+        (
+            "realtime = 0",
+            "sys.toml:7:12: component `a`: realtime 0 is out of range (a SCHED_FIFO priority, 1..=99)",
+        ),
+        (
+            "realtime = 100",
+            "sys.toml:7:12: component `a`: realtime 100 is out of range (a SCHED_FIFO priority, 1..=99)",
+        ),
+        (
+            "arena_kib = -1",
+            "sys.toml:7:13: component `a`: arena_kib -1 is out of range (0..=1048576)",
+        ),
+        (
+            "arena_kib = 1048577",
+            "sys.toml:7:13: component `a`: arena_kib 1048577 is out of range (0..=1048576)",
+        ),
+        (
+            "pool_kib = 2000000",
+            "sys.toml:7:12: component `a`: pool_kib 2000000 is out of range (0..=1048576)",
         ),
     ];
     for (extra, want) in cases {

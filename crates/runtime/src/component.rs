@@ -36,6 +36,7 @@ use crate::process;
 use crate::server::SlotWorker;
 use crate::shm::Region;
 use crate::stub::{InterfaceInfo, Service};
+use crate::records::{RecordStore, VaultRecords};
 use crate::vault::Vault;
 
 /// Zygote commands, as sent by the supervisor: `[op: u32][generation: u32]`,
@@ -119,7 +120,7 @@ pub struct Runtime {
     boot: BootInfo,
     used: Vec<Arc<Edge>>,
     durable: Durable,
-    vault: Vault,
+    vault: Arc<Vault>,
     epoch: u64,
     stop: Arc<AtomicBool>,
 }
@@ -147,6 +148,12 @@ impl Runtime {
 
     pub fn vault(&self) -> &Vault {
         &self.vault
+    }
+
+    /// Where generated server stubs keep the creation records of global
+    /// descriptors: this component's part of the state vault.
+    pub fn records(&self) -> Arc<dyn RecordStore> {
+        Arc::new(VaultRecords(self.vault.clone()))
     }
 
     /// The component's private durable memory (`arena_kib`, zero-filled at
@@ -342,7 +349,7 @@ impl Boot {
             boot: info,
             used,
             durable,
-            vault: Vault::new(vault),
+            vault: Arc::new(Vault::new(vault)),
             epoch,
             stop: stop.clone(),
         });

@@ -31,6 +31,15 @@ pub struct BootInfo {
     pub provides: Vec<ProvidedEdge>,
     pub uses: Vec<UsedEdge>,
     pub config: serde_json::Value,
+    /// How clients rebuild this component's descriptors: "on-demand" or "eager".
+    #[serde(default)]
+    pub recovery: String,
+    /// Nice value (already applied at exec).
+    #[serde(default)]
+    pub priority: i32,
+    /// SCHED_FIFO priority for the component's threads, where permitted.
+    #[serde(default)]
+    pub realtime: Option<u8>,
 }
 
 /// An edge on which this component serves a client.
@@ -71,6 +80,10 @@ pub struct ControlBlock {
     pub lifeline_count: [AtomicU32; 2],
     /// Two banks of lifelines: the live incarnation uses one, its standby the other.
     pub lifelines: [[Lifeline; LIFELINES]; 2],
+    /// The last eager recovery: how long it took (ns) and how many
+    /// descriptors its clients rebuilt.
+    pub eager_ns: AtomicU64,
+    pub eager_descriptors: AtomicU64,
 }
 // SAFETY: repr(C), atomics only, all-zero means "nothing activated yet".
 unsafe impl SharedPod for ControlBlock {}

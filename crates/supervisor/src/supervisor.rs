@@ -423,6 +423,10 @@ impl<'a> Supervisor<'a> {
             provides,
             uses,
             config: spec.config.clone(),
+            recovery: spec.recovery.as_str().to_string(),
+            priority: spec.priority,
+            // The system description has no `realtime` key yet.
+            realtime: None,
         };
         let mut pass = vec![boot.control_fd, boot.zygote_fd, boot.vault_fd];
         pass.extend(boot.provides.iter().map(|p| p.fd));

@@ -96,6 +96,10 @@ pub struct ControlBlock {
     pub lifeline_count: [AtomicU32; 2],
     /// Two banks of lifelines: the live incarnation uses one, its standby the other.
     pub lifelines: [[Lifeline; LIFELINES]; 2],
+    /// The last eager recovery: how long it took (ns) and how many
+    /// descriptors its clients rebuilt.
+    pub eager_ns: AtomicU64,
+    pub eager_descriptors: AtomicU64,
 }
 // SAFETY: repr(C), atomics only, all-zero means "nothing activated yet".
 unsafe impl SharedPod for ControlBlock {}

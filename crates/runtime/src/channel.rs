@@ -16,6 +16,9 @@
 //! RESPONSE and FAILED, the server in REQUEST. Request and response have
 //! separate buffers, so a server reads its arguments in place while it
 //! writes its result.
+//!
+//! The header also holds a one-entry mailbox for upcalls, calls from the
+//! server to the client's upcall thread (see [`crate::upcall`]).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -51,6 +54,14 @@ pub mod liveness {
     pub const GONE: u32 = 2;
 }
 
+/// Bits of a request's `flags` word.
+pub mod flags {
+    /// The call rebuilds descriptors (made inside a
+    /// [`RecoveryScope`](crate::client::RecoveryScope)): it passes the gate
+    /// that holds other calls during eager recovery.
+    pub const RECOVERY: u32 = 1;
+}
+
 /// Response status codes.
 pub mod status {
     pub const OK: u32 = 0;
@@ -78,6 +89,21 @@ pub struct EdgeHeader {
     _pad: AtomicU32,
     /// Raised by the supervisor each time the client's incarnation dies.
     pub client_epoch: AtomicU64,
+    /// Upcall mailbox (server → client), a sequence lock: the server makes
+    /// it odd while it writes `upcall_op` and `upcall_args`, even once they
+    /// are posted, and wakes the client's upcall thread (futex).
+    pub upcall_seq: AtomicU32,
+    pub upcall_op: AtomicU32,
+    pub upcall_args: [AtomicU64; 3],
+    /// The `upcall_seq` the client finished (futex; woken by the client, and
+    /// by the supervisor when the client dies).
+    pub upcall_ack: AtomicU32,
+    /// `upcall::status::*` of the finished upcall.
+    pub upcall_status: AtomicU32,
+    pub upcall_result: AtomicU64,
+    /// `client_epoch + 1` while an incarnation of the client listens for
+    /// upcalls; any other value means nobody does.
+    pub upcall_listener: AtomicU64,
 }
 // SAFETY: repr(C), atomics only, all-zero is a valid (unset) header.
 unsafe impl SharedPod for EdgeHeader {}
@@ -97,6 +123,11 @@ pub struct SlotHeader {
     pub epoch: AtomicU64,
     /// Calls made on this slot (diagnostics: which call a fault hit).
     pub seq: AtomicU64,
+    /// `flags::*` of the request.
+    pub flags: AtomicU32,
+    /// The calling thread's priority ([`crate::priority::Priority::word`]),
+    /// which the server's worker adopts while it serves the call.
+    pub priority: AtomicU32,
 }
 // SAFETY: repr(C), atomics only, all-zero is IDLE.
 unsafe impl SharedPod for SlotHeader {}
@@ -251,11 +282,13 @@ impl Edge {
     }
 
     /// The client died: its threads' slot claims go with it, and its server
-    /// will see the client epoch change.
+    /// will see the client epoch change (an upcall waiting for the dead
+    /// client's answer is woken to fail).
     pub fn client_down(&self) {
         let h = self.header();
         h.claimed.store(0, Ordering::SeqCst);
         h.client_epoch.fetch_add(1, Ordering::SeqCst);
+        futex::wake_all(&h.upcall_ack);
     }
 
     /// Function ids of the calls in flight right now (for fault reports).

@@ -1,15 +1,20 @@
 //! The client side of invocation: a [`Connection`] per used interface, a
 //! channel slot per calling thread, and the wait for a reply that never
-//! outlives the server.
+//! outlives the server. Each call carries the calling thread's priority and
+//! whether it rebuilds descriptors ([`RecoveryScope`]); a connection also
+//! takes the server's upcalls ([`crate::upcall`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crate::channel::{liveness, state, status, Edge};
+use crate::channel::{flags, liveness, state, status, Edge};
 use crate::futex;
+use crate::priority;
 use crate::stub::{Fault, InterfaceInfo, ReplyStatus};
+use crate::upcall::{Handler, Listener, Recover};
 use crate::wire::{Reader, WireError, Writer};
 
 /// How often a sleeping client re-checks the server's liveness; a dead
@@ -24,6 +29,7 @@ pub struct Connection {
 
 struct Inner {
     edge: Arc<Edge>,
+    upcalls: Arc<Listener>,
     server: String,
     info: &'static InterfaceInfo,
 }
@@ -38,10 +44,22 @@ impl std::fmt::Debug for Connection {
 }
 
 impl Connection {
-    pub(crate) fn new(edge: Arc<Edge>, server: String, info: &'static InterfaceInfo) -> Self {
-        Self {
-            inner: Arc::new(Inner { edge, server, info }),
-        }
+    /// A connection on the edge `upcalls` listens on; starts its upcall
+    /// thread if this is the edge's first connection.
+    pub(crate) fn new(
+        upcalls: Arc<Listener>,
+        server: String,
+        info: &'static InterfaceInfo,
+    ) -> std::io::Result<Self> {
+        upcalls.start()?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                edge: upcalls.edge().clone(),
+                upcalls,
+                server,
+                info,
+            }),
+        })
     }
 
     pub fn interface(&self) -> &'static InterfaceInfo {
@@ -65,6 +83,19 @@ impl Connection {
             .header()
             .recovered
             .fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Has `r` rebuild its descriptors when the server asks (the
+    /// [`RECOVER`](crate::upcall::RECOVER) upcall of eager recovery). Held
+    /// weakly: a dropped recoverer is forgotten.
+    pub fn register_recoverer(&self, r: Weak<dyn Recover>) {
+        self.inner.upcalls.register_recoverer(r);
+    }
+
+    /// Has `h` answer the server's upcall `op` (any but `RECOVER`),
+    /// replacing an earlier handler of `op`.
+    pub fn on_upcall(&self, op: u32, h: Handler) {
+        self.inner.upcalls.on_upcall(op, h);
     }
 
     /// Invokes `func`. With `epoch: Some(e)` the call carries descriptor ids
@@ -91,6 +122,14 @@ impl Connection {
         }
         s.func.store(func, Ordering::Relaxed);
         s.epoch.store(epoch.unwrap_or(0), Ordering::Relaxed);
+        let call_flags = if RecoveryScope::active() {
+            flags::RECOVERY
+        } else {
+            0
+        };
+        s.flags.store(call_flags, Ordering::Relaxed);
+        s.priority
+            .store(priority::current().word(), Ordering::Relaxed);
         s.seq.fetch_add(1, Ordering::Relaxed);
         s.state.store(state::REQUEST, Ordering::SeqCst);
         if s.server_sleeping.load(Ordering::SeqCst) != 0 {
@@ -160,6 +199,41 @@ impl Connection {
         };
         s.client_sleeping.store(0, Ordering::Relaxed);
         v
+    }
+}
+
+thread_local! {
+    /// How many [`RecoveryScope`]s the thread is in.
+    static RECOVERING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// While a scope is alive, every call the thread makes carries
+/// [`flags::RECOVERY`]: it rebuilds descriptors, and passes the gate that
+/// holds other calls while a server recovers eagerly. Generated client stubs
+/// rebuild descriptors inside one; scopes nest.
+#[must_use = "the scope ends when the guard is dropped"]
+pub struct RecoveryScope {
+    /// Bound to its thread.
+    _thread: PhantomData<*const ()>,
+}
+
+impl RecoveryScope {
+    pub fn enter() -> Self {
+        RECOVERING.with(|d| d.set(d.get() + 1));
+        Self {
+            _thread: PhantomData,
+        }
+    }
+
+    /// Whether the calling thread is in a recovery scope.
+    pub fn active() -> bool {
+        RECOVERING.with(Cell::get) != 0
+    }
+}
+
+impl Drop for RecoveryScope {
+    fn drop(&mut self) {
+        RECOVERING.with(|d| d.set(d.get() - 1));
     }
 }
 

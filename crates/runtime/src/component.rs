@@ -9,6 +9,10 @@
 //!                                                  │ supervisor: go (epoch N)
 //!                                                  ▼
 //!            incarnation N: init() rebuilds execution state, services open, ready
+//!                                                  │ recovery = "eager" and N > 1
+//!                                                  ▼
+//!            RECOVER upcall to every listening client; until all answered,
+//!            only calls that rebuild descriptors pass the workers' gate
 //! ```
 //!
 //! The pristine image is everything the process holds when it calls [`run`]:
@@ -17,11 +21,14 @@
 //! incarnation had allocated. Incarnations are forked with `CLONE_PARENT`,
 //! which makes them children of the supervisor: it holds their pidfds and
 //! reads their exit status directly.
+//!
+//! Every thread the runtime starts takes the component's priority.
 
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use thiserror::Error;
@@ -32,12 +39,19 @@ use crate::client::Connection;
 use crate::durable::Durable;
 use crate::fdpass;
 use crate::futex;
+use crate::priority::{self, Priority};
 use crate::process;
-use crate::server::SlotWorker;
+use crate::server::{RecoveryGate, SlotWorker};
 use crate::shm::Region;
 use crate::stub::{InterfaceInfo, Service};
 use crate::records::{RecordStore, VaultRecords};
+use crate::upcall::{self, Listener, Mailbox, UpcallError};
 use crate::vault::Vault;
+
+/// `BootInfo::recovery` of components that recover their clients eagerly.
+const EAGER: &str = "eager";
+/// How long eager recovery waits for its clients before it serves everyone.
+const EAGER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Zygote commands, as sent by the supervisor: `[op: u32][generation: u32]`,
 /// where op is `FORK | bank << 16` (the lifeline bank the standby will use).
@@ -74,6 +88,11 @@ pub enum ConnectError {
         interface: String,
         expected: u64,
         found: u64,
+    },
+    #[error("interface `{interface}`: starting the upcall thread: {source}")]
+    UpcallThread {
+        interface: String,
+        source: std::io::Error,
     },
 }
 
@@ -118,7 +137,10 @@ impl Incarnation {
 /// granted interfaces, durable memory and vault.
 pub struct Runtime {
     boot: BootInfo,
-    used: Vec<Arc<Edge>>,
+    /// The used edges' upcall listeners, in `boot.uses` order.
+    used: Vec<Arc<Listener>>,
+    /// The provided edges' upcall mailboxes, in `boot.provides` order.
+    provided: Vec<Mailbox>,
     durable: Durable,
     vault: Arc<Vault>,
     epoch: u64,
@@ -181,7 +203,7 @@ impl Runtime {
     /// A connection to a granted interface. There is no other way to reach a
     /// server: the supervisor created the only channels that exist.
     pub fn connect(&self, info: &'static InterfaceInfo) -> Result<Connection, ConnectError> {
-        let (used, edge) = self
+        let (used, listener) = self
             .boot
             .uses
             .iter()
@@ -191,7 +213,11 @@ impl Runtime {
                 component: self.name().to_string(),
                 interface: info.name.to_string(),
             })?;
-        let found = edge.header().interface_hash.load(Ordering::SeqCst);
+        let found = listener
+            .edge()
+            .header()
+            .interface_hash
+            .load(Ordering::SeqCst);
         if found != 0 && found != info.hash {
             return Err(ConnectError::InterfaceMismatch {
                 interface: info.name.to_string(),
@@ -199,7 +225,71 @@ impl Runtime {
                 found,
             });
         }
-        Ok(Connection::new(edge.clone(), used.server.clone(), info))
+        Connection::new(listener.clone(), used.server.clone(), info).map_err(|source| {
+            ConnectError::UpcallThread {
+                interface: info.name.to_string(),
+                source,
+            }
+        })
+    }
+
+    /// Calls client `client` back on the edge where this component serves it
+    /// `interface`: upcall `op` (see [`upcall`]) with `args`, answered by the
+    /// client's upcall thread within `timeout`. Upcalls on one edge take
+    /// turns.
+    pub fn upcall(
+        &self,
+        interface: &str,
+        client: u32,
+        op: u32,
+        args: [u64; 3],
+        timeout: Duration,
+    ) -> Result<u64, UpcallError> {
+        let (_, mailbox) = self
+            .boot
+            .provides
+            .iter()
+            .zip(&self.provided)
+            .find(|(p, _)| p.interface == interface && p.client_id == client)
+            .ok_or_else(|| UpcallError::UnknownEdge {
+                interface: interface.to_string(),
+                client,
+            })?;
+        mailbox.call(op, args, timeout)
+    }
+
+    /// Eager recovery after a reboot: every listening client rebuilds its
+    /// descriptors, while `gate` holds the calls of everyone else. Records
+    /// what it took in the control block.
+    fn recover_eagerly(&self, gate: &RecoveryGate, ctl: &ControlBlock) {
+        let report = upcall::recover_eagerly(gate, &self.provided, self.epoch, EAGER_TIMEOUT);
+        ctl.eager_ns
+            .store(report.elapsed.as_nanos() as u64, Ordering::SeqCst);
+        ctl.eager_descriptors
+            .store(report.descriptors, Ordering::SeqCst);
+        tracing::info!(
+            epoch = self.epoch,
+            clients = report.clients,
+            failed = report.failed,
+            descriptors = report.descriptors,
+            elapsed_us = report.elapsed.as_micros() as u64,
+            "eager recovery done"
+        );
+    }
+}
+
+/// The component's priority, as the system description gives it.
+fn component_priority(info: &BootInfo) -> Priority {
+    Priority {
+        nice: info.priority,
+        fifo: info.realtime,
+    }
+}
+
+/// Gives the calling runtime thread the component's priority.
+fn take_priority(p: Priority) {
+    if let Err(e) = priority::apply_to_current_thread(p) {
+        tracing::warn!("thread priority: {e}");
     }
 }
 
@@ -342,12 +432,26 @@ impl Boot {
         }
         let control = Arc::new(control);
         let ctl: &ControlBlock = control.at(0);
+        let prio = component_priority(&info);
+        take_priority(prio);
         let gate = start_workers(&info, &provided, &control, bank);
         let epoch = ctl.wait_activation(generation);
+        let eager = info.recovery == EAGER && epoch > 1;
+        if eager {
+            // Before any worker serves: only recovering calls until it opens.
+            gate.recovery.close();
+        }
         let stop = Arc::new(AtomicBool::new(false));
+        let used = info
+            .uses
+            .iter()
+            .zip(used)
+            .map(|(u, edge)| Arc::new(Listener::new(edge, &u.interface, Some(prio))))
+            .collect();
         let runtime = Arc::new(Runtime {
-            boot: info,
             used,
+            provided: provided.iter().cloned().map(Mailbox::new).collect(),
+            boot: info,
             durable,
             vault: Arc::new(Vault::new(vault)),
             epoch,
@@ -369,7 +473,10 @@ impl Boot {
         } = incarnation;
         gate.open(services, epoch);
         ctl.report(generation, true);
-        watch_clients(&control, &info_provides(&runtime), &provided, &gate);
+        watch_clients(&control, &info_provides(&runtime), &provided, &gate, prio);
+        if eager {
+            runtime.recover_eagerly(&gate.recovery, ctl);
+        }
         if let Some(main) = main {
             if !serve_after_main {
                 let _ = signal_hook::flag::register(signal_hook::consts::SIGTERM, stop);
@@ -409,6 +516,7 @@ fn watch_clients(
     clients: &[(String, u32)],
     provided: &[Arc<Edge>],
     gate: &Arc<Gate>,
+    prio: Priority,
 ) {
     let edges: Vec<(String, u32, Arc<Edge>)> = clients
         .iter()
@@ -427,6 +535,7 @@ fn watch_clients(
         .name("clients".into())
         .stack_size(256 * 1024)
         .spawn(move || {
+            take_priority(prio);
             let ctl: &ControlBlock = control.at(0);
             let (services, _) = gate.services.get().expect("gate is open");
             loop {
@@ -458,6 +567,7 @@ fn start_workers(
     bank: usize,
 ) -> Arc<Gate> {
     let ctl: &ControlBlock = control.at(0);
+    let prio = component_priority(info);
     let workers: usize = provided.iter().map(|e| e.slot_count() as usize).sum();
     if workers + 1 > LIFELINES {
         fatal(&format!(
@@ -485,13 +595,14 @@ fn start_workers(
             .name(format!("{interface}:{slot}"))
             .stack_size(256 * 1024)
             .spawn(move || {
+                take_priority(prio);
                 let ctl: &ControlBlock = control.at(0);
                 if let Err(e) = ctl.lifelines[bank][line].register() {
                     fatal(&format!("lifeline: {e}"));
                 }
                 gate.registered.fetch_add(1, Ordering::SeqCst);
                 let (service, epoch) = gate.wait(&interface);
-                worker.run(service.as_ref(), epoch);
+                worker.run_gated(service.as_ref(), epoch, &gate.recovery);
             })
             .unwrap_or_else(|e| fatal(&format!("spawn worker: {e}")));
     }
@@ -543,6 +654,8 @@ struct Gate {
     /// Workers that hold their lifeline.
     registered: AtomicU32,
     services: OnceLock<Services>,
+    /// Closed during eager recovery.
+    recovery: RecoveryGate,
 }
 
 impl Gate {

@@ -1,12 +1,14 @@
 //! The server side of invocation: one worker thread per channel slot, each
-//! waiting for a request, checking its epoch and handing it to the
+//! waiting for a request, checking its epoch, passing the [`RecoveryGate`],
+//! taking on the caller's priority and handing the request to the
 //! interface's server stub.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::channel::{state, status, Edge};
+use crate::channel::{flags, state, status, Edge};
 use crate::futex;
+use crate::priority;
 use crate::stub::{Caller, Dispatched, Service};
 
 /// What a worker needs to serve one slot.
@@ -22,6 +24,15 @@ pub struct SlotWorker {
 impl SlotWorker {
     /// Serves the slot until retired; `epoch` is this incarnation's.
     pub fn run(&self, service: &dyn Service, epoch: u64) {
+        static OPEN: RecoveryGate = RecoveryGate::opened();
+        self.run_gated(service, epoch, &OPEN);
+    }
+
+    /// Serves the slot until retired, holding calls that do not carry
+    /// [`flags::RECOVERY`] while `gate` is closed. A stale call is refused
+    /// at once, gate or not: it runs nothing, and its client goes on to
+    /// rebuild its descriptors.
+    pub fn run_gated(&self, service: &dyn Service, epoch: u64, gate: &RecoveryGate) {
         let s = self.edge.slot(self.slot);
         let caller = Caller {
             component: self.client,
@@ -32,6 +43,8 @@ impl SlotWorker {
             if req_epoch != 0 && req_epoch != epoch {
                 s.status.store(status::STALE, Ordering::Relaxed);
             } else {
+                gate.pass(s.flags.load(Ordering::Relaxed));
+                priority::adopt(s.priority.load(Ordering::Relaxed));
                 self.handle(service, &caller);
             }
             s.state.store(state::RESPONSE, Ordering::SeqCst);
@@ -98,5 +111,60 @@ impl SlotWorker {
 pub fn wake_workers(edge: &Edge) {
     for i in 0..edge.slot_count() {
         futex::wake_all(&edge.slot(i).state);
+    }
+}
+
+/// Holds the calls of clients that are not recovering while a rebooted
+/// server recovers eagerly: closed before the incarnation serves, opened
+/// once every client has rebuilt its descriptors
+/// ([`crate::upcall::recover_eagerly`]).
+#[derive(Debug)]
+pub struct RecoveryGate {
+    /// 1 while closed; a futex.
+    closed: AtomicU32,
+}
+
+impl Default for RecoveryGate {
+    fn default() -> Self {
+        Self::opened()
+    }
+}
+
+impl RecoveryGate {
+    pub const fn opened() -> Self {
+        Self {
+            closed: AtomicU32::new(0),
+        }
+    }
+
+    pub const fn closed() -> Self {
+        Self {
+            closed: AtomicU32::new(1),
+        }
+    }
+
+    pub fn close(&self) {
+        self.closed.store(1, Ordering::SeqCst);
+    }
+
+    /// Opens the gate and wakes every call held at it.
+    pub fn open(&self) {
+        self.closed.store(0, Ordering::SeqCst);
+        futex::wake_all(&self.closed);
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.closed.load(Ordering::SeqCst) == 0
+    }
+
+    /// Returns at once for a call with `flags::RECOVERY` or an open gate;
+    /// otherwise sleeps until the gate opens.
+    pub fn pass(&self, call_flags: u32) {
+        if call_flags & flags::RECOVERY != 0 {
+            return;
+        }
+        while self.closed.load(Ordering::SeqCst) != 0 {
+            futex::wait(&self.closed, 1, None);
+        }
     }
 }

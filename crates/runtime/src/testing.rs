@@ -1,21 +1,29 @@
 //! An edge served by worker threads in the calling process: real shared
 //! memory and the real slot protocol, without a supervisor. Unit tests of
-//! generated stubs use it to simulate micro-reboots; benchmarks use
-//! [`Edge`] and [`SlotWorker`] across a real fork instead.
+//! generated stubs use it to simulate micro-reboots and upcalls;
+//! benchmarks use [`Edge`] and [`SlotWorker`] across a real fork instead.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crate::channel::Edge;
 use crate::client::Connection;
 use crate::server::{wake_workers, SlotWorker};
-use crate::stub::Service;
+use crate::stub::{InterfaceInfo, Service};
+use crate::upcall::{self, Listener, Mailbox, UpcallError};
+
+/// How long a loopback upcall waits for the client's answer.
+const UPCALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A server incarnation made of threads of this process.
 pub struct Loopback {
     edge: Arc<Edge>,
-    info: &'static crate::stub::InterfaceInfo,
+    info: &'static InterfaceInfo,
+    /// The client side's upcall registrations, shared by every connection.
+    upcalls: Arc<Listener>,
+    mailbox: Mailbox,
     current: Mutex<Incarnation>,
 }
 
@@ -36,6 +44,8 @@ impl Loopback {
             .store(info.hash, std::sync::atomic::Ordering::Relaxed);
         let current = Mutex::new(Self::start(&edge, service, 1));
         Self {
+            upcalls: Arc::new(Listener::new(edge.clone(), info.name, None)),
+            mailbox: Mailbox::new(edge.clone()),
             edge,
             info,
             current,
@@ -64,8 +74,10 @@ impl Loopback {
         }
     }
 
+    /// A client connection; the first one starts the client's upcall thread.
     pub fn connection(&self) -> Connection {
-        Connection::new(self.edge.clone(), "loopback".into(), self.info)
+        Connection::new(self.upcalls.clone(), "loopback".into(), self.info)
+            .expect("start the loopback upcall thread")
     }
 
     /// Simulates a micro-reboot: new calls wait, the old incarnation's
@@ -89,6 +101,19 @@ impl Loopback {
     pub fn epoch(&self) -> u64 {
         self.current.lock().unwrap().epoch
     }
+
+    /// Calls the client back as the server would ([`crate::Runtime::upcall`]):
+    /// upcall `op` with `args`, answered by the client's upcall thread.
+    pub fn upcall(&self, op: u32, args: [u64; 3]) -> Result<u64, UpcallError> {
+        self.mailbox.call(op, args, UPCALL_TIMEOUT)
+    }
+
+    /// Eager recovery's upcall, typically after [`Loopback::reboot`]: every
+    /// recoverer registered on a connection rebuilds its descriptors (in the
+    /// client's upcall thread, in a recovery scope); returns how many.
+    pub fn upcall_recover(&self) -> Result<u64, UpcallError> {
+        self.upcall(upcall::RECOVER, [0; 3])
+    }
 }
 
 impl Drop for Loopback {
@@ -106,10 +131,13 @@ impl Drop for Loopback {
 }
 
 /// A client connection on an edge made by hand (tests and benchmarks that
-/// play the supervisor themselves).
-pub fn connection_for_tests(
-    edge: Arc<Edge>,
-    info: &'static crate::stub::InterfaceInfo,
-) -> Connection {
-    Connection::new(edge, "test-server".into(), info)
+/// play the supervisor themselves), with its own upcall thread: make one per
+/// edge, and clone it for more threads.
+pub fn connection_for_tests(edge: Arc<Edge>, info: &'static InterfaceInfo) -> Connection {
+    Connection::new(
+        Arc::new(Listener::new(edge, info.name, None)),
+        "test-server".into(),
+        info,
+    )
+    .expect("start the upcall thread")
 }

@@ -1,66 +1,19 @@
 //! The invocation protocol over real shared memory: a server in a forked
-//! process, and a server rebooted under a client (loopback).
+//! process, a server rebooted under a client (loopback), and workers that
+//! take on their callers' priorities.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+mod common;
+
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use common::{echo, EchoService, ECHO};
 use kintsugi_runtime::channel::Edge;
+use kintsugi_runtime::priority::{self, Priority};
 use kintsugi_runtime::server::SlotWorker;
-use kintsugi_runtime::stub::{Caller, Dispatched, Fault, InterfaceInfo, ReplyStatus, Service};
+use kintsugi_runtime::stub::{Fault, ReplyStatus};
 use kintsugi_runtime::testing::Loopback;
-use kintsugi_runtime::wire::{Reader, Writer};
-
-static ECHO: InterfaceInfo = InterfaceInfo {
-    name: "echo",
-    hash: 0xec40,
-    functions: &["echo", "count"],
-};
-
-/// Echoes its argument; counts calls per instance.
-#[derive(Default)]
-struct EchoService {
-    calls: AtomicU64,
-}
-
-impl Service for EchoService {
-    fn interface(&self) -> &'static InterfaceInfo {
-        &ECHO
-    }
-    fn client_died(&self, _client: u32) {}
-    fn dispatch(&self, _c: &Caller, func: u32, req: &[u8], resp: &mut [u8]) -> Dispatched {
-        let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut r = Reader::new(req);
-        let mut w = Writer::new(resp);
-        match func {
-            0 => {
-                let b = match r.bytes() {
-                    Ok(b) => b,
-                    Err(e) => return Dispatched::Refused(e.into()),
-                };
-                w.bytes(b).unwrap();
-            }
-            1 => w.u64(n).unwrap(),
-            f => return Dispatched::Refused(kintsugi_runtime::stub::Refusal::UnknownFunction(f)),
-        }
-        Dispatched::Ok(w.len())
-    }
-}
-
-fn echo(
-    conn: &kintsugi_runtime::Connection,
-    data: &[u8],
-    epoch: Option<u64>,
-) -> Result<Vec<u8>, Fault> {
-    conn.call(
-        0,
-        epoch,
-        |w| w.bytes(data),
-        |r| match r {
-            ReplyStatus::Ok(mut r) => Ok(r.bytes()?.to_vec()),
-            ReplyStatus::AppError(_) => unreachable!(),
-        },
-    )
-}
+use kintsugi_runtime::Connection;
 
 #[test]
 fn loopback_round_trip_and_refusal() {
@@ -172,4 +125,62 @@ fn a_server_in_another_process_serves() {
         libc::kill(pid, libc::SIGKILL);
         libc::waitpid(pid, std::ptr::null_mut(), 0);
     }
+}
+
+/// The thread id of the worker that served the call, and the priority it
+/// ran the call at.
+fn whoami(conn: &Connection) -> (i32, Priority) {
+    let (tid, word) = conn
+        .call(
+            2,
+            None,
+            |_| Ok(()),
+            |r| match r {
+                ReplyStatus::Ok(mut r) => Ok((r.u32()? as i32, r.u32()?)),
+                ReplyStatus::AppError(_) => unreachable!(),
+            },
+        )
+        .unwrap();
+    (tid, Priority::from_word(word).unwrap())
+}
+
+/// Calls at `p` and checks that the worker ran the call at `p` and still
+/// runs at it (read back with getpriority on its tid).
+fn served_at(conn: &Connection, p: Priority) {
+    let (tid, during) = whoami(conn);
+    assert_eq!(during, p, "priority while serving");
+    assert_eq!(priority::of_thread(tid).unwrap(), p, "priority after");
+}
+
+#[test]
+fn a_worker_adopts_the_callers_priority() {
+    let lb = Loopback::new(Arc::new(EchoService::default()));
+    let conn = lb.connection();
+    // A thread of its own, so that the harness's threads keep their priority.
+    std::thread::spawn(move || {
+        for nice in [7, 3, 12] {
+            priority::apply_to_current_thread(Priority::nice(nice)).unwrap();
+            served_at(&conn, Priority::nice(nice));
+        }
+        let raised = Priority::nice(-5);
+        match priority::apply_to_current_thread(raised) {
+            Ok(()) => served_at(&conn, raised),
+            Err(e) => println!("skipped: raising priority is not permitted here ({e})"),
+        }
+        let fifo = Priority {
+            nice: 0,
+            fifo: Some(1),
+        };
+        priority::apply_to_current_thread(fifo).unwrap();
+        let me = rustix::thread::gettid().as_raw_nonzero().get();
+        if priority::of_thread(me).unwrap().fifo == Some(1) {
+            served_at(&conn, fifo);
+            priority::apply_to_current_thread(Priority::nice(4)).unwrap();
+            served_at(&conn, Priority::nice(4));
+        } else {
+            println!("skipped: SCHED_FIFO is not permitted here");
+        }
+    })
+    .join()
+    .unwrap();
 }

@@ -100,6 +100,9 @@ pub struct ControlBlock {
     /// descriptors its clients rebuilt.
     pub eager_ns: AtomicU64,
     pub eager_descriptors: AtomicU64,
+    /// The last activation's execution re-initialization: from the standby
+    /// waking to its report of readiness (ns), i.e. the component's `init`.
+    pub init_ns: AtomicU64,
 }
 // SAFETY: repr(C), atomics only, all-zero means "nothing activated yet".
 unsafe impl SharedPod for ControlBlock {}

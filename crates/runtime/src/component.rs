@@ -436,6 +436,7 @@ impl Boot {
         take_priority(prio);
         let gate = start_workers(&info, &provided, &control, bank);
         let epoch = ctl.wait_activation(generation);
+        let woke = std::time::Instant::now();
         let eager = info.recovery == EAGER && epoch > 1;
         if eager {
             // Before any worker serves: only recovering calls until it opens.
@@ -472,6 +473,8 @@ impl Boot {
             serve_after_main,
         } = incarnation;
         gate.open(services, epoch);
+        ctl.init_ns
+            .store(woke.elapsed().as_nanos() as u64, Ordering::SeqCst);
         ctl.report(generation, true);
         watch_clients(&control, &info_provides(&runtime), &provided, &gate, prio);
         if eager {

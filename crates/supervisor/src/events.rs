@@ -67,12 +67,15 @@ pub enum Event {
         after_injection: Option<Duration>,
     },
     /// A new incarnation serves; `took` runs from the death's detection to
-    /// the new incarnation's readiness.
+    /// the new incarnation's readiness, of which `init` was its execution
+    /// re-initialization (the component's `init`); the rest restored its
+    /// memory (woke the pristine standby, or forked or exec'd one).
     Rebooted {
         component: String,
         epoch: u64,
         pid: u32,
         took: Duration,
+        init: Duration,
     },
     /// Clients rebuilt descriptors of `server` during its previous epoch.
     Recovered {
@@ -120,9 +123,12 @@ impl fmt::Display for Event {
                 }
                 Ok(())
             }
-            Event::Rebooted { component, epoch, pid, took } => {
-                write!(f, "{component}: rebooted in {} µs (epoch {epoch}, pid {pid})", took.as_micros())
-            }
+            Event::Rebooted { component, epoch, pid, took, init } => write!(
+                f,
+                "{component}: rebooted in {} µs, init {} µs (epoch {epoch}, pid {pid})",
+                took.as_micros(),
+                init.as_micros()
+            ),
             Event::Recovered { server, client, epoch, descriptors } => {
                 write!(f, "{server}: {client} recovered {descriptors} descriptors during epoch {epoch}")
             }

@@ -882,11 +882,14 @@ impl<'a> Supervisor<'a> {
                 Ok(()) => {
                     let took = detected.elapsed();
                     let epoch = self.comps[idx].epoch;
+                    let ctl: &ControlBlock = self.comps[idx].control.at(0);
+                    let init = ctl.init_ns.load(Ordering::SeqCst);
                     pending.push(Event::Rebooted {
                         component: name.clone(),
                         epoch,
                         pid: new_pid,
                         took,
+                        init: Duration::from_nanos(init),
                     });
                     self.watch_live(idx);
                     pending.into_iter().for_each(|e| self.emit(e));

@@ -223,6 +223,12 @@ pub(crate) fn check(iface: &mut Interface) -> Result<(), Fail> {
                 format!("`{}`: a global descriptor is shared by its clients, so it cannot have per-client states; keep such state in the server", d.name),
             ));
         }
+        if d.parent == Parent::Same && d.namespace == Namespace::Local {
+            return Err(Fail::new(
+                d.span,
+                format!("`{}`: parent dependencies need `namespace: global` (the server stub rebuilds parents before children from creation records)", d.name),
+            ));
+        }
         if d.parent == Parent::Same && d.close != Close::Subtree {
             return Err(Fail::new(
                 d.span,
@@ -452,24 +458,11 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
                     format!("`create` function `{}` can take a descriptor only as its `parent`, and `{}` is not marked so", f.name, a.name),
                 ));
             }
-            let made = match &f.ret {
-                Type::Descriptor(d) => iface.descriptor(d).expect("resolved"),
-                _ => unreachable!("checked above"),
-            };
             let parents = f.args.iter().filter(|a| a.parent).count();
             if parents > 1 {
                 return Err(Fail::new(
                     f.span,
                     format!("`{}` takes {parents} `parent` arguments; a descriptor has one parent", f.name),
-                ));
-            }
-            if made.parent == Parent::Same
-                && made.namespace == Namespace::Local
-                && parents != 1
-            {
-                return Err(Fail::new(
-                    f.span,
-                    format!("`{}` declares `parent: same`, so `{}` must take exactly one `parent` argument", made.name, f.name),
                 ));
             }
             if let Some(a) = f

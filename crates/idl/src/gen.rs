@@ -466,10 +466,6 @@ impl Ctx<'_> {
             o.line(format!("/// `{}` as passed to `{}`.", a.name, creator.name));
             o.line(format!("pub {}: {},", a.name, owned(&a.ty)));
         }
-        if d.parent == Parent::Same {
-            o.line("/// The parent descriptor (rebuilt first).");
-            o.line("pub parent: u32,");
-        }
         for f in &d.fields {
             o.line(format!("/// Tracked field `{}`.", f.name));
             o.line(format!("pub {}: u64,", f.name));
@@ -745,8 +741,10 @@ impl Ctx<'_> {
         let global_terminal = match (f.role, f.descriptor_args().next()) {
             (Role::Terminal, Some((a, d))) if self.is_global(d) => {
                 let desc = self.iface.descriptor(d).expect("checked");
-                o.line(format!("let mut gone = vec![{}];", a.name));
-                if desc.close == Close::Subtree {
+                if desc.close == Close::Own {
+                    o.line(format!("let gone = [{}];", a.name));
+                } else {
+                    o.line(format!("let mut gone = vec![{}];", a.name));
                     o.line(format!(
                         "let subtree = self.globals.subtree({:?}, {}).map_err(records_unavailable)?;",
                         d, a.name
@@ -1051,17 +1049,7 @@ impl Ctx<'_> {
             .collect();
         let epoch = match (f.role, locals.first()) {
             (Role::Create, _) if self.reuses(f) => "None".to_string(),
-            (Role::Create, Some((p, d))) => {
-                o.line(format!(
-                    "let {}_now = self.0.current_{}({})?;",
-                    p.name,
-                    snake(d),
-                    p.name
-                ));
-                o.line(format!("let epoch = {}_now.epoch;", p.name));
-                "Some(epoch)".to_string()
-            }
-            (Role::Create, None) => {
+            (Role::Create, _) => {
                 o.line("let epoch = self.0.conn.epoch();");
                 "Some(epoch)".to_string()
             }
@@ -1195,11 +1183,8 @@ impl Ctx<'_> {
                         }
                     })
                     .collect();
-                if let Some(p) = creator.args.iter().find(|a| a.parent) {
-                    fields.push(format!("parent: {}.0", p.name));
-                }
                 let all = fields.len()
-                    == creator.args.iter().filter(|a| a.remember || a.parent).count()
+                    == creator.args.iter().filter(|a| a.remember).count()
                         + desc.fields.len()
                         + usize::from(!desc.states.is_empty())
                         + i.transitions(d)
@@ -1253,8 +1238,7 @@ impl Ctx<'_> {
         o.close("}");
     }
 
-    /// Stops tracking descriptor argument `a` (and, for a subtree, its
-    /// descendants) after it was closed.
+    /// Stops tracking descriptor argument `a` after it was closed.
     fn forget(&self, o: &mut Out, a: &Arg, d: &str) {
         let s = snake(d);
         let desc = self.iface.descriptor(d).expect("checked");
@@ -1263,12 +1247,6 @@ impl Ctx<'_> {
                 o.line(format!("self.0.{s}s.remove({}.0);", a.name));
             }
             return;
-        }
-        if desc.parent == Parent::Same {
-            o.line(format!(
-                "self.0.{s}s.remove_subtree({}.0, |r| r.parent);",
-                a.name
-            ));
         }
         o.line(format!("self.0.{s}s.remove({}.0);", a.name));
     }
@@ -1280,7 +1258,6 @@ impl Ctx<'_> {
         args.extend(f.args.iter().map(|a| {
             let stored = format!("entry.record.{prefix}{}", a.name);
             match (&a.ty, &a.replay, &a.from) {
-                (Type::Descriptor(_), _, _) if a.parent => "parent_now.server_id".to_string(),
                 (Type::Descriptor(_), _, _) => "server_id".to_string(),
                 (_, Some(lit), _) => rust_literal(lit, &a.ty),
                 (_, None, Some(r)) => format!("entry.record.{}", r.field),
@@ -1341,9 +1318,6 @@ impl Ctx<'_> {
             .filter_map(|x| i.restorer(&d.name, &x.name))
             .collect();
         let mut steps = vec![format!("replay `{}`", creator.name)];
-        if d.parent == Parent::Same {
-            steps.insert(0, "rebuild its parent".into());
-        }
         if !restores.is_empty() {
             steps.push("restore its tracked fields".into());
         }
@@ -1364,15 +1338,6 @@ impl Ctx<'_> {
         o.line("// Another thread rebuilt it meanwhile.");
         o.line("return Ok(Current { server_id: entry.server_id, epoch });");
         o.close("}");
-        if d.parent == Parent::Same {
-            o.line(format!(
-                "let parent_now = self.current_{s}({}(entry.record.parent))?;",
-                d.name
-            ));
-            o.open("if parent_now.epoch != epoch {");
-            o.line("continue;");
-            o.close("}");
-        }
         o.line("let _one_at_a_time = self.recovery.lock().unwrap_or_else(|e| e.into_inner());");
         o.open(format!(
             "if self.peek_{s}({s})?.epoch == epoch {{"

@@ -206,7 +206,7 @@ fn duplicate_property() {
 #[test]
 fn parent_rules() {
     expect(
-        "descriptor D { parent: same; }",
+        "descriptor D { namespace: global; parent: same; }",
         "t.kidl:3:12: `D` has a parent, so it must declare `close: subtree` (closing a descriptor removes its children)",
     );
     expect(
@@ -219,10 +219,14 @@ fn parent_rules() {
     );
     expect(
         "descriptor D { close: subtree; parent: same; }\nfn mk() -> D create;",
-        "t.kidl:4:4: `D` declares `parent: same`, so `mk` must take exactly one `parent` argument",
+        "t.kidl:3:12: `D`: parent dependencies need `namespace: global` (the server stub rebuilds parents before children from creation records)",
     );
     expect(
-        "descriptor D { close: subtree; parent: same; }\nfn mk(p: D) -> D create;",
+        "descriptor D { namespace: global; close: subtree; parent: same; }\nfn mk() -> D create;",
+        "t.kidl:3:12: `D` declares `parent: same`, but no `create` function takes a `parent` argument",
+    );
+    expect(
+        "descriptor D { namespace: global; close: subtree; parent: same; }\nfn mk(p: D) -> D create;",
         "t.kidl:4:7: `create` function `mk` can take a descriptor only as its `parent`, and `p` is not marked so",
     );
     expect(

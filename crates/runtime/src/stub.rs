@@ -235,25 +235,6 @@ impl<R: Clone> DescTable<R> {
             .collect()
     }
 
-    /// Stops tracking every descendant of `id` (`parent_of` reads a record's
-    /// parent), as closing a subtree does.
-    pub fn remove_subtree(&self, id: u32, parent_of: impl Fn(&R) -> u32) {
-        let mut inner = self.inner.lock().unwrap();
-        let mut gone = vec![id];
-        while let Some(at) = gone.pop() {
-            let kids: Vec<u32> = inner
-                .entries
-                .iter()
-                .filter(|(_, t)| parent_of(&t.record) == at)
-                .map(|(&k, _)| k)
-                .collect();
-            for k in kids {
-                inner.entries.remove(&k);
-                gone.push(k);
-            }
-        }
-    }
-
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -159,6 +159,7 @@ impl Log {
                 | Event::Injected { .. }
                 | Event::Crashed { .. }
                 | Event::Recovered { .. }
+                | Event::EagerRecovery { .. }
         );
         if !(self.quiet && routine) {
             println!("[{:>10.6}] {e}", self.start.elapsed().as_secs_f64());

@@ -10,6 +10,26 @@ use common::*;
 
 #[test]
 fn ramfs_survives_hundreds_of_kills_with_no_error_and_no_lost_byte() {
+    ramfs_under_kills("on-demand", 300);
+}
+
+/// The same with eager recovery: at each reboot ramfs upcalls the workload,
+/// whose stub rebuilds every open file before ramfs serves anything else.
+#[test]
+fn eager_ramfs_survives_hundreds_of_kills_with_no_error_and_no_lost_byte() {
+    let stdout = ramfs_under_kills("eager", 200);
+    let rebuilt: Vec<u64> = stdout
+        .lines()
+        .filter_map(|l| l.split("eager recovery rebuilt ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    eprintln!("eager recoveries: {}, descriptors: {}", rebuilt.len(), rebuilt.iter().sum::<u64>());
+    assert!(rebuilt.len() > 100, "most reboots report an eager recovery: {}", rebuilt.len());
+    assert!(rebuilt.iter().sum::<u64>() > 0, "the workload's files were rebuilt eagerly");
+}
+
+/// Kills ramfs (`recovery` mode) `kills` times under a three-thread
+/// workload and checks every outcome; returns the event log.
+fn ramfs_under_kills(recovery: &str, kills: usize) -> String {
     let seed = seed("crash_recovery");
     let dir = scratch("crash");
     let system = write(
@@ -24,6 +44,8 @@ name = "crash-test"
 name = "ramfs"
 binary = "ramfs"
 provides = ["fs"]
+recovery = "{recovery}"
+slots = 4
 restart = {{ max = 100000, window_ms = 1000 }}
 
 [[component]]
@@ -40,7 +62,6 @@ threads = 3
         ),
     );
     let tag = unique_tag("crash");
-    let kills = 300;
     let out = kintsugi(&tag)
         .args([
             "run",
@@ -114,6 +135,7 @@ threads = 3
         leftovers(&tag)
     );
     let _ = std::fs::remove_dir_all(dir);
+    stdout
 }
 
 /// When a client dies, its server learns of it and releases what the client

@@ -267,7 +267,7 @@ impl Runtime {
             .store(report.elapsed.as_nanos() as u64, Ordering::SeqCst);
         ctl.eager_descriptors
             .store(report.descriptors, Ordering::SeqCst);
-        tracing::info!(
+        tracing::debug!(
             epoch = self.epoch,
             clients = report.clients,
             failed = report.failed,

@@ -77,6 +77,14 @@ pub enum Event {
         took: Duration,
         init: Duration,
     },
+    /// At the start of `epoch`, the eager component's clients rebuilt
+    /// `descriptors` descriptors by upcall, while it held other calls.
+    EagerRecovery {
+        component: String,
+        epoch: u64,
+        descriptors: u64,
+        took: Duration,
+    },
     /// Clients rebuilt descriptors of `server` during its previous epoch.
     Recovered {
         server: String,
@@ -128,6 +136,11 @@ impl fmt::Display for Event {
                 "{component}: rebooted in {} µs, init {} µs (epoch {epoch}, pid {pid})",
                 took.as_micros(),
                 init.as_micros()
+            ),
+            Event::EagerRecovery { component, epoch, descriptors, took } => write!(
+                f,
+                "{component}: eager recovery rebuilt {descriptors} descriptors in {} µs (epoch {epoch})",
+                took.as_micros()
             ),
             Event::Recovered { server, client, epoch, descriptors } => {
                 write!(f, "{server}: {client} recovered {descriptors} descriptors during epoch {epoch}")

@@ -905,10 +905,21 @@ impl<'a> Supervisor<'a> {
         }
     }
 
-    /// How many descriptors each client rebuilt during the epoch that ended.
+    /// How many descriptors each client rebuilt during the epoch that ended,
+    /// and what the epoch's eager recovery took, if it had one.
     fn recoveries(&mut self, idx: usize) -> Vec<Event> {
         let mut out = Vec::new();
         let m = &mut self.comps[idx];
+        let ctl: &ControlBlock = m.control.at(0);
+        let eager_ns = ctl.eager_ns.swap(0, Ordering::SeqCst);
+        if eager_ns != 0 {
+            out.push(Event::EagerRecovery {
+                component: m.spec.name.clone(),
+                epoch: m.epoch,
+                descriptors: ctl.eager_descriptors.load(Ordering::SeqCst),
+                took: Duration::from_nanos(eager_ns),
+            });
+        }
         for s in &mut m.served {
             let now = s.edge.header().recovered.load(Ordering::Relaxed);
             if now > s.recovered_seen {

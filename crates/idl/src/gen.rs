@@ -1360,20 +1360,35 @@ impl Ctx<'_> {
             self.replay_call(o, rf, args, "");
             o.close("}");
         }
-        let paths = i.replay_paths(d);
-        if paths.iter().skip(1).any(|p| p.as_ref().is_some_and(|p| !p.is_empty())) {
-            o.open("match entry.record.state {");
-            for (n, path) in paths.iter().enumerate().skip(1) {
-                let Some(path) = path else { continue };
-                o.open(format!("{n} => {{"));
-                for f in path {
-                    let args = self.replay_args(f, &format!("{}_", f.name));
-                    self.replay_call(o, f, args, "");
-                }
+        let paths: Vec<(usize, Vec<&Function>)> = i
+            .replay_paths(d)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(n, p)| Some((n, p?)).filter(|(_, p)| !p.is_empty()))
+            .collect();
+        let replay = |o: &mut Out, path: &[&Function]| {
+            for f in path {
+                let args = self.replay_args(f, &format!("{}_", f.name));
+                self.replay_call(o, f, args, "");
+            }
+        };
+        match paths.as_slice() {
+            [] => {}
+            [(n, path)] => {
+                o.open(format!("if entry.record.state == {n} {{"));
+                replay(o, path);
                 o.close("}");
             }
-            o.line("_ => {}");
-            o.close("}");
+            _ => {
+                o.open("match entry.record.state {");
+                for (n, path) in &paths {
+                    o.open(format!("{n} => {{"));
+                    replay(o, path);
+                    o.close("}");
+                }
+                o.line("_ => {}");
+                o.close("}");
+            }
         }
         o.open(format!("self.{s}s.update({s}.0, |t| {{"));
         o.line("t.server_id = server_id;");

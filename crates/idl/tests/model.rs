@@ -248,7 +248,7 @@ fn generated_timer_replays_its_transitions() {
         "pub arm_once: bool,",
         "self.0.timers.update(tm.0, |t| { t.record.state = 1; t.record.arm_start_ns = start_ns; t.record.arm_once = once; });",
         "self.0.timers.update(tm.0, |t| { t.record.state = 0; });",
-        "match entry.record.state {",
+        "if entry.record.state == 1 {",
         "match self.raw().arm(Some(epoch), server_id, entry.record.arm_start_ns, entry.record.arm_once) {",
         // `from` fills the argument in; `store` keeps the result.
         "pub fn wait(&self, tm: Timer) -> Result<u64, CallError<Error>> {",

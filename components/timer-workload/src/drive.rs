@@ -1,0 +1,107 @@
+//! Driving one periodic timer, and a set of one-shot timers, through the
+//! `timer` interface while measuring every tick.
+
+use kintsugi_interfaces::timer::{Client, Error, Timer};
+use kintsugi_runtime::CallError;
+use rustix::time::{clock_gettime, ClockId};
+
+use crate::report::{Measured, TimerReport};
+
+/// Now on CLOCK_MONOTONIC, in nanoseconds: the clock the timer server ticks on.
+pub fn now_ns() -> u64 {
+    let t = clock_gettime(ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Creates and arms a timer, or records why it could not.
+fn armed(client: &Client, m: &mut Measured, start_ns: u64, once: bool) -> Option<Timer> {
+    let tm = client
+        .create(m.period_us)
+        .map_err(|e| m.fail(format!("create({}): {e}", m.period_us)))
+        .ok()?;
+    match client.arm(tm, start_ns, once) {
+        Ok(()) => Some(tm),
+        Err(e) => {
+            m.fail(format!("arm: {e}"));
+            None
+        }
+    }
+}
+
+/// A `wait` that must answer `NotArmed`: on a disarmed timer, or a one-shot
+/// timer past its tick.
+fn expect_not_armed(client: &Client, tm: Timer, m: &mut Measured, when: &str) {
+    match client.wait(tm) {
+        Err(CallError::Server(Error::NotArmed)) => {}
+        other => m.fail(format!("wait {when}: {other:?}, expected NotArmed")),
+    }
+}
+
+/// Waits on a periodic timer of `period_us` armed at `start_ns` until it
+/// reaches tick `ticks`; then disarms it, checks that a wait now answers
+/// `NotArmed`, and frees it.
+pub fn periodic(
+    client: &Client,
+    period_us: u64,
+    start_ns: u64,
+    ticks: u64,
+    stop: &dyn Fn() -> bool,
+) -> TimerReport {
+    let mut m = Measured::new(period_us, false, ticks, start_ns);
+    let Some(tm) = armed(client, &mut m, start_ns, false) else {
+        return m.finish();
+    };
+    while m.final_tick < ticks && !stop() {
+        match client.wait(tm) {
+            Ok(k) => m.tick(k, now_ns()),
+            Err(e) => {
+                m.fail(format!("wait after tick {}: {e}", m.final_tick));
+                break;
+            }
+        }
+    }
+    if let Err(e) = client.disarm(tm) {
+        m.fail(format!("disarm: {e}"));
+    }
+    expect_not_armed(client, tm, &mut m, "once disarmed");
+    if let Err(e) = client.free(tm) {
+        m.fail(format!("free: {e}"));
+    }
+    m.finish()
+}
+
+/// Arms one one-shot timer per delay (in µs, ascending) at `start_ns`, then
+/// waits for each in turn: its single tick 1 must come (not early), and a
+/// second wait must answer `NotArmed`.
+pub fn one_shots(
+    client: &Client,
+    delays_us: &[u64],
+    start_ns: u64,
+    stop: &dyn Fn() -> bool,
+) -> Vec<TimerReport> {
+    let mut timers: Vec<(Measured, Option<Timer>)> = delays_us
+        .iter()
+        .map(|&d| {
+            let mut m = Measured::new(d, true, 1, start_ns);
+            let tm = armed(client, &mut m, start_ns, true);
+            (m, tm)
+        })
+        .collect();
+    for (m, tm) in &mut timers {
+        let Some(tm) = *tm else { continue };
+        if stop() {
+            break;
+        }
+        match client.wait(tm) {
+            Ok(k) => {
+                m.tick(k, now_ns());
+                expect_not_armed(client, tm, m, "past a one-shot tick");
+            }
+            Err(e) => m.fail(format!("wait: {e}")),
+        }
+        if let Err(e) = client.free(tm) {
+            m.fail(format!("free: {e}"));
+        }
+    }
+    timers.into_iter().map(|(m, _)| m.finish()).collect()
+}

@@ -1,0 +1,183 @@
+//! What the workload measures per timer, and the JSON report it prints.
+
+use serde::Serialize;
+
+/// At most this many error messages are kept, per timer and in the report.
+const KEEP_ERRORS: usize = 10;
+
+/// One timer's ticks as they are measured.
+pub struct Measured {
+    pub period_us: u64,
+    once: bool,
+    start_ns: u64,
+    expected_tick: u64,
+    /// The last tick `wait` returned (0: none yet).
+    pub final_tick: u64,
+    waits: u64,
+    skipped: u64,
+    early: u64,
+    lateness_ns: Vec<i64>,
+    delay_ns: Vec<i64>,
+    errors: u64,
+    first_errors: Vec<String>,
+}
+
+impl Measured {
+    pub fn new(period_us: u64, once: bool, expected_tick: u64, start_ns: u64) -> Self {
+        Self {
+            period_us,
+            once,
+            start_ns,
+            expected_tick,
+            final_tick: 0,
+            waits: 0,
+            skipped: 0,
+            early: 0,
+            lateness_ns: Vec::new(),
+            delay_ns: Vec::new(),
+            errors: 0,
+            first_errors: Vec::new(),
+        }
+    }
+
+    pub fn fail(&mut self, what: String) {
+        self.errors += 1;
+        if self.first_errors.len() < KEEP_ERRORS {
+            tracing::error!(period_us = self.period_us, "{what}");
+            self.first_errors.push(what);
+        }
+    }
+
+    /// `wait` returned tick `k`, and the clock read `now_ns` right after.
+    pub fn tick(&mut self, k: u64, now_ns: u64) {
+        if k <= self.final_tick || (self.once && k != 1) {
+            self.fail(format!(
+                "wait returned tick {k} after tick {}",
+                self.final_tick
+            ));
+            return;
+        }
+        let since =
+            |tick: u64| now_ns as i64 - (self.start_ns + tick * self.period_us * 1000) as i64;
+        let lateness = since(k);
+        if lateness < 0 {
+            self.early += 1;
+            tracing::error!(
+                period_us = self.period_us,
+                "tick {k} returned {} ns early",
+                -lateness
+            );
+        }
+        self.lateness_ns.push(lateness);
+        self.delay_ns.push(since(self.final_tick + 1));
+        self.skipped += k - self.final_tick - 1;
+        self.waits += 1;
+        self.final_tick = k;
+    }
+
+    pub fn finish(self) -> TimerReport {
+        let (max, p99) = spread_us(self.lateness_ns.clone());
+        let (max_delay, p99_delay) = spread_us(self.delay_ns.clone());
+        TimerReport {
+            period_us: self.period_us,
+            once: self.once,
+            expected_tick: self.expected_tick,
+            final_tick: self.final_tick,
+            waits: self.waits,
+            skipped: self.skipped,
+            early: self.early,
+            max_lateness_us: max,
+            p99_lateness_us: p99,
+            max_delay_us: max_delay,
+            p99_delay_us: p99_delay,
+            errors: self.errors,
+            first_errors: self.first_errors,
+            lateness_ns: self.lateness_ns,
+            delay_ns: self.delay_ns,
+        }
+    }
+}
+
+/// The largest and the 99th-percentile value, in µs (0 for no values).
+fn spread_us(mut ns: Vec<i64>) -> (f64, f64) {
+    if ns.is_empty() {
+        return (0.0, 0.0);
+    }
+    ns.sort_unstable();
+    let p99 = ns[(ns.len() * 99).div_ceil(100) - 1];
+    let us = |v: i64| (v as f64 / 100.0).round() / 10.0;
+    (us(ns[ns.len() - 1]), us(p99))
+}
+
+/// One timer's outcome. Ticks keep their phase when `waits + skipped ==
+/// final_tick` and `final_tick >= expected_tick`.
+#[derive(Debug, Serialize)]
+pub struct TimerReport {
+    pub period_us: u64,
+    pub once: bool,
+    pub expected_tick: u64,
+    pub final_tick: u64,
+    pub waits: u64,
+    /// Ticks passed over because `wait` returned a later one.
+    pub skipped: u64,
+    /// Ticks returned before their instant (must be 0).
+    pub early: u64,
+    /// now − the instant of the tick returned, read right after `wait`
+    /// returned. At most about a period: a later wake-up returns a later tick.
+    pub max_lateness_us: f64,
+    pub p99_lateness_us: f64,
+    /// now − the instant of the first tick waited for (`after` + 1): how
+    /// late the wake-up was, skipped ticks included.
+    pub max_delay_us: f64,
+    pub p99_delay_us: f64,
+    pub errors: u64,
+    pub first_errors: Vec<String>,
+    #[serde(skip)]
+    lateness_ns: Vec<i64>,
+    #[serde(skip)]
+    delay_ns: Vec<i64>,
+}
+
+/// The workload's report: every timer, and the totals over all of them.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub seed: u64,
+    pub waits: u64,
+    pub skipped: u64,
+    pub early: u64,
+    pub errors: u64,
+    /// Over every tick of every timer.
+    pub max_lateness_us: f64,
+    pub p99_lateness_us: f64,
+    pub max_delay_us: f64,
+    pub p99_delay_us: f64,
+    pub first_errors: Vec<String>,
+    pub timers: Vec<TimerReport>,
+}
+
+impl Report {
+    pub fn of(seed: u64, timers: Vec<TimerReport>) -> Self {
+        let pooled = |of: fn(&TimerReport) -> &Vec<i64>| {
+            spread_us(timers.iter().flat_map(|t| of(t).iter().copied()).collect())
+        };
+        let (max, p99) = pooled(|t| &t.lateness_ns);
+        let (max_delay, p99_delay) = pooled(|t| &t.delay_ns);
+        Self {
+            seed,
+            waits: timers.iter().map(|t| t.waits).sum(),
+            skipped: timers.iter().map(|t| t.skipped).sum(),
+            early: timers.iter().map(|t| t.early).sum(),
+            errors: timers.iter().map(|t| t.errors).sum(),
+            max_lateness_us: max,
+            p99_lateness_us: p99,
+            max_delay_us: max_delay,
+            p99_delay_us: p99_delay,
+            first_errors: timers
+                .iter()
+                .flat_map(|t| t.first_errors.iter().cloned())
+                .take(KEEP_ERRORS)
+                .collect(),
+            timers,
+        }
+    }
+}

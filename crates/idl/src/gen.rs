@@ -1038,7 +1038,11 @@ impl Ctx<'_> {
             params.join(", ")
         ));
         let retry_ok = !f.retry_ok.is_empty();
-        if retry_ok {
+        // A global descriptor's close whose first attempt was interrupted
+        // may have closed it: the retry then finds no such descriptor.
+        let global_close = f.role == Role::Terminal
+            && f.descriptor_args().next().is_some_and(|(_, d)| self.is_global(d));
+        if retry_ok || global_close {
             o.line("// Set once an attempt's fate is unknown: it may have taken effect.");
             o.line("let mut interrupted = false;");
         }
@@ -1229,6 +1233,15 @@ impl Ctx<'_> {
                 "Err(CallError::Server({})) if interrupted => return Ok(()),",
                 errs.join(" | ")
             ));
+        } else if global_close {
+            let (a, d) = f.descriptor_args().next().expect("checked");
+            o.line("Err(CallError::Fault(Fault::Stale)) => continue,");
+            o.line("Err(CallError::Fault(Fault::Interrupted)) => interrupted = true,");
+            o.open("Err(CallError::Fault(Fault::NoDescriptor(_))) if interrupted => {");
+            o.line("// The interrupted attempt closed it.");
+            self.forget(o, a, d);
+            o.line("return Ok(());");
+            o.close("}");
         } else {
             o.line("Err(CallError::Fault(Fault::Stale | Fault::Interrupted)) => continue,");
         }

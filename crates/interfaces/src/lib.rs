@@ -33,6 +33,8 @@ pub mod mm {
     include!(concat!(env!("OUT_DIR"), "/mm.rs"));
 }
 
+pub mod mm_map;
+
 /// Flags of `fs.open`.
 pub mod fs_flags {
     /// Create the file if it does not exist.

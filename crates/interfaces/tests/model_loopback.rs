@@ -148,7 +148,7 @@ fn global_descriptors_keep_their_ids_and_are_rebuilt_parents_first_by_the_server
     // Closed ids are gone for good; an id nobody created is refused.
     lb.reboot(tree::service(TreeServer::new(&log, 4), store));
     match client.tag(leaf) {
-        Err(CallError::Fault(Fault::Refused(why))) => assert!(why.contains("0x3ea"), "{why}"),
+        Err(CallError::Fault(Fault::NoDescriptor(why))) => assert!(why.contains("0x3ea"), "{why}"),
         other => panic!("a closed node answered {other:?}"),
     }
     assert_eq!(client.tag(other).unwrap(), 40);

@@ -104,6 +104,10 @@ pub struct EdgeHeader {
     /// `client_epoch + 1` while an incarnation of the client listens for
     /// upcalls; any other value means nobody does.
     pub upcall_listener: AtomicU64,
+    /// The `client_epoch` whose deaths the server's incarnations have told
+    /// their service of: a death during a server's reboot is told by the
+    /// next incarnation (at least once).
+    pub client_deaths_told: AtomicU64,
 }
 // SAFETY: repr(C), atomics only, all-zero is a valid (unset) header.
 unsafe impl SharedPod for EdgeHeader {}

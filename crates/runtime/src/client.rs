@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::channel::{flags, liveness, state, status, Edge};
 use crate::futex;
 use crate::priority;
-use crate::stub::{Fault, InterfaceInfo, ReplyStatus};
+use crate::stub::{Fault, InterfaceInfo, Refusal, ReplyStatus};
 use crate::upcall::{Handler, Listener, Recover};
 use crate::wire::{Reader, WireError, Writer};
 
@@ -152,9 +152,15 @@ impl Connection {
                             .map_err(Fault::Decode)
                     }
                     status::STALE => Err(Fault::Stale),
-                    _ => Err(Fault::Refused(
-                        String::from_utf8_lossy(response).into_owned(),
-                    )),
+                    _ => {
+                        let why = String::from_utf8_lossy(response).into_owned();
+                        let code = s.code.load(Ordering::Relaxed);
+                        if code == Refusal::UnknownDescriptor(0).code() {
+                            Err(Fault::NoDescriptor(why))
+                        } else {
+                            Err(Fault::Refused(why))
+                        }
+                    }
                 }
             }
             _ => match edge.header().liveness.load(Ordering::SeqCst) {

@@ -532,7 +532,7 @@ fn watch_clients(
     let (control, gate) = (control.clone(), gate.clone());
     let mut seen: Vec<u64> = edges
         .iter()
-        .map(|(_, _, e)| e.header().client_epoch.load(Ordering::SeqCst))
+        .map(|(_, _, e)| e.header().client_deaths_told.load(Ordering::SeqCst))
         .collect();
     let spawned = std::thread::Builder::new()
         .name("clients".into())
@@ -550,6 +550,7 @@ fn watch_clients(
                         if let Some(service) = services.get(interface.as_str()) {
                             service.client_died(*client);
                         }
+                        edge.header().client_deaths_told.store(now, Ordering::SeqCst);
                     }
                 }
                 futex::wait(&ctl.client_deaths, deaths, None);

@@ -125,6 +125,10 @@ pub enum Fault {
     /// The server stub refused the invocation (the server's reason).
     #[error("invocation refused: {0}")]
     Refused(String),
+    /// The server stub knows no such global descriptor (never created, or
+    /// closed; after an interrupted close, closed by that attempt).
+    #[error("invocation refused: {0}")]
+    NoDescriptor(String),
     /// The request did not fit the channel slot.
     #[error("request encoding: {0}")]
     Encode(WireError),

@@ -1,0 +1,220 @@
+//! What the owner and the sink share: the control page's layout, the bytes
+//! every page must hold, the error tally, and the kernel's view of a mapping.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+use kintsugi_interfaces::mm::{self, Page};
+use kintsugi_interfaces::mm_map::{Mapped, Mapper};
+use kintsugi_runtime::shm::Region;
+use kintsugi_runtime::Runtime;
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+use serde::Serialize;
+
+use crate::Config;
+
+/// The control page's words (byte offsets; u32 unless noted). The owner
+/// writes everything else before it stores `MAGIC`, and a round's alias ids
+/// and count before it stores the round in `PUBLISHED`.
+pub const AT_MAGIC: usize = 0;
+pub const MAGIC: u32 = 0x6b6d_6d31;
+/// u64: the sink's alias of the keeper.
+pub const AT_KEEPER: usize = 8;
+/// The last round the owner published, and how many aliases it has.
+pub const AT_PUBLISHED: usize = 16;
+pub const AT_COUNT: usize = 20;
+/// The last round whose aliases the sink has verified.
+pub const AT_ACKED: usize = 24;
+/// The last round whose grants the owner has revoked (every revoke returned).
+pub const AT_REVOKED: usize = 28;
+/// The last round whose unmapping the sink has checked.
+pub const AT_CHECKED: usize = 32;
+/// u64 each: the round's alias ids, in grant order.
+pub const AT_ALIASES: usize = 64;
+pub const MAX_GRANTS: usize = 64;
+/// The keeper's bytes are those of this round.
+pub const KEEPER_ROUND: u64 = u64::MAX;
+
+/// How long a side sleeps between looks at a control word.
+const POLL: Duration = Duration::from_micros(100);
+
+/// What every role works with.
+pub struct Env<'a> {
+    pub rt: &'a Runtime,
+    pub client: &'a mm::Client,
+    pub mapper: &'a Mapper<'a>,
+    pub maps: KernelMaps,
+    pub config: &'a Config,
+}
+
+/// Errors seen, with the first few spelled out.
+#[derive(Debug, Default, Serialize)]
+pub struct Tally {
+    pub errors: u64,
+    pub first_errors: Vec<String>,
+}
+
+impl Tally {
+    pub fn fail(&mut self, what: String) {
+        self.errors += 1;
+        if self.first_errors.len() < 10 {
+            tracing::error!("{what}");
+            self.first_errors.push(what);
+        }
+    }
+}
+
+/// The bytes page `index` of `round` holds.
+pub fn pattern(seed: u64, round: u64, index: u64, len: usize) -> Vec<u8> {
+    let key = seed
+        ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ index.wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+    let mut bytes = vec![0; len];
+    StdRng::seed_from_u64(key).fill_bytes(&mut bytes);
+    bytes
+}
+
+impl Env<'_> {
+    /// True once the supervisor asked this component to stop.
+    pub fn stopping(&self) -> bool {
+        self.rt.stop_requested()
+    }
+
+    /// Waits until the control word at `at` reaches `want`; false if told to stop first.
+    pub fn wait_for(&self, control: Page, at: usize, want: u32) -> anyhow::Result<bool> {
+        while self.mapper.load_u32(control, at)? < want {
+            if self.stopping() {
+                return Ok(false);
+            }
+            std::thread::sleep(POLL);
+        }
+        Ok(true)
+    }
+
+    pub fn store_u64(&self, page: Page, at: usize, v: u64) -> anyhow::Result<()> {
+        Ok(self.mapper.write(page, at, &v.to_le_bytes())?)
+    }
+
+    pub fn load_u64(&self, page: Page, at: usize) -> anyhow::Result<u64> {
+        let mut b = [0; 8];
+        self.mapper.read(page, at, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Checks that mapped `page` (of `len` bytes) holds `round`'s page `index`.
+    pub fn verify(&self, page: Page, len: usize, round: u64, index: u64) -> anyhow::Result<bool> {
+        let mut found = vec![0; len];
+        self.mapper.read(page, 0, &mut found)?;
+        Ok(found == pattern(self.config.seed, round, index, len))
+    }
+
+    /// Checks the keeper through the mapping made at the start; a mismatch
+    /// is an error. Returns whether it held its bytes.
+    pub fn check_keeper(
+        &self,
+        keeper: Page,
+        len: usize,
+        tally: &mut Tally,
+    ) -> anyhow::Result<bool> {
+        if !self.mapper.is_mapped(keeper) {
+            tally.fail(format!("the keeper {:#x} is no longer mapped", keeper.0));
+            return Ok(false);
+        }
+        let intact = self.verify(keeper, len, KEEPER_ROUND, 0)?;
+        if !intact {
+            tally.fail(format!(
+                "the keeper {:#x} does not hold its bytes",
+                keeper.0
+            ));
+        }
+        Ok(intact)
+    }
+
+    /// Checks that the mapper and the kernel agree that `mapped` (of page
+    /// `page`) is gone after its revoke returned.
+    pub fn check_unmapped(
+        &self,
+        page: Page,
+        mapped: Mapped,
+        tally: &mut Tally,
+    ) -> anyhow::Result<()> {
+        if self.mapper.is_mapped(page) {
+            tally.fail(format!(
+                "page {:#x} is still in the mapper after its revoke",
+                page.0
+            ));
+        } else if self.maps.maps(mapped)? {
+            tally.fail(format!(
+                "page {:#x}: the pool is still mapped at {:#x}+{} after its revoke",
+                page.0, mapped.addr, mapped.len
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The kernel's view of this process's mappings of mm's pool.
+pub struct KernelMaps {
+    /// The pool memfd's inode, as `/proc/self/maps` shows it.
+    inode: u64,
+}
+
+impl KernelMaps {
+    pub fn new(pool: &Region) -> anyhow::Result<Self> {
+        let fd = pool.fd().as_raw_fd();
+        let inode = std::fs::metadata(format!("/proc/self/fd/{fd}"))?.ino();
+        Ok(Self { inode })
+    }
+
+    /// True if any of the bytes `m` covered is still mapped from the pool.
+    pub fn maps(&self, m: Mapped) -> anyhow::Result<bool> {
+        let maps = std::fs::read_to_string("/proc/self/maps")?;
+        for line in maps.lines() {
+            // start-end perms offset dev inode [path]
+            let mut f = line.split_whitespace();
+            let (Some(range), Some(inode)) = (f.next(), f.nth(3)) else {
+                continue;
+            };
+            let Some((start, end)) = range.split_once('-') else {
+                continue;
+            };
+            let start = usize::from_str_radix(start, 16)?;
+            let end = usize::from_str_radix(end, 16)?;
+            if start < m.addr + m.len && m.addr < end && inode.parse::<u64>()? == self.inode {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_differ_by_seed_round_and_index() {
+        let p = pattern(7, 1, 0, 256);
+        assert_eq!(p, pattern(7, 1, 0, 256));
+        assert_ne!(p, pattern(8, 1, 0, 256));
+        assert_ne!(p, pattern(7, 2, 0, 256));
+        assert_ne!(p, pattern(7, 1, 1, 256));
+    }
+
+    #[test]
+    fn the_kernel_shows_a_pool_mapping_until_it_is_dropped() {
+        let ps = kintsugi_runtime::shm::page_size();
+        let pool = Region::create("mm-workload-test", 4 * ps).unwrap();
+        let maps = KernelMaps::new(&pool).unwrap();
+        let m = pool.map_range(ps, 2 * ps).unwrap();
+        let at = Mapped {
+            addr: m.as_ptr() as usize,
+            len: m.len(),
+        };
+        assert!(maps.maps(at).unwrap());
+        drop(m);
+        assert!(!maps.maps(at).unwrap());
+    }
+}

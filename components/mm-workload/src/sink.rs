@@ -1,0 +1,179 @@
+//! The sink: maps and verifies the owner's aliases, then checks that their
+//! revokes left no mapping behind.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use kintsugi_interfaces::mm::Page;
+use kintsugi_interfaces::mm_map::Mapped;
+use serde::Serialize;
+
+use crate::protocol::*;
+
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    pub role: &'static str,
+    pub seed: u64,
+    /// Rounds verified, and checked after their revokes.
+    pub rounds: u64,
+    pub aliases_mapped: u64,
+    /// Aliases whose every byte was the owner's.
+    pub aliases_verified: u64,
+    pub bytes_verified: u64,
+    /// Aliases checked gone (mapper and kernel) once their revoke had returned.
+    pub revokes_checked: u64,
+    /// Mappings this process's UNMAP handler dropped.
+    pub unmapped_by_upcall: u64,
+    pub keeper_checks: u64,
+    /// The keeper, mapped at the start, held its bytes at the very end.
+    pub keeper_intact_at_end: bool,
+    /// The owner ended, and mm reclaimed its pages: the control page and
+    /// the keeper were unmapped here by upcall (mapper and kernel agree).
+    pub owner_pages_reclaimed: bool,
+    #[serde(flatten)]
+    pub tally: Tally,
+}
+
+/// The pages the owner shares with the sink for the whole run, as mapped here.
+struct Shared {
+    control: Page,
+    control_at: Mapped,
+    keeper: Page,
+    keeper_at: Mapped,
+    keeper_len: usize,
+}
+
+/// Why the rounds ended.
+enum End {
+    /// Told to stop, or done with the rounds configured.
+    Stopped,
+    /// The control page was unmapped under the sink: the owner ended and mm
+    /// reclaimed its pages.
+    OwnerGone,
+}
+
+pub fn run(env: &Env<'_>) -> Report {
+    let mut report = Report {
+        role: "sink",
+        seed: env.config.seed,
+        ..Default::default()
+    };
+    match find_shared(env) {
+        Ok(Some(shared)) => match rounds(env, &shared, &mut report) {
+            Ok(End::Stopped) => {
+                // After every crash of mm: the first mapping still holds the first bytes.
+                match env.check_keeper(shared.keeper, shared.keeper_len, &mut report.tally) {
+                    Ok(intact) => report.keeper_intact_at_end = intact,
+                    Err(e) => report.tally.fail(format!("checking the keeper: {e:#}")),
+                }
+                report.keeper_checks += 1;
+            }
+            Ok(End::OwnerGone) => {
+                let before = report.tally.errors;
+                let checked = env
+                    .check_unmapped(shared.control, shared.control_at, &mut report.tally)
+                    .and_then(|()| {
+                        env.check_unmapped(shared.keeper, shared.keeper_at, &mut report.tally)
+                    });
+                match checked {
+                    Ok(()) => report.owner_pages_reclaimed = report.tally.errors == before,
+                    Err(e) => report
+                        .tally
+                        .fail(format!("checking the owner's pages: {e:#}")),
+                }
+            }
+            Err(e) => report.tally.fail(format!("{e:#}")),
+        },
+        Ok(None) => {}
+        Err(e) => report
+            .tally
+            .fail(format!("finding the owner's pages: {e:#}")),
+    }
+    report.unmapped_by_upcall = env.mapper.unmapped_by_upcall();
+    report
+}
+
+/// The control page (the oldest page the sink holds: the owner aliases it
+/// before anything else) and the keeper it names, mapped; `None` if told to
+/// stop before the owner made them.
+fn find_shared(env: &Env<'_>) -> anyhow::Result<Option<Shared>> {
+    let control = loop {
+        if let Some(&oldest) = env.client.held()?.first() {
+            break Page(oldest);
+        }
+        if env.stopping() {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let control_at = env.mapper.map(control)?;
+    if !env.wait_for(control, AT_MAGIC, MAGIC)? {
+        return Ok(None);
+    }
+    let keeper = Page(env.load_u64(control, AT_KEEPER)?);
+    let keeper_at = env.mapper.map(keeper)?;
+    Ok(Some(Shared {
+        control,
+        control_at,
+        keeper,
+        keeper_at,
+        keeper_len: keeper_at.len,
+    }))
+}
+
+fn rounds(env: &Env<'_>, shared: &Shared, report: &mut Report) -> anyhow::Result<End> {
+    let control = shared.control;
+    let mut round = 1u32;
+    loop {
+        env.check_keeper(shared.keeper, shared.keeper_len, &mut report.tally)?;
+        report.keeper_checks += 1;
+        if env.config.rounds != 0 && u64::from(round) > env.config.rounds {
+            return Ok(End::Stopped);
+        }
+        match env.wait_for(control, AT_PUBLISHED, round) {
+            Ok(true) => {}
+            Ok(false) => return Ok(End::Stopped),
+            Err(_) if !env.mapper.is_mapped(control) => return Ok(End::OwnerGone),
+            Err(e) => return Err(e),
+        }
+        let n = env.mapper.load_u32(control, AT_COUNT)? as usize;
+        anyhow::ensure!(n <= MAX_GRANTS, "round {round}: {n} aliases published");
+        let aliases = (0..n)
+            .map(|i| env.load_u64(control, AT_ALIASES + 8 * i).map(Page))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let held: HashSet<u64> = env.client.held()?.into_iter().collect();
+        let mut mapped: Vec<(Page, Mapped)> = Vec::new();
+        for (i, &alias) in aliases.iter().enumerate() {
+            if !held.contains(&alias.0) {
+                report.tally.fail(format!(
+                    "round {round}: mm does not list alias {:#x} among the sink's pages",
+                    alias.0
+                ));
+            }
+            let m = env.mapper.map(alias)?;
+            report.aliases_mapped += 1;
+            if env.verify(alias, m.len, u64::from(round), i as u64)? {
+                report.aliases_verified += 1;
+                report.bytes_verified += m.len as u64;
+            } else {
+                report.tally.fail(format!(
+                    "round {round}: alias {:#x} ({} bytes) does not hold the owner's bytes",
+                    alias.0, m.len
+                ));
+            }
+            mapped.push((alias, m));
+        }
+        env.mapper.store_u32(control, AT_ACKED, round)?;
+        if !env.wait_for(control, AT_REVOKED, round)? {
+            return Ok(End::Stopped);
+        }
+        // Every revoke has returned: every mapping of these aliases must be gone.
+        for (alias, m) in mapped {
+            env.check_unmapped(alias, m, &mut report.tally)?;
+            report.revokes_checked += 1;
+        }
+        env.mapper.store_u32(control, AT_CHECKED, round)?;
+        report.rounds += 1;
+        round += 1;
+    }
+}

@@ -1,0 +1,200 @@
+//! mm is killed with SIGKILL and SIGSEGV at random instants, 200 times,
+//! while an owner grants pages, fills them and aliases them into a sink,
+//! the sink maps and verifies every alias, and the owner revokes them. The
+//! sink must see the owner's bytes in every alias it maps, every revoke
+//! must leave no mapping of its pages in either process once it returns
+//! (checked in each mapper's table and in `/proc/self/maps`), and a page
+//! both mapped at the start must still hold its bytes after every crash.
+//! And when the owner ends, mm reclaims its pages, unmapping them in the sink.
+
+mod common;
+
+use common::*;
+
+/// mm, then the sink (component 2), then the owner: components stop in
+/// reverse order, so the owner stops first and never waits on a revoke's
+/// upcall to a sink that has already stopped. `rounds`: the owner's (0: until stopped).
+fn system(seed: u64, grants: u64, rounds: u64) -> String {
+    format!(
+        r#"
+[system]
+name = "mm-test"
+
+[[component]]
+name = "mm"
+binary = "mm"
+provides = ["mm"]
+pool_kib = 4096
+arena_kib = 64
+restart = {{ max = 100000, window_ms = 1000 }}
+
+[[component]]
+name = "sink"
+binary = "mm-workload"
+uses = ["mm"]
+[component.config]
+role = "sink"
+seed = {seed}
+
+[[component]]
+name = "owner"
+binary = "mm-workload"
+uses = ["mm"]
+[component.config]
+role = "owner"
+seed = {seed}
+sink = 2
+grants = {grants}
+max_pages = 4
+keeper_pages = 4
+rounds = {rounds}
+"#
+    )
+}
+
+/// The JSON report a role printed.
+fn report(stdout: &str, role: &str) -> serde_json::Value {
+    json_lines(stdout)
+        .into_iter()
+        .find(|r| r["role"] == role)
+        .unwrap_or_else(|| panic!("no {role} report in:\n{stdout}"))
+}
+
+fn n(r: &serde_json::Value, k: &str) -> u64 {
+    r[k].as_u64()
+        .unwrap_or_else(|| panic!("no `{k}` in report {r}"))
+}
+
+#[test]
+fn mm_survives_200_kills_with_every_alias_valid_and_every_revoke_total() {
+    let seed = seed("mm_recovery");
+    let dir = scratch("mm");
+    let grants = 4u64;
+    let system = write(&dir, "mm.toml", &system(seed, grants, 0));
+    let tag = unique_tag("mm");
+    let kills = 200;
+    let started = std::time::Instant::now();
+    let out = kintsugi(&tag)
+        .args(["run", system.to_str().unwrap(), "--kill", "mm"])
+        .args(["--signals", "kill,segv", "--kills", &kills.to_string()])
+        .args(["--kill-every", "1..15", "--seed", &seed.to_string()])
+        .arg("--stop-after-kills")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "kintsugi run failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+
+    let crashes: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("mm: crashed with"))
+        .collect();
+    let by_kill = crashes.iter().filter(|l| l.contains("SIGKILL")).count();
+    let in_flight = |f: &str| {
+        crashes
+            .iter()
+            .filter(|l| l.contains(&format!("mm.{f}")))
+            .count()
+    };
+    let reboots = stdout
+        .lines()
+        .filter(|l| l.contains("mm: rebooted in"))
+        .count();
+    eprintln!(
+        "{} crashes ({by_kill} SIGKILL) in {:.1} s; in flight: grant {}, alias {}, locate {}, revoke {}, held {}",
+        crashes.len(),
+        started.elapsed().as_secs_f64(),
+        in_flight("grant"),
+        in_flight("alias"),
+        in_flight("locate"),
+        in_flight("revoke"),
+        in_flight("held"),
+    );
+    assert_eq!(crashes.len(), kills, "every injection must kill mm once");
+    assert!(by_kill > 0 && by_kill < kills, "both signals were injected");
+    assert_eq!(reboots, kills, "every crash is followed by a reboot");
+    assert!(
+        in_flight("revoke") > 0,
+        "some kills must land in the middle of a revoke (while it unmaps by upcall)"
+    );
+
+    let (owner, sink) = (report(&stdout, "owner"), report(&stdout, "sink"));
+    eprintln!("owner: {owner}\nsink: {sink}");
+    assert_eq!(n(&owner, "errors"), 0, "the owner saw errors: {owner}");
+    assert_eq!(n(&sink, "errors"), 0, "the sink saw errors: {sink}");
+    assert!(n(&owner, "rounds") > 10, "the workload ran: {owner}");
+
+    // Every alias the sink mapped showed the owner's bytes, and it mapped
+    // every alias the owner made (but those of a round cut short by the stop).
+    assert!(n(&sink, "aliases_mapped") > 0);
+    assert_eq!(n(&sink, "aliases_verified"), n(&sink, "aliases_mapped"));
+    assert!(n(&sink, "aliases_mapped") <= n(&owner, "aliases"));
+    assert!(n(&sink, "aliases_mapped") + grants >= n(&owner, "aliases"));
+    assert!(n(&sink, "bytes_verified") >= n(&sink, "aliases_mapped") * 4096);
+
+    // Every revoke was total: the owner's own mapping was gone when it
+    // returned, and so was the sink's mapping of the alias, both dropped by
+    // mm's UNMAP upcall (not by anything else).
+    assert!(n(&owner, "revokes") > 0);
+    assert!(n(&owner, "revokes") + grants >= n(&owner, "grants"));
+    assert_eq!(n(&owner, "unmaps_checked"), n(&owner, "revokes"));
+    assert_eq!(n(&owner, "unmapped_by_upcall"), n(&owner, "revokes"));
+    assert!(n(&sink, "revokes_checked") <= n(&owner, "revokes"));
+    assert!(n(&sink, "revokes_checked") + grants >= n(&owner, "revokes"));
+    assert!(n(&sink, "unmapped_by_upcall") >= n(&sink, "revokes_checked"));
+
+    // The pages both mapped once at the start survived every crash (and the
+    // owner never ended, so mm never reclaimed them).
+    assert_eq!(sink["owner_pages_reclaimed"], false, "{sink}");
+    for r in [&owner, &sink] {
+        assert_eq!(r["keeper_intact_at_end"], true, "{r}");
+        assert!(n(r, "keeper_checks") > n(r, "rounds"), "{r}");
+    }
+    assert!(
+        leftovers(&tag).is_empty(),
+        "processes left behind: {:?}",
+        leftovers(&tag)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// When the owner ends, mm reclaims the pages it held (C3): the control
+/// page and the keeper it had aliased into the sink are unmapped there by
+/// upcall, which the sink sees in its mapper and in `/proc/self/maps`.
+#[test]
+fn an_owners_pages_are_reclaimed_and_unmapped_in_the_sink_when_it_ends() {
+    let seed = seed("mm_reclaim");
+    let dir = scratch("mm-reclaim");
+    let rounds = 50;
+    let system = write(&dir, "mm.toml", &system(seed, 4, rounds));
+    let tag = unique_tag("mm-reclaim");
+    let out = kintsugi(&tag)
+        .args(["run", system.to_str().unwrap(), "--until-finished", "sink"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "kintsugi run failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let (owner, sink) = (report(&stdout, "owner"), report(&stdout, "sink"));
+    eprintln!("owner: {owner}\nsink: {sink}");
+    assert_eq!(n(&owner, "errors"), 0, "{owner}");
+    assert_eq!(n(&sink, "errors"), 0, "{sink}");
+    assert_eq!((n(&owner, "rounds"), n(&sink, "rounds")), (rounds, rounds));
+    assert_eq!(sink["owner_pages_reclaimed"], true, "{sink}");
+    // The round pages' revokes, then the control page and the keeper.
+    assert_eq!(
+        n(&sink, "unmapped_by_upcall"),
+        n(&sink, "revokes_checked") + 2,
+        "{sink}"
+    );
+    assert!(
+        leftovers(&tag).is_empty(),
+        "processes left behind: {:?}",
+        leftovers(&tag)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -3,15 +3,9 @@
 
 use kintsugi_interfaces::timer::{Client, Error, Timer};
 use kintsugi_runtime::CallError;
-use rustix::time::{clock_gettime, ClockId};
+use kintsugi_runtime::clock::monotonic_ns as now_ns;
 
 use crate::report::{Measured, TimerReport};
-
-/// Now on CLOCK_MONOTONIC, in nanoseconds: the clock the timer server ticks on.
-pub fn now_ns() -> u64 {
-    let t = clock_gettime(ClockId::Monotonic);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
 
 /// Creates and arms a timer, or records why it could not.
 fn armed(client: &Client, m: &mut Measured, start_ns: u64, once: bool) -> Option<Timer> {

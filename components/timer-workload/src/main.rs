@@ -81,7 +81,7 @@ fn main() {
                 ?delays,
                 "timer-workload starting"
             );
-            let start_ns = drive::now_ns() + LEAD_NS;
+            let start_ns = kintsugi_runtime::clock::monotonic_ns() + LEAD_NS;
             let stop = || rt.stop_requested();
             let timers = std::thread::scope(|s| {
                 let periodic: Vec<_> = periods

@@ -14,13 +14,7 @@ use std::time::Duration;
 
 use kintsugi_interfaces::timer::{self, Error};
 use kintsugi_runtime::{futex, Caller};
-use rustix::time::{clock_gettime, ClockId};
-
-/// Now on CLOCK_MONOTONIC, in nanoseconds: the clock `arm`'s `start_ns` is on.
-fn now_ns() -> u64 {
-    let t = clock_gettime(ClockId::Monotonic);
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
+use kintsugi_runtime::clock::monotonic_ns as now_ns;
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

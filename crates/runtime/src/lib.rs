@@ -7,6 +7,7 @@
 pub mod boot;
 pub mod channel;
 pub mod client;
+pub mod clock;
 pub mod component;
 mod durable;
 pub mod fdpass;

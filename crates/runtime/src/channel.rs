@@ -132,6 +132,9 @@ pub struct SlotHeader {
     /// The calling thread's priority ([`crate::priority::Priority::word`]),
     /// which the server's worker adopts while it serves the call.
     pub priority: AtomicU32,
+    /// The caller's incarnation (`EdgeHeader::client_epoch` when it called):
+    /// a request a dead incarnation left behind is refused unrun.
+    pub client_epoch: AtomicU64,
 }
 // SAFETY: repr(C), atomics only, all-zero is IDLE.
 unsafe impl SharedPod for SlotHeader {}
@@ -144,6 +147,9 @@ const _: () = assert!(std::mem::size_of::<EdgeHeader>() <= HEADER_SIZE);
 pub struct Edge {
     region: Region,
     slots: u32,
+    /// Held (in the server's process) while a client's death is told to
+    /// the service, so that it is told once and before any later request.
+    telling: std::sync::Mutex<()>,
 }
 
 impl Edge {
@@ -156,7 +162,11 @@ impl Edge {
     pub fn create(name: &str, slots: u32) -> std::io::Result<Self> {
         assert!((1..=MAX_SLOTS).contains(&slots));
         let region = Region::create(name, Self::region_size(slots))?;
-        let edge = Self { region, slots };
+        let edge = Self {
+            region,
+            slots,
+            telling: Default::default(),
+        };
         let h = edge.header();
         h.slot_count.store(slots, Ordering::Relaxed);
         h.magic.store(MAGIC, Ordering::Release);
@@ -177,7 +187,11 @@ impl Edge {
         if slots == 0 || slots > MAX_SLOTS || region.len() < Self::region_size(slots) {
             return Err(bad("edge region has a bad slot count"));
         }
-        Ok(Self { region, slots })
+        Ok(Self {
+            region,
+            slots,
+            telling: Default::default(),
+        })
     }
 
     pub fn region(&self) -> &Region {
@@ -288,11 +302,31 @@ impl Edge {
     /// The client died: its threads' slot claims go with it, and its server
     /// will see the client epoch change (an upcall waiting for the dead
     /// client's answer is woken to fail).
+    /// Runs `tell` (the service's `client_died`) if the client died since the
+    /// server's incarnations last told it, whichever thread gets here first;
+    /// the others wait until it has been told.
+    pub fn tell_client_deaths(&self, tell: impl FnOnce()) {
+        let h = self.header();
+        if h.client_deaths_told.load(Ordering::SeqCst) == h.client_epoch.load(Ordering::SeqCst) {
+            return;
+        }
+        let _one = self.telling.lock().unwrap_or_else(|e| e.into_inner());
+        let now = h.client_epoch.load(Ordering::SeqCst);
+        if h.client_deaths_told.load(Ordering::SeqCst) != now {
+            tell();
+            h.client_deaths_told.store(now, Ordering::SeqCst);
+        }
+    }
+
     pub fn client_down(&self) {
         let h = self.header();
         h.claimed.store(0, Ordering::SeqCst);
         h.client_epoch.fetch_add(1, Ordering::SeqCst);
         futex::wake_all(&h.upcall_ack);
+        // The dead client may have posted a request without waking its worker.
+        for i in 0..self.slots {
+            futex::wake_all(&self.slot(i).state);
+        }
     }
 
     /// Function ids of the calls in flight right now (for fault reports).

@@ -122,6 +122,8 @@ impl Connection {
         }
         s.func.store(func, Ordering::Relaxed);
         s.epoch.store(epoch.unwrap_or(0), Ordering::Relaxed);
+        s.client_epoch
+            .store(edge.header().client_epoch.load(Ordering::SeqCst), Ordering::Relaxed);
         let call_flags = if RecoveryScope::active() {
             flags::RECOVERY
         } else {

@@ -530,10 +530,6 @@ fn watch_clients(
         return;
     }
     let (control, gate) = (control.clone(), gate.clone());
-    let mut seen: Vec<u64> = edges
-        .iter()
-        .map(|(_, _, e)| e.header().client_deaths_told.load(Ordering::SeqCst))
-        .collect();
     let spawned = std::thread::Builder::new()
         .name("clients".into())
         .stack_size(256 * 1024)
@@ -543,14 +539,9 @@ fn watch_clients(
             let (services, _) = gate.services.get().expect("gate is open");
             loop {
                 let deaths = ctl.client_deaths.load(Ordering::SeqCst);
-                for ((interface, client, edge), seen) in edges.iter().zip(&mut seen) {
-                    let now = edge.header().client_epoch.load(Ordering::SeqCst);
-                    if now != *seen {
-                        *seen = now;
-                        if let Some(service) = services.get(interface.as_str()) {
-                            service.client_died(*client);
-                        }
-                        edge.header().client_deaths_told.store(now, Ordering::SeqCst);
+                for (interface, client, edge) in &edges {
+                    if let Some(service) = services.get(interface.as_str()) {
+                        edge.tell_client_deaths(|| service.client_died(*client));
                     }
                 }
                 futex::wait(&ctl.client_deaths, deaths, None);

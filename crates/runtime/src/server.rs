@@ -1,5 +1,7 @@
 //! The server side of invocation: one worker thread per channel slot, each
-//! waiting for a request, checking its epoch, passing the [`RecoveryGate`],
+//! waiting for a request, checking its epochs (the server's and the
+//! calling incarnation's), telling the service of client deaths it has not
+//! heard of yet, passing the [`RecoveryGate`],
 //! taking on the caller's priority and handing the request to the
 //! interface's server stub.
 
@@ -38,11 +40,21 @@ impl SlotWorker {
             component: self.client,
             slot: self.slot,
         };
+        let header = self.edge.header();
         while self.wait_for_request() {
             let req_epoch = s.epoch.load(Ordering::Relaxed);
-            if req_epoch != 0 && req_epoch != epoch {
+            let caller_epoch = s.client_epoch.load(Ordering::Relaxed);
+            if (req_epoch != 0 && req_epoch != epoch)
+                || caller_epoch != header.client_epoch.load(Ordering::SeqCst)
+            {
+                // Descriptors of another server epoch, or a request left by
+                // a client incarnation that has died: run nothing.
                 s.status.store(status::STALE, Ordering::Relaxed);
             } else {
+                // A client that died and came back is told of first, so its
+                // new incarnation never races its old one's release.
+                self.edge
+                    .tell_client_deaths(|| service.client_died(self.client));
                 gate.pass(s.flags.load(Ordering::Relaxed));
                 priority::adopt(s.priority.load(Ordering::Relaxed));
                 self.handle(service, &caller);

@@ -1,0 +1,205 @@
+//! evt-workload: one thread that either triggers a named event or waits on
+//! it, sharing the event with every other component that names it.
+//!
+//! - `role = "trigger"`: triggers `triggers` times, pausing a random
+//!   0..=`gap_us` µs before each, and reports how many triggers were
+//!   acknowledged and the highest count a trigger returned (the last
+//!   trigger to count returns the event's final count).
+//! - `role = "wait"`: waits until the count reaches `expected` (the sum of
+//!   every triggerer's `triggers`: a lost trigger leaves it waiting), and
+//!   reports how many waits returned and the last count seen. Every wait
+//!   must return a count past the previous one.
+//!
+//! A checker subtracts the acknowledged triggers from the final count to
+//! find the duplicates that re-issued triggers may add. A stop request does
+//! not cut a run short.
+
+use std::time::Duration;
+
+use kintsugi_interfaces::evt;
+use kintsugi_runtime::Incarnation;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "role", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Config {
+    Trigger {
+        seed: u64,
+        /// The event's name: every component that names it shares it.
+        event: u64,
+        triggers: u64,
+        /// Longest pause before each trigger, in µs.
+        gap_us: u64,
+    },
+    Wait {
+        event: u64,
+        /// The count to wait for.
+        expected: u64,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    component: String,
+    #[serde(flatten)]
+    outcome: Outcome,
+    #[serde(flatten)]
+    errors: Errors,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+enum Outcome {
+    Trigger {
+        /// Triggers acknowledged.
+        triggers: u64,
+        /// The highest count a trigger returned.
+        max_count: u64,
+    },
+    Wait {
+        /// Waits that returned.
+        waits: u64,
+        /// The last count a wait returned.
+        final_count: u64,
+    },
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Errors {
+    errors: u64,
+    first_errors: Vec<String>,
+}
+
+impl Errors {
+    fn fail(&mut self, what: String) {
+        self.errors += 1;
+        if self.first_errors.len() < 10 {
+            tracing::error!("{what}");
+            self.first_errors.push(what);
+        }
+    }
+}
+
+fn trigger(
+    client: &evt::Client,
+    errors: &mut Errors,
+    seed: u64,
+    event: u64,
+    triggers: u64,
+    gap_us: u64,
+) -> Outcome {
+    let (mut acknowledged, mut max_count) = (0, 0);
+    let mut rng = StdRng::seed_from_u64(seed);
+    match client.create(event) {
+        Err(e) => errors.fail(format!("create({event}): {e}")),
+        Ok(ev) => {
+            for i in 0..triggers {
+                std::thread::sleep(Duration::from_micros(rng.gen_range(0..=gap_us)));
+                match client.trigger(ev) {
+                    Ok(count) => {
+                        acknowledged += 1;
+                        max_count = max_count.max(count);
+                    }
+                    Err(e) => errors.fail(format!("trigger {i}: {e}")),
+                }
+            }
+        }
+    }
+    Outcome::Trigger {
+        triggers: acknowledged,
+        max_count,
+    }
+}
+
+fn wait(client: &evt::Client, errors: &mut Errors, event: u64, expected: u64) -> Outcome {
+    let (mut waits, mut last) = (0, 0);
+    match client.create(event) {
+        Err(e) => errors.fail(format!("create({event}): {e}")),
+        Ok(ev) => {
+            while last < expected {
+                match client.wait(ev) {
+                    Ok(count) => {
+                        waits += 1;
+                        if count <= last {
+                            errors.fail(format!("wait returned {count} after {last}"));
+                        }
+                        last = last.max(count);
+                    }
+                    Err(e) => {
+                        errors.fail(format!("wait after {last}: {e}"));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    Outcome::Wait {
+        waits,
+        final_count: last,
+    }
+}
+
+fn main() {
+    kintsugi_runtime::run(|rt| {
+        let config: Config = rt.config()?;
+        let client = evt::Client::connect(rt)?;
+        let component = rt.name().to_string();
+        Ok(Incarnation::main(move || {
+            tracing::info!(?config, "evt-workload starting");
+            let mut errors = Errors::default();
+            let outcome = match config {
+                Config::Trigger {
+                    seed,
+                    event,
+                    triggers,
+                    gap_us,
+                } => trigger(&client, &mut errors, seed, event, triggers, gap_us),
+                Config::Wait { event, expected } => wait(&client, &mut errors, event, expected),
+            };
+            let report = Report {
+                component,
+                outcome,
+                errors,
+            };
+            println!("{}", serde_json::to_string(&report)?);
+            if report.errors.errors > 0 {
+                anyhow::bail!(
+                    "{} errors; first: {:?}",
+                    report.errors.errors,
+                    report.errors.first_errors.first()
+                );
+            }
+            Ok(())
+        }))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Config;
+
+    #[test]
+    fn the_role_picks_the_fields() {
+        let t: Config = serde_json::from_str(
+            r#"{"role":"trigger","seed":1,"event":2,"triggers":3,"gap_us":4}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            t,
+            Config::Trigger {
+                triggers: 3,
+                gap_us: 4,
+                ..
+            }
+        ));
+        let w: Config = serde_json::from_str(r#"{"role":"wait","event":2,"expected":6}"#).unwrap();
+        assert!(matches!(w, Config::Wait { expected: 6, .. }));
+        assert!(serde_json::from_str::<Config>(
+            r#"{"role":"wait","event":2,"expected":6,"triggers":1}"#
+        )
+        .is_err());
+        assert!(serde_json::from_str::<Config>(r#"{"role":"shout","event":2}"#).is_err());
+    }
+}

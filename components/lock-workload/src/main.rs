@@ -1,0 +1,196 @@
+//! lock-workload: its threads contend for one named lock, shared with every
+//! other component that names it. Each round a thread takes the lock, notes
+//! the CLOCK_MONOTONIC instants at which its critical section begins and
+//! ends around a short random busy time, releases the lock and pauses for a
+//! random moment. After its `rounds` (a stop request does not cut a run
+//! short, so that a finished run tells a stuck one apart) it writes every
+//! critical section to the file `sections` names, if any (a checker merging
+//! the files of all components finds any two sections that overlapped: a
+//! file, because several components' reports that large would interleave on
+//! a shared stdout), and prints a JSON report of its counts.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kintsugi_interfaces::lock;
+use kintsugi_runtime::Incarnation;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub seed: u64,
+    /// Client threads, each on its own channel slot (so each a lock owner).
+    pub threads: usize,
+    /// Critical sections per thread.
+    pub rounds: u64,
+    /// The lock's name: every component that names it shares it.
+    pub lock: u64,
+    /// Longest busy time inside a critical section, in µs (drawn from 0..=busy_us).
+    pub busy_us: u64,
+    /// Longest pause between rounds, in µs (drawn from 0..=think_us).
+    pub think_us: u64,
+    /// Where to write the critical sections, as a JSON array of
+    /// `[enter_ns, exit_ns]` (replaced atomically at the end of a run).
+    pub sections: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            seed: 1,
+            threads: 2,
+            rounds: 1000,
+            lock: 1,
+            busy_us: 20,
+            think_us: 200,
+            sections: None,
+        }
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Report {
+    component: String,
+    seed: u64,
+    threads: usize,
+    rounds: u64,
+    /// Rounds each thread completed: the lock taken and released.
+    completed: Vec<u64>,
+    errors: u64,
+    first_errors: Vec<String>,
+    /// Critical sections, all threads together.
+    sections: usize,
+}
+
+/// What one thread did.
+#[derive(Default)]
+struct Run {
+    completed: u64,
+    errors: u64,
+    first_errors: Vec<String>,
+    sections: Vec<[u64; 2]>,
+}
+
+impl Run {
+    fn fail(&mut self, what: String) {
+        self.errors += 1;
+        if self.first_errors.len() < 10 {
+            tracing::error!("{what}");
+            self.first_errors.push(what);
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process.
+fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+fn contend(client: &lock::Client, config: &Config, thread: usize) -> Run {
+    let mut rng = StdRng::seed_from_u64(
+        config
+            .seed
+            .wrapping_mul(1_000_003)
+            .wrapping_add(thread as u64),
+    );
+    let mut run = Run::default();
+    let l = match client.alloc(config.lock) {
+        Ok(l) => l,
+        Err(e) => {
+            run.fail(format!("thread {thread}: alloc({}): {e}", config.lock));
+            return run;
+        }
+    };
+    for round in 0..config.rounds {
+        if let Err(e) = client.take(l) {
+            run.fail(format!("thread {thread} round {round}: take: {e}"));
+            continue;
+        }
+        let enter = now_ns();
+        let until = enter + rng.gen_range(0..=config.busy_us) * 1000;
+        while now_ns() < until {
+            std::hint::spin_loop();
+        }
+        run.sections.push([enter, now_ns()]);
+        match client.release(l) {
+            Ok(()) => run.completed += 1,
+            Err(e) => run.fail(format!("thread {thread} round {round}: release: {e}")),
+        }
+        if config.think_us > 0 {
+            std::thread::sleep(Duration::from_micros(rng.gen_range(0..=config.think_us)));
+        }
+    }
+    run
+}
+
+/// Writes `sections` to `path` through a temporary file, so that the file
+/// is whole or absent even if this incarnation dies meanwhile.
+fn write_sections(path: &Path, sections: &[[u64; 2]]) -> anyhow::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, serde_json::to_vec(sections)?)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+fn main() {
+    kintsugi_runtime::run(|rt| {
+        let config: Config = rt.config()?;
+        let client = lock::Client::connect(rt)?;
+        let component = rt.name().to_string();
+        Ok(Incarnation::main(move || {
+            let threads = config.threads.max(1);
+            tracing::info!(
+                seed = config.seed,
+                threads,
+                rounds = config.rounds,
+                "lock-workload starting"
+            );
+            let runs: Vec<Run> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let (client, config) = (&client, &config);
+                        s.spawn(move || contend(client, config, t))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("lock-workload thread panicked"))
+                    .collect()
+            });
+            let mut report = Report {
+                component,
+                seed: config.seed,
+                threads,
+                rounds: config.rounds,
+                ..Default::default()
+            };
+            let mut sections = Vec::new();
+            for run in runs {
+                report.completed.push(run.completed);
+                report.errors += run.errors;
+                let room = 10usize.saturating_sub(report.first_errors.len());
+                report
+                    .first_errors
+                    .extend(run.first_errors.into_iter().take(room));
+                sections.extend(run.sections);
+            }
+            report.sections = sections.len();
+            if let Some(path) = &config.sections {
+                write_sections(path, &sections)?;
+            }
+            println!("{}", serde_json::to_string(&report)?);
+            if report.errors > 0 {
+                anyhow::bail!(
+                    "{} errors; first: {:?}",
+                    report.errors,
+                    report.first_errors.first()
+                );
+            }
+            Ok(())
+        }))
+    })
+}

@@ -42,6 +42,31 @@ pub enum Bench {
         #[arg(long, default_value_t = 256)]
         heap_mib: u32,
     },
+    /// C3's Table I for fs, lock, evt, timer and mm: micro-reboot time
+    /// (memory and execution re-initialization), per-descriptor recovery
+    /// at high and best-effort priority under CPU contention, and the
+    /// tracking overhead per invocation.
+    Recovery {
+        /// Reboots per service.
+        #[arg(long, default_value_t = 20)]
+        kills: u32,
+        /// Descriptors held by each of the two client threads.
+        #[arg(long, default_value_t = 100)]
+        descriptors: usize,
+        /// CPU hogs spinning while descriptors are rebuilt (default: one per core).
+        #[arg(long)]
+        hogs: Option<usize>,
+    },
+    /// A high-priority client's first call after a fault while best-effort
+    /// clients hold many descriptors, with eager and on-demand recovery.
+    Interference {
+        /// Faults per configuration.
+        #[arg(long, default_value_t = 10)]
+        rounds: u32,
+        /// Descriptors held by the best-effort clients, in all.
+        #[arg(long, value_delimiter = ',', default_values_t = [10, 1000, 100_000])]
+        descriptors: Vec<usize>,
+    },
 }
 
 pub fn run(b: Bench) -> anyhow::Result<bool> {
@@ -55,6 +80,15 @@ pub fn run(b: Bench) -> anyhow::Result<bool> {
             objects,
             heap_mib,
         } => reboot(kills, objects, heap_mib),
+        Bench::Recovery {
+            kills,
+            descriptors,
+            hogs,
+        } => crate::bench_recovery::recovery(kills, descriptors, hogs),
+        Bench::Interference {
+            rounds,
+            descriptors,
+        } => crate::bench_recovery::interference(rounds, &descriptors),
     }
 }
 
@@ -222,7 +256,7 @@ fn ipc(iterations: usize) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-fn parse_system(name: &str, text: &str) -> anyhow::Result<kintsugi_system::System> {
+pub(crate) fn parse_system(name: &str, text: &str) -> anyhow::Result<kintsugi_system::System> {
     let mut system =
         kintsugi_system::parse(Path::new(name), text).map_err(|e| anyhow::anyhow!("{e}"))?;
     system
@@ -235,7 +269,7 @@ fn parse_system(name: &str, text: &str) -> anyhow::Result<kintsugi_system::Syste
 }
 
 /// Kills `target` `kills` times at intervals drawn from `every`, and collects the events.
-fn kill_repeatedly(
+pub(crate) fn kill_repeatedly(
     system: &kintsugi_system::System,
     target: &str,
     kills: u32,

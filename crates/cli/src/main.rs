@@ -1,6 +1,7 @@
 //! The `kintsugi` command: run a system, check a system file, benchmark.
 
 mod bench;
+mod bench_recovery;
 mod run;
 mod stats;
 

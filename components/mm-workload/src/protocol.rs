@@ -93,6 +93,15 @@ impl Env<'_> {
         Ok(true)
     }
 
+    /// Waits until `page` is no longer mapped here (an UNMAP upcall), at most
+    /// `deadline`; the caller then checks.
+    pub fn wait_unmapped(&self, page: Page, deadline: Duration) {
+        let started = std::time::Instant::now();
+        while self.mapper.is_mapped(page) && started.elapsed() < deadline {
+            std::thread::sleep(POLL);
+        }
+    }
+
     pub fn store_u64(&self, page: Page, at: usize, v: u64) -> anyhow::Result<()> {
         Ok(self.mapper.write(page, at, &v.to_le_bytes())?)
     }

@@ -52,6 +52,10 @@ enum End {
     OwnerGone,
 }
 
+/// How long the sink waits for mm to unmap all of an owner's pages once the
+/// first is gone.
+const RECLAIM_DEADLINE: Duration = Duration::from_secs(10);
+
 pub fn run(env: &Env<'_>) -> Report {
     let mut report = Report {
         role: "sink",
@@ -69,6 +73,9 @@ pub fn run(env: &Env<'_>) -> Report {
                 report.keeper_checks += 1;
             }
             Ok(End::OwnerGone) => {
+                // mm reclaims the owner's pages one after the other: the
+                // control page's unmapping told us, the keeper's may follow.
+                env.wait_unmapped(shared.keeper, RECLAIM_DEADLINE);
                 let before = report.tally.errors;
                 let checked = env
                     .check_unmapped(shared.control, shared.control_at, &mut report.tally)

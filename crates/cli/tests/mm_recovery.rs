@@ -172,6 +172,8 @@ fn an_owners_pages_are_reclaimed_and_unmapped_in_the_sink_when_it_ends() {
     let tag = unique_tag("mm-reclaim");
     let out = kintsugi(&tag)
         .args(["run", system.to_str().unwrap(), "--until-finished", "sink"])
+        // A failure must end the run, not hang it.
+        .args(["--duration", "60"])
         .output()
         .unwrap();
     let (stdout, stderr) = text(&out);

@@ -48,6 +48,16 @@ pub enum VaultRequest {
     },
 }
 
+/// A request as it travels: with the priority of the thread it is made for
+/// (the caller's, when a server rebuilds a descriptor on its behalf), which
+/// the vault's thread takes on while it serves the request.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VaultMessage {
+    /// [`crate::priority::Priority::word`]; 0 for none.
+    pub priority: u32,
+    pub request: VaultRequest,
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct VaultReply {
     pub id: u64,
@@ -188,8 +198,12 @@ impl Vault {
         let mut next = self.next_id.lock().unwrap();
         *next += 1;
         let id = *next;
+        let message = VaultMessage {
+            priority: crate::priority::current().word(),
+            request: make(id),
+        };
         let bytes =
-            serde_json::to_vec(&make(id)).map_err(|e| VaultError::Protocol(e.to_string()))?;
+            serde_json::to_vec(&message).map_err(|e| VaultError::Protocol(e.to_string()))?;
         fdpass::send(self.sock.as_fd(), &bytes, fds)?;
         loop {
             let (bytes, fds) = fdpass::recv(self.sock.as_fd())?;

@@ -7,7 +7,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 use kintsugi_runtime::fdpass;
-use kintsugi_runtime::vault::{RecordHeader, VaultOp, VaultReply, VaultRequest, LIST_PAGE};
+use kintsugi_runtime::vault::{
+    RecordHeader, VaultMessage, VaultOp, VaultReply, VaultRequest, LIST_PAGE,
+};
 
 #[derive(Default)]
 struct Entry {
@@ -55,8 +57,12 @@ impl VaultStore {
         bytes: &[u8],
         fds: Vec<OwnedFd>,
     ) -> (VaultReply, Vec<OwnedFd>) {
-        let request: VaultRequest = match serde_json::from_slice(bytes) {
-            Ok(r) => r,
+        let request = match serde_json::from_slice::<VaultMessage>(bytes) {
+            Ok(VaultMessage { priority, request }) => {
+                // Served at the priority of the thread it is done for.
+                kintsugi_runtime::priority::adopt(priority);
+                request
+            }
             Err(e) => {
                 let reply = VaultReply {
                     id: 0,

@@ -214,6 +214,11 @@ impl Vault {
             }
             let reply: VaultReply =
                 serde_json::from_slice(&bytes).map_err(|e| VaultError::Protocol(e.to_string()))?;
+            if reply.id == 0 {
+                // The vault could not read the request at all.
+                let why = reply.error.unwrap_or_else(|| "unreadable request".into());
+                return Err(VaultError::Protocol(why));
+            }
             if reply.id != id {
                 continue; // a reply meant for a dead incarnation
             }

@@ -293,6 +293,15 @@ pub(crate) fn kill_repeatedly(
         lifelines,
         ..Options::default()
     };
+    run_collecting(system, options)
+}
+
+/// Runs `system` with `options` in process and returns its events; fails
+/// unless it ended cleanly.
+pub(crate) fn run_collecting(
+    system: &kintsugi_system::System,
+    options: Options,
+) -> anyhow::Result<Vec<Event>> {
     let mut events = Vec::new();
     let report = kintsugi_supervisor::run(system, options, &mut |e| events.push(e.clone()))?;
     if !report.success() {

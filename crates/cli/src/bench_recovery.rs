@@ -10,7 +10,7 @@ use std::time::Duration;
 use kintsugi_supervisor::{Event, Options};
 use kintsugi_system::{RecoveryMode, System};
 
-use crate::bench::{kill_repeatedly, parse_system};
+use crate::bench::{kill_repeatedly, parse_system, run_collecting};
 use crate::stats::Summary;
 
 const TABLE1_SYSTEM: &str = include_str!("../../../systems/bench-table1.toml");
@@ -263,12 +263,7 @@ fn run_until_finished(system: &System, component: &str) -> anyhow::Result<Vec<Ev
         interfaces: kintsugi_interfaces::ALL.to_vec(),
         ..Options::default()
     };
-    let mut events = Vec::new();
-    let report = kintsugi_supervisor::run(system, options, &mut |e| events.push(e.clone()))?;
-    if !report.success() {
-        anyhow::bail!("benchmark system did not end cleanly: {:?}", report);
-    }
-    Ok(events)
+    run_collecting(system, options)
 }
 
 pub fn interference(rounds: u32, sizes: &[usize]) -> anyhow::Result<bool> {

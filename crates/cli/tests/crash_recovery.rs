@@ -89,20 +89,14 @@ threads = 3
         "kintsugi run failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
 
-    let crashes: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.contains("ramfs: crashed with"))
-        .collect();
+    let crashes: Vec<&str> = crash_lines(&stdout, "ramfs");
     let by_kill = crashes.iter().filter(|l| l.contains("SIGKILL")).count();
     let by_segv = crashes.iter().filter(|l| l.contains("SIGSEGV")).count();
     let mid_write = crashes
         .iter()
         .filter(|l| l.contains("in flight: fs.write"))
         .count();
-    let reboots = stdout
-        .lines()
-        .filter(|l| l.contains("ramfs: rebooted in"))
-        .count();
+    let reboots = reboots(&stdout, "ramfs");
     eprintln!("{} crashes ({by_kill} SIGKILL, {by_segv} SIGSEGV), {mid_write} during a write, {reboots} reboots", crashes.len());
     assert_eq!(crashes.len(), kills, "every injection must kill ramfs once");
     assert!(by_kill > 0 && by_segv > 0, "both signals were injected");

@@ -121,8 +121,7 @@ fn chaos(target: &str, kills: u32, every: &str, seed: u64) -> Vec<String> {
 /// How often the event log says `component` crashed: in all, by SIGSEGV, and
 /// with calls in flight.
 fn crashes(stdout: &str, component: &str) -> (usize, usize, usize) {
-    let needle = format!("] {component}: crashed with");
-    let lines: Vec<&str> = stdout.lines().filter(|l| l.contains(&needle)).collect();
+    let lines = crash_lines(stdout, component);
     let segv = lines.iter().filter(|l| l.contains("SIGSEGV")).count();
     let busy = lines
         .iter()
@@ -215,10 +214,7 @@ fn locks_stay_exclusive_through_hundreds_of_lock_server_crashes() {
     );
 
     let (crashed, segv, busy) = crashes(&stdout, "lock");
-    let reboots = stdout
-        .lines()
-        .filter(|l| l.contains("] lock: rebooted in"))
-        .count();
+    let reboots = reboots(&stdout, "lock");
     let takes = stdout
         .lines()
         .filter(|l| l.contains("] lock: crashed") && l.contains("lock.take"))
@@ -295,10 +291,7 @@ restart = { max = 100000, window_ms = 1000 }
     );
 
     let (crashed, segv, busy) = crashes(&stdout, "evt");
-    let reboots = stdout
-        .lines()
-        .filter(|l| l.contains("] evt: rebooted in"))
-        .count();
+    let reboots = reboots(&stdout, "evt");
     let mid_trigger = stdout
         .lines()
         .filter(|l| l.contains("] evt: crashed") && l.contains("evt.trigger"))

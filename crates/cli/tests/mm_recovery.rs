@@ -87,10 +87,7 @@ fn mm_survives_200_kills_with_every_alias_valid_and_every_revoke_total() {
         "kintsugi run failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
 
-    let crashes: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.contains("mm: crashed with"))
-        .collect();
+    let crashes: Vec<&str> = crash_lines(&stdout, "mm");
     let by_kill = crashes.iter().filter(|l| l.contains("SIGKILL")).count();
     let in_flight = |f: &str| {
         crashes
@@ -98,10 +95,7 @@ fn mm_survives_200_kills_with_every_alias_valid_and_every_revoke_total() {
             .filter(|l| l.contains(&format!("mm.{f}")))
             .count()
     };
-    let reboots = stdout
-        .lines()
-        .filter(|l| l.contains("mm: rebooted in"))
-        .count();
+    let reboots = reboots(&stdout, "mm");
     eprintln!(
         "{} crashes ({by_kill} SIGKILL) in {:.1} s; in flight: grant {}, alias {}, locate {}, revoke {}, held {}",
         crashes.len(),

@@ -169,17 +169,11 @@ fn timers_keep_their_phase_through_hundreds_of_crashes() {
 
     let started = std::time::Instant::now();
     let (log, crashed) = run(&system, Some(seed));
-    let crashes: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("timer: crashed with"))
-        .collect();
+    let crashes: Vec<&str> = crash_lines(&log, "timer");
     let by_kill = crashes.iter().filter(|l| l.contains("SIGKILL")).count();
     let by_segv = crashes.iter().filter(|l| l.contains("SIGSEGV")).count();
     let mid_wait = crashes.iter().filter(|l| l.contains("timer.wait")).count();
-    let reboots = log
-        .lines()
-        .filter(|l| l.contains("timer: rebooted in"))
-        .count();
+    let reboots = reboots(&log, "timer");
     eprintln!(
         "{} crashes ({by_kill} SIGKILL, {by_segv} SIGSEGV), {mid_wait} with a wait in flight, {reboots} reboots",
         crashes.len()

@@ -10,6 +10,9 @@ use std::sync::{Arc, Mutex};
 use kintsugi_runtime::stub::{CallError, Caller, Fault};
 use kintsugi_runtime::testing::Loopback;
 
+mod common;
+use common::Log;
+
 #[allow(dead_code)] // `connect()` and the like are not needed here.
 mod edge {
     include!(concat!(env!("OUT_DIR"), "/test_idl/edge.rs"));
@@ -22,17 +25,6 @@ mod bare {
 
 use edge::{Error, Item};
 
-#[derive(Default)]
-struct Log(Mutex<Vec<String>>);
-
-impl Log {
-    fn push(&self, s: String) {
-        self.0.lock().unwrap().push(s);
-    }
-    fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.0.lock().unwrap())
-    }
-}
 
 struct EdgeServer {
     log: Arc<Log>,

@@ -13,6 +13,9 @@ use kintsugi_runtime::records::{MemoryStore, RecordStore};
 use kintsugi_runtime::stub::{CallError, Caller, Fault};
 use kintsugi_runtime::testing::Loopback;
 
+mod common;
+use common::Log;
+
 #[allow(dead_code)]
 mod tree {
     include!(concat!(env!("OUT_DIR"), "/test_idl/tree.rs"));
@@ -23,18 +26,6 @@ mod machine {
     include!(concat!(env!("OUT_DIR"), "/test_idl/machine.rs"));
 }
 
-/// Calls the servers saw, in order, shared across their incarnations.
-#[derive(Default)]
-struct Log(Mutex<Vec<String>>);
-
-impl Log {
-    fn push(&self, s: String) {
-        self.0.lock().unwrap().push(s);
-    }
-    fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.0.lock().unwrap())
-    }
-}
 
 /// A tree of nodes; ids come from a counter that starts high in each
 /// incarnation, so a rebuilt node can only have its id through `reuse`.

@@ -92,3 +92,15 @@ pub fn workload_report(stdout: &str) -> serde_json::Value {
         .find(|v| v.get("verified_files").is_some())
         .unwrap_or_else(|| panic!("no workload report in:\n{stdout}"))
 }
+
+/// The event log's lines saying that `component` crashed.
+pub fn crash_lines<'a>(log: &'a str, component: &str) -> Vec<&'a str> {
+    let needle = format!("] {component}: crashed with");
+    log.lines().filter(|l| l.contains(&needle)).collect()
+}
+
+/// How many times the event log says `component` was rebooted.
+pub fn reboots(log: &str, component: &str) -> usize {
+    let needle = format!("] {component}: rebooted in");
+    log.lines().filter(|l| l.contains(&needle)).count()
+}

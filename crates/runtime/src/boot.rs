@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::counters::CounterTable;
 use crate::futex;
 use crate::lifeline::Lifeline;
 use crate::shm::SharedPod;
@@ -103,6 +104,8 @@ pub struct ControlBlock {
     /// The last activation's execution re-initialization: from the standby
     /// waking to its report of readiness (ns), i.e. the component's `init`.
     pub init_ns: AtomicU64,
+    /// The component's named counters ([`crate::counters`]).
+    pub counters: CounterTable,
 }
 // SAFETY: repr(C), atomics only, all-zero means "nothing activated yet".
 unsafe impl SharedPod for ControlBlock {}

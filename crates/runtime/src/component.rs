@@ -34,6 +34,7 @@ use serde::de::DeserializeOwned;
 use thiserror::Error;
 
 use crate::boot::{BootInfo, ControlBlock, BOOT_ENV, LIFELINES};
+use crate::counters::{Counter, CounterError};
 use crate::channel::Edge;
 use crate::client::Connection;
 use crate::durable::Durable;
@@ -145,6 +146,7 @@ pub struct Runtime {
     vault: Arc<Vault>,
     epoch: u64,
     stop: Arc<AtomicBool>,
+    control: Arc<Region>,
 }
 
 impl Runtime {
@@ -193,6 +195,13 @@ impl Runtime {
     /// if it has one; map the pages it grants with [`Region::map_range`].
     pub fn server_pool(&self, interface: &str) -> Option<Arc<Region>> {
         self.durable.server_pools.get(interface).cloned()
+    }
+
+    /// The counter called `name`, which the supervisor and tools watching
+    /// the system can read; it keeps its value across reboots.
+    pub fn counter(&self, name: &str) -> Result<&Counter, CounterError> {
+        let ctl: &ControlBlock = self.control.at(0);
+        ctl.counters.get(name)
     }
 
     /// True once the supervisor asked this component to stop (SIGTERM).
@@ -457,6 +466,7 @@ impl Boot {
             vault: Arc::new(Vault::new(vault)),
             epoch,
             stop: stop.clone(),
+            control: control.clone(),
         });
         let incarnation =
             match init(&runtime).and_then(|inc| open_services(&runtime.boot, &provided, inc)) {

@@ -9,6 +9,7 @@ pub mod channel;
 pub mod client;
 pub mod clock;
 pub mod component;
+pub mod counters;
 mod durable;
 pub mod fdpass;
 pub mod futex;

@@ -100,6 +100,13 @@ pub enum Event {
         restarts: u32,
         window: Duration,
     },
+    /// A fault found beside the supervisor (the watchdog, a checker) was
+    /// reported through the roster; the incarnation is killed and rebooted.
+    FaultReported {
+        component: String,
+        pid: u32,
+        detail: String,
+    },
     /// The pristine image died and was rebuilt from the binary.
     ZygoteRespawned { component: String, pid: u32 },
     /// The system stopped.
@@ -151,6 +158,9 @@ impl fmt::Display for Event {
                 "{component}: {restarts} restarts within {} ms exceeds its restart policy; giving up",
                 window.as_millis()
             ),
+            Event::FaultReported { component, pid, detail } => {
+                write!(f, "{component}: fault reported in pid {pid}: {detail}; rebooting")
+            }
             Event::ZygoteRespawned { component, pid } => {
                 write!(f, "{component}: pristine image lost; rebuilt from the binary (pid {pid})")
             }

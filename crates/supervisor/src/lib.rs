@@ -8,10 +8,12 @@ pub mod chaos;
 pub mod events;
 mod policy;
 mod process;
+pub mod roster;
 mod supervisor;
 mod vault;
 mod watch;
 
 pub use chaos::{parse_signal, ChaosPlan};
 pub use events::{Event, Exit};
+pub use roster::{FaultReport, Member, Roster};
 pub use supervisor::{run, Options, Report, StopReason, SupervisorError};

@@ -26,6 +26,7 @@ use thiserror::Error;
 use crate::chaos::{Chaos, ChaosPlan};
 use crate::events::{Event, Exit};
 use crate::policy::RestartWindow;
+use crate::roster::Roster;
 use crate::process::{spawn_component, Proc};
 use crate::vault::VaultStore;
 use crate::watch::Watch;
@@ -70,6 +71,8 @@ pub struct Options {
     /// Detect deaths through lifelines as well as pidfds (see
     /// `kintsugi_runtime::lifeline`); off, only the pidfd reports them.
     pub lifelines: bool,
+    /// A live view of the system for observers; one is made if not given.
+    pub roster: Option<Arc<Roster>>,
 }
 
 impl Default for Options {
@@ -83,6 +86,7 @@ impl Default for Options {
             stop_grace: Duration::from_secs(20),
             interfaces: Vec::new(),
             lifelines: true,
+            roster: None,
         }
     }
 }
@@ -215,6 +219,7 @@ const VICTIM_GRACE: Duration = Duration::from_secs(1);
 const TOKEN_SIGNAL: u64 = 1 << 40;
 const TOKEN_LIFELINE: u64 = 1 << 42;
 const TOKEN_ZYGOTE_SOCK: u64 = 1 << 41;
+const TOKEN_FAULT: u64 = 1 << 43;
 
 /// Runs `system` until it is stopped; `on_event` sees every event as it happens.
 pub fn run(
@@ -253,6 +258,9 @@ struct Supervisor<'a> {
     /// The process the injector last signalled, and when.
     last_victim: Option<(u32, Instant)>,
     started: Instant,
+    roster: Arc<Roster>,
+    /// Woken by [`Roster::report_fault`].
+    fault_pipe: OwnedFd,
 }
 
 impl<'a> Supervisor<'a> {
@@ -277,6 +285,12 @@ impl<'a> Supervisor<'a> {
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
         listen(&epoll, &lifeline_pipe, TOKEN_LIFELINE)?;
         let chaos = options.chaos.take().map(Chaos::new);
+        let roster = options.roster.clone().unwrap_or_else(Roster::new);
+        let (fault_pipe, fault_notify) = rustix::pipe::pipe_with(
+            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        )?;
+        roster.set_notify(fault_notify);
+        listen(&epoll, &fault_pipe, TOKEN_FAULT)?;
         Ok(Self {
             options,
             on_event,
@@ -290,6 +304,8 @@ impl<'a> Supervisor<'a> {
             chaos,
             last_victim: None,
             started: Instant::now(),
+            roster,
+            fault_pipe,
         })
     }
 
@@ -391,6 +407,7 @@ impl<'a> Supervisor<'a> {
             &durable,
         )?;
         let idx = self.comps.len();
+        self.roster.add(&spec.name, control.clone());
         listen(&self.epoll, &zygote.pidfd, zygote.pid as u64)?;
         listen(&self.epoll, &zygote_sock, TOKEN_ZYGOTE_SOCK | idx as u64)?;
         self.comps.push(Managed {
@@ -596,6 +613,7 @@ impl<'a> Supervisor<'a> {
                     s.edge.server_live(m.epoch, inc.proc.pid);
                 }
                 m.live_bank = inc.bank;
+                self.roster.set_live(&m.spec.name, Some(inc.proc.pid), m.epoch);
                 m.live = Some(inc);
                 Ok(())
             }
@@ -671,6 +689,8 @@ impl<'a> Supervisor<'a> {
                     let mut b = [0u8; 64];
                     let _ = rustix::io::read(&self.signal_pipe, &mut b);
                     return Ok(StopReason::Signal);
+                } else if token == TOKEN_FAULT {
+                    self.on_fault_reports();
                 } else if token == TOKEN_LIFELINE {
                     if let Some(reason) = self.on_lifelines()? {
                         return Ok(reason);
@@ -685,6 +705,28 @@ impl<'a> Supervisor<'a> {
                     return Ok(reason);
                 }
             }
+        }
+    }
+
+    /// Faults reported through the roster: each one that concerns a live
+    /// incarnation is logged and the incarnation killed; its death then
+    /// takes the crash path (reboot and recovery).
+    fn on_fault_reports(&mut self) {
+        let mut b = [0u8; 64];
+        while matches!(rustix::io::read(&self.fault_pipe, &mut b), Ok(n) if n > 0) {}
+        for report in self.roster.take_faults() {
+            let Some(m) = self.comps.iter().find(|m| m.spec.name == report.component) else {
+                continue;
+            };
+            let Some(live) = m.live.as_ref().filter(|l| l.proc.pid == report.pid) else {
+                continue;
+            };
+            live.proc.signal(Signal::KILL);
+            self.emit(Event::FaultReported {
+                component: report.component,
+                pid: report.pid,
+                detail: report.detail,
+            });
         }
     }
 
@@ -781,6 +823,7 @@ impl<'a> Supervisor<'a> {
         };
         m.live = None;
         m.watch = None;
+        self.roster.set_live(&m.spec.name, None, m.epoch);
         if exit == Exit::Code(0) {
             m.retire();
             let name = m.spec.name.clone();
@@ -811,6 +854,7 @@ impl<'a> Supervisor<'a> {
         }
         let live = m.live.take().expect("checked");
         m.watch = None;
+        self.roster.set_live(&m.spec.name, None, m.epoch);
         let (pid, exit) = (live.proc.pid, dying_exit(live.proc.pid));
         m.dying.push(live.proc);
         self.reboot(idx, pid, exit, detected)

@@ -1,0 +1,144 @@
+//! Named counters a component publishes to the supervisor and to tools that
+//! watch a running system (campaigns, benchmarks): a small table in the
+//! component's control block, which every incarnation maps, so a counter
+//! keeps its value across micro-reboots.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Counters per component.
+pub const COUNTERS: usize = 32;
+/// Longest counter name, in bytes.
+pub const NAME_LEN: usize = 24;
+
+/// One counter: a name claimed once, and its value.
+#[repr(C)]
+pub struct Counter {
+    /// 0 free, 1 being named, 2 named.
+    state: AtomicU32,
+    len: AtomicU32,
+    name: [AtomicU64; NAME_LEN / 8],
+    value: AtomicU64,
+}
+
+const FREE: u32 = 0;
+const NAMING: u32 = 1;
+const NAMED: u32 = 2;
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        self.value.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn set(&self, v: u64) {
+        self.value.store(v, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+
+    fn name(&self) -> Option<String> {
+        if self.state.load(Ordering::Acquire) != NAMED {
+            return None;
+        }
+        let mut bytes = [0u8; NAME_LEN];
+        for (chunk, word) in bytes.chunks_mut(8).zip(&self.name) {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        }
+        let len = (self.len.load(Ordering::Relaxed) as usize).min(NAME_LEN);
+        Some(String::from_utf8_lossy(&bytes[..len]).into_owned())
+    }
+}
+
+/// The table, embedded in [`crate::boot::ControlBlock`].
+#[repr(C)]
+pub struct CounterTable {
+    counters: [Counter; COUNTERS],
+}
+// SAFETY: repr(C), atomics only; all-zero is an empty table.
+unsafe impl crate::shm::SharedPod for CounterTable {}
+
+/// Why a counter could not be had.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CounterError {
+    #[error("counter name `{0}` is empty or longer than {NAME_LEN} bytes")]
+    BadName(String),
+    #[error("no room for counter `{0}`: a component has at most {COUNTERS}")]
+    Full(String),
+}
+
+impl CounterTable {
+    /// The counter called `name`, claimed now if no incarnation has yet.
+    pub fn get(&self, name: &str) -> Result<&Counter, CounterError> {
+        if name.is_empty() || name.len() > NAME_LEN {
+            return Err(CounterError::BadName(name.to_string()));
+        }
+        if let Some(c) = self.find(name) {
+            return Ok(c);
+        }
+        for c in &self.counters {
+            if c.state
+                .compare_exchange(FREE, NAMING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                let mut bytes = [0u8; NAME_LEN];
+                bytes[..name.len()].copy_from_slice(name.as_bytes());
+                for (chunk, word) in bytes.chunks(8).zip(&c.name) {
+                    word.store(u64::from_le_bytes(chunk.try_into().unwrap()), Ordering::Relaxed);
+                }
+                c.len.store(name.len() as u32, Ordering::Relaxed);
+                c.state.store(NAMED, Ordering::Release);
+                return Ok(c);
+            }
+            // Another thread is naming this one: it may be ours.
+            while c.state.load(Ordering::Acquire) == NAMING {
+                std::hint::spin_loop();
+            }
+            if c.name().as_deref() == Some(name) {
+                return Ok(c);
+            }
+        }
+        Err(CounterError::Full(name.to_string()))
+    }
+
+    fn find(&self, name: &str) -> Option<&Counter> {
+        self.counters
+            .iter()
+            .find(|c| c.name().as_deref() == Some(name))
+    }
+
+    /// Every named counter and its value, in the order they were claimed.
+    pub fn snapshot(&self) -> Vec<(String, u64)> {
+        self.counters
+            .iter()
+            .filter_map(|c| c.name().map(|n| (n, c.get())))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::Region;
+
+    #[test]
+    fn counters_are_found_by_name_and_keep_their_values() {
+        let region = Region::create("counters-test", std::mem::size_of::<CounterTable>()).unwrap();
+        let table: &CounterTable = region.at(0);
+        table.get("ops").unwrap().add(3);
+        table.get("errors").unwrap().add(1);
+        table.get("ops").unwrap().add(4);
+        assert_eq!(
+            table.snapshot(),
+            vec![("ops".to_string(), 7), ("errors".to_string(), 1)]
+        );
+        assert_eq!(
+            table.get("").err(),
+            Some(CounterError::BadName(String::new()))
+        );
+        for i in 0..COUNTERS - 2 {
+            table.get(&format!("c{i}")).unwrap();
+        }
+        assert!(matches!(table.get("one-too-many"), Err(CounterError::Full(_))));
+    }
+}

@@ -1,0 +1,128 @@
+//! A live view of a running system for what runs beside the supervisor (the
+//! watchdog, the fault injector, campaigns, benchmarks): each component's
+//! live process, epoch and counters, and a way to report a fault that the
+//! supervisor then treats as a crash of that incarnation.
+
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
+use kintsugi_runtime::boot::ControlBlock;
+use kintsugi_runtime::shm::Region;
+
+/// One component as the roster sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    /// The live incarnation's process, if one serves.
+    pub pid: Option<u32>,
+    pub epoch: u64,
+}
+
+/// A fault found outside the supervisor's own detection (a hang, a checker).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultReport {
+    pub component: String,
+    /// The incarnation it concerns; a report about one already replaced is
+    /// dropped.
+    pub pid: u32,
+    /// What was found, for the event log.
+    pub detail: String,
+}
+
+struct Entry {
+    member: Member,
+    control: Arc<Region>,
+}
+
+/// Shared between the supervisor and its observers.
+#[derive(Default)]
+pub struct Roster {
+    entries: Mutex<Vec<Entry>>,
+    faults: Mutex<Vec<FaultReport>>,
+    /// Written once per report; the supervisor's event loop listens.
+    notify: Mutex<Option<OwnedFd>>,
+}
+
+impl Roster {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Every component, in start order.
+    pub fn members(&self) -> Vec<Member> {
+        self.lock().iter().map(|e| e.member.clone()).collect()
+    }
+
+    pub fn member(&self, name: &str) -> Option<Member> {
+        self.lock()
+            .iter()
+            .find(|e| e.member.name == name)
+            .map(|e| e.member.clone())
+    }
+
+    /// The named counters of component `name` ([`kintsugi_runtime::counters`]).
+    pub fn counters(&self, name: &str) -> Vec<(String, u64)> {
+        self.control(name)
+            .map(|c| {
+                let ctl: &ControlBlock = c.at(0);
+                ctl.counters.snapshot()
+            })
+            .unwrap_or_default()
+    }
+
+    /// One counter's value (0 if the component has not named it yet).
+    pub fn counter(&self, name: &str, counter: &str) -> u64 {
+        self.counters(name)
+            .into_iter()
+            .find(|(n, _)| n == counter)
+            .map_or(0, |(_, v)| v)
+    }
+
+    /// The control block region of component `name`.
+    pub fn control(&self, name: &str) -> Option<Arc<Region>> {
+        self.lock()
+            .iter()
+            .find(|e| e.member.name == name)
+            .map(|e| e.control.clone())
+    }
+
+    /// Asks the supervisor to treat `pid`'s incarnation of `component` as
+    /// failed: it logs the report, kills the process and reboots it.
+    pub fn report_fault(&self, report: FaultReport) {
+        self.faults.lock().unwrap_or_else(|p| p.into_inner()).push(report);
+        if let Some(fd) = self.notify.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let _ = rustix::io::write(fd, &[1]);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn set_notify(&self, fd: OwnedFd) {
+        *self.notify.lock().unwrap_or_else(|p| p.into_inner()) = Some(fd);
+    }
+
+    pub(crate) fn take_faults(&self) -> Vec<FaultReport> {
+        std::mem::take(&mut *self.faults.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    pub(crate) fn add(&self, name: &str, control: Arc<Region>) {
+        self.lock().push(Entry {
+            member: Member {
+                name: name.to_string(),
+                pid: None,
+                epoch: 0,
+            },
+            control,
+        });
+    }
+
+    /// Records the live incarnation of `name` (None: none serves).
+    pub(crate) fn set_live(&self, name: &str, pid: Option<u32>, epoch: u64) {
+        if let Some(e) = self.lock().iter_mut().find(|e| e.member.name == name) {
+            e.member.pid = pid;
+            e.member.epoch = epoch;
+        }
+    }
+}

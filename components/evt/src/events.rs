@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
 use arena_slots::{Deaths, Slot, Slots};
 use kintsugi_interfaces::evt::{Error, Server};
-use kintsugi_runtime::futex;
+use kintsugi_runtime::{futex, watchdog};
 use kintsugi_runtime::shm::Region;
 use kintsugi_runtime::Caller;
 
@@ -82,7 +82,7 @@ impl<A: Deref<Target = Region> + Send + Sync + 'static> Server for Events<A> {
                 );
                 return Err(Error::NotFound);
             }
-            futex::wait(bell, rung, None);
+            watchdog::blocking(|| futex::wait(bell, rung, None));
         }
     }
 

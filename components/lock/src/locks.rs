@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
 use arena_slots::{Deaths, Slot, Slots, SLOT_BYTES};
 use kintsugi_interfaces::lock::{Error, Server};
-use kintsugi_runtime::futex;
+use kintsugi_runtime::{futex, watchdog};
 use kintsugi_runtime::shm::Region;
 use kintsugi_runtime::Caller;
 
@@ -177,7 +177,7 @@ impl<A: Deref<Target = Region> + Send + Sync + 'static> Server for Locks<A> {
                 }
                 // Re-issued after a reboot: the first attempt took it.
                 Err(held) if held == me.code && stamp.load(SeqCst) < self.epoch => return Ok(()),
-                Err(_) => futex::wait(seq, rung, None),
+                Err(_) => watchdog::blocking(|| futex::wait(seq, rung, None)),
             }
         }
     }

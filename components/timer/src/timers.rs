@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kintsugi_interfaces::timer::{self, Error};
-use kintsugi_runtime::{futex, Caller};
+use kintsugi_runtime::{futex, watchdog, Caller};
 use kintsugi_runtime::clock::monotonic_ns as now_ns;
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -130,7 +130,8 @@ impl timer::Server for Timers {
                     false => (now - arming.start_ns) / timer.period_ns,
                 });
             }
-            futex::wait(&timer.changes, seen, Some(Duration::from_nanos(due - now)));
+            let wait = Duration::from_nanos(due - now);
+            watchdog::blocking(|| futex::wait(&timer.changes, seen, Some(wait)));
         }
     }
 

@@ -57,6 +57,22 @@ pub enum Bench {
         #[arg(long)]
         hogs: Option<usize>,
     },
+    /// Hang detection: coverage and latency for each kind of hang, false
+    /// positives over varying fault-free work, overhead against no watchdog.
+    Watchdog {
+        /// Hangs injected per kind.
+        #[arg(long, default_value_t = 10)]
+        hangs: u32,
+        /// Fault-free checked invocations for the false-positive count.
+        #[arg(long, default_value_t = 10_000)]
+        fp_calls: u64,
+        /// Calls per overhead run.
+        #[arg(long, default_value_t = 200_000)]
+        overhead_calls: u64,
+        /// Overhead runs each way.
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+    },
     /// A high-priority client's first call after a fault while best-effort
     /// clients hold many descriptors, with eager and on-demand recovery.
     Interference {
@@ -89,6 +105,12 @@ pub fn run(b: Bench) -> anyhow::Result<bool> {
             rounds,
             descriptors,
         } => crate::bench_recovery::interference(rounds, &descriptors),
+        Bench::Watchdog {
+            hangs,
+            fp_calls,
+            overhead_calls,
+            rounds,
+        } => crate::bench_watchdog::watchdog(hangs, fp_calls, overhead_calls, rounds),
     }
 }
 

@@ -2,6 +2,8 @@
 
 mod bench;
 mod bench_recovery;
+mod bench_watchdog;
+mod freeze;
 mod run;
 mod stats;
 

@@ -4,6 +4,7 @@
 pub struct Summary {
     pub n: usize,
     pub p50: f64,
+    pub p90: f64,
     pub p99: f64,
     pub mean: f64,
     pub max: f64,
@@ -21,6 +22,7 @@ impl Summary {
         Some(Self {
             n: s.len(),
             p50: at(0.5),
+            p90: at(0.9),
             p99: at(0.99),
             mean: s.iter().sum::<f64>() / s.len() as f64,
             max: *s.last().unwrap(),

@@ -33,7 +33,13 @@ pub mod mm {
     include!(concat!(env!("OUT_DIR"), "/mm.rs"));
 }
 
+/// `interfaces/spin.kidl`: work, hangs and waits for the watchdog's tests.
+pub mod spin {
+    include!(concat!(env!("OUT_DIR"), "/spin.rs"));
+}
+
 pub mod mm_map;
+pub mod spin_work;
 
 /// Flags of `fs.open`.
 pub mod fs_flags {
@@ -51,4 +57,5 @@ pub static ALL: &[&kintsugi_runtime::stub::InterfaceInfo] = &[
     &evt::INFO,
     &timer::INFO,
     &mm::INFO,
+    &spin::INFO,
 ];

@@ -13,6 +13,7 @@ use crate::counters::CounterTable;
 use crate::futex;
 use crate::lifeline::Lifeline;
 use crate::shm::SharedPod;
+use crate::watchdog::WatchTable;
 
 /// Lifelines per incarnation: its main thread and its slot workers.
 pub const LIFELINES: usize = 128;
@@ -49,6 +50,10 @@ pub struct BootInfo {
     /// Memfd of the durable memory it shares with its clients (`pool_kib`).
     #[serde(default)]
     pub pool_fd: Option<RawFd>,
+    /// Whether the supervisor's watchdog watches this component's workers
+    /// and sections ([`crate::watchdog`]).
+    #[serde(default)]
+    pub watchdog: bool,
 }
 
 fn on_demand() -> String {
@@ -106,6 +111,9 @@ pub struct ControlBlock {
     pub init_ns: AtomicU64,
     /// The component's named counters ([`crate::counters`]).
     pub counters: CounterTable,
+    /// What the watchdog samples: worker stretches, section histories and
+    /// active sections ([`crate::watchdog`]).
+    pub watch: WatchTable,
 }
 // SAFETY: repr(C), atomics only, all-zero means "nothing activated yet".
 unsafe impl SharedPod for ControlBlock {}

@@ -108,6 +108,18 @@ impl Connection {
         encode: impl FnOnce(&mut Writer<'_>) -> Result<(), WireError>,
         decode: impl FnOnce(ReplyStatus<'_>) -> Result<T, WireError>,
     ) -> Result<T, Fault> {
+        // A server's worker that calls on is waiting, not running: the
+        // watchdog must not blame a hang of the callee on it.
+        crate::watchdog::blocking(|| self.call_now(func, epoch, encode, decode))
+    }
+
+    fn call_now<T>(
+        &self,
+        func: u32,
+        epoch: Option<u64>,
+        encode: impl FnOnce(&mut Writer<'_>) -> Result<(), WireError>,
+        decode: impl FnOnce(ReplyStatus<'_>) -> Result<T, WireError>,
+    ) -> Result<T, Fault> {
         let edge = &self.inner.edge;
         self.wait_until_up()?;
         let slot = claimed_slot(edge);

@@ -264,7 +264,7 @@ impl Runtime {
                 interface: interface.to_string(),
                 client,
             })?;
-        mailbox.call(op, args, timeout)
+        crate::watchdog::blocking(|| mailbox.call(op, args, timeout))
     }
 
     /// Eager recovery after a reboot: every listening client rebuilds its
@@ -446,6 +446,11 @@ impl Boot {
         let gate = start_workers(&info, &provided, &control, bank);
         let epoch = ctl.wait_activation(generation);
         let woke = std::time::Instant::now();
+        if info.watchdog {
+            // The control block is mapped for the rest of this process's life.
+            let control: &'static Region = Box::leak(Box::new(control.clone()));
+            crate::watchdog::enable(&control.at::<ControlBlock>(0).watch);
+        }
         let eager = info.recovery == EAGER && epoch > 1;
         if eager {
             // Before any worker serves: only recovering calls until it opens.
@@ -607,6 +612,7 @@ fn start_workers(
                 }
                 gate.registered.fetch_add(1, Ordering::SeqCst);
                 let (service, epoch) = gate.wait(&interface);
+                crate::watchdog::register_worker(line - 1, &format!("{interface}:{slot}"));
                 worker.run_gated(service.as_ref(), epoch, &gate.recovery);
             })
             .unwrap_or_else(|e| fatal(&format!("spawn worker: {e}")));

@@ -10,19 +10,80 @@ pub const COUNTERS: usize = 32;
 /// Longest counter name, in bytes.
 pub const NAME_LEN: usize = 24;
 
-/// One counter: a name claimed once, and its value.
+/// A short name in shared memory, claimed once by the first process that
+/// needs it (counters here, watched code sections in [`crate::watchdog`]).
 #[repr(C)]
-pub struct Counter {
+pub struct SharedName {
     /// 0 free, 1 being named, 2 named.
     state: AtomicU32,
     len: AtomicU32,
     name: [AtomicU64; NAME_LEN / 8],
-    value: AtomicU64,
 }
 
 const FREE: u32 = 0;
 const NAMING: u32 = 1;
 const NAMED: u32 = 2;
+
+impl SharedName {
+    /// The name, once claimed.
+    pub fn get(&self) -> Option<String> {
+        if self.state.load(Ordering::Acquire) != NAMED {
+            return None;
+        }
+        let mut bytes = [0u8; NAME_LEN];
+        for (chunk, word) in bytes.chunks_mut(8).zip(&self.name) {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        }
+        let len = (self.len.load(Ordering::Relaxed) as usize).min(NAME_LEN);
+        Some(String::from_utf8_lossy(&bytes[..len]).into_owned())
+    }
+
+    /// Names a free entry `name` (true), or waits for a concurrent claim to
+    /// end and says whether it was for the same name.
+    fn claim(&self, name: &str) -> bool {
+        if self
+            .state
+            .compare_exchange(FREE, NAMING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let mut bytes = [0u8; NAME_LEN];
+            bytes[..name.len()].copy_from_slice(name.as_bytes());
+            for (chunk, word) in bytes.chunks(8).zip(&self.name) {
+                word.store(u64::from_le_bytes(chunk.try_into().unwrap()), Ordering::Relaxed);
+            }
+            self.len.store(name.len() as u32, Ordering::Relaxed);
+            self.state.store(NAMED, Ordering::Release);
+            return true;
+        }
+        while self.state.load(Ordering::Acquire) == NAMING {
+            std::hint::spin_loop();
+        }
+        self.get().as_deref() == Some(name)
+    }
+}
+
+/// The entry of `entries` named `name`, claimed now if none is yet; `None`
+/// when the name is unusable or every entry is taken.
+pub(crate) fn claim_by_name<'a, T>(
+    entries: &'a [T],
+    name: &str,
+    name_of: impl Fn(&T) -> &SharedName,
+) -> Option<&'a T> {
+    if name.is_empty() || name.len() > NAME_LEN {
+        return None;
+    }
+    if let Some(e) = entries.iter().find(|e| name_of(e).get().as_deref() == Some(name)) {
+        return Some(e);
+    }
+    entries.iter().find(|e| name_of(e).claim(name))
+}
+
+/// One counter: a name claimed once, and its value.
+#[repr(C)]
+pub struct Counter {
+    name: SharedName,
+    value: AtomicU64,
+}
 
 impl Counter {
     pub fn add(&self, n: u64) {
@@ -35,18 +96,6 @@ impl Counter {
 
     pub fn get(&self) -> u64 {
         self.value.load(Ordering::Relaxed)
-    }
-
-    fn name(&self) -> Option<String> {
-        if self.state.load(Ordering::Acquire) != NAMED {
-            return None;
-        }
-        let mut bytes = [0u8; NAME_LEN];
-        for (chunk, word) in bytes.chunks_mut(8).zip(&self.name) {
-            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
-        }
-        let len = (self.len.load(Ordering::Relaxed) as usize).min(NAME_LEN);
-        Some(String::from_utf8_lossy(&bytes[..len]).into_owned())
     }
 }
 
@@ -73,45 +122,15 @@ impl CounterTable {
         if name.is_empty() || name.len() > NAME_LEN {
             return Err(CounterError::BadName(name.to_string()));
         }
-        if let Some(c) = self.find(name) {
-            return Ok(c);
-        }
-        for c in &self.counters {
-            if c.state
-                .compare_exchange(FREE, NAMING, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                let mut bytes = [0u8; NAME_LEN];
-                bytes[..name.len()].copy_from_slice(name.as_bytes());
-                for (chunk, word) in bytes.chunks(8).zip(&c.name) {
-                    word.store(u64::from_le_bytes(chunk.try_into().unwrap()), Ordering::Relaxed);
-                }
-                c.len.store(name.len() as u32, Ordering::Relaxed);
-                c.state.store(NAMED, Ordering::Release);
-                return Ok(c);
-            }
-            // Another thread is naming this one: it may be ours.
-            while c.state.load(Ordering::Acquire) == NAMING {
-                std::hint::spin_loop();
-            }
-            if c.name().as_deref() == Some(name) {
-                return Ok(c);
-            }
-        }
-        Err(CounterError::Full(name.to_string()))
-    }
-
-    fn find(&self, name: &str) -> Option<&Counter> {
-        self.counters
-            .iter()
-            .find(|c| c.name().as_deref() == Some(name))
+        claim_by_name(&self.counters, name, |c| &c.name)
+            .ok_or_else(|| CounterError::Full(name.to_string()))
     }
 
     /// Every named counter and its value, in the order they were claimed.
     pub fn snapshot(&self) -> Vec<(String, u64)> {
         self.counters
             .iter()
-            .filter_map(|c| c.name().map(|n| (n, c.get())))
+            .filter_map(|c| c.name.get().map(|n| (n, c.get())))
             .collect()
     }
 }

@@ -24,6 +24,7 @@ pub mod stub;
 pub mod testing;
 pub mod upcall;
 pub mod vault;
+pub mod watchdog;
 pub mod wire;
 
 pub use client::{Connection, RecoveryScope};

@@ -3,7 +3,8 @@
 //! calling incarnation's), telling the service of client deaths it has not
 //! heard of yet, passing the [`RecoveryGate`],
 //! taking on the caller's priority and handing the request to the
-//! interface's server stub.
+//! interface's server stub. A watched worker ([`crate::watchdog`]) marks
+//! each invocation it runs as a stretch.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -41,6 +42,7 @@ impl SlotWorker {
             slot: self.slot,
         };
         let header = self.edge.header();
+        let watch = crate::watchdog::this_worker();
         while self.wait_for_request() {
             let req_epoch = s.epoch.load(Ordering::Relaxed);
             let caller_epoch = s.client_epoch.load(Ordering::Relaxed);
@@ -57,7 +59,14 @@ impl SlotWorker {
                     .tell_client_deaths(|| service.client_died(self.client));
                 gate.pass(s.flags.load(Ordering::Relaxed));
                 priority::adopt(s.priority.load(Ordering::Relaxed));
-                self.handle(service, &caller);
+                match watch {
+                    Some(w) => {
+                        w.begin(s.func.load(Ordering::Relaxed));
+                        self.handle(service, &caller);
+                        w.end();
+                    }
+                    None => self.handle(service, &caller),
+                }
             }
             s.state.store(state::RESPONSE, Ordering::SeqCst);
             if s.client_sleeping.load(Ordering::SeqCst) != 0 {

@@ -30,6 +30,7 @@ use crate::roster::Roster;
 use crate::process::{spawn_component, Proc};
 use crate::vault::VaultStore;
 use crate::watch::Watch;
+use crate::watchdog::Monitor;
 
 #[derive(Debug, Error)]
 pub enum SupervisorError {
@@ -228,7 +229,19 @@ pub fn run(
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<Report, SupervisorError> {
     let mut sup = Supervisor::new(options, on_event)?;
-    let result = sup.start(system).and_then(|()| sup.event_loop());
+    sup.watchdog = system.watchdog.enabled;
+    let result = sup.start(system).and_then(|()| {
+        // Stopped (dropped) before the components are.
+        let _monitor = match system.watchdog.enabled {
+            true => Some(Monitor::start(
+                sup.roster.clone(),
+                system.watchdog.clone(),
+                sup.options.interfaces.clone(),
+            )?),
+            false => None,
+        };
+        sup.event_loop()
+    });
     let reason = match result {
         Ok(reason) => reason,
         Err(e) => {
@@ -261,6 +274,8 @@ struct Supervisor<'a> {
     roster: Arc<Roster>,
     /// Woken by [`Roster::report_fault`].
     fault_pipe: OwnedFd,
+    /// Whether components are told to publish stretches for the watchdog.
+    watchdog: bool,
 }
 
 impl<'a> Supervisor<'a> {
@@ -306,6 +321,7 @@ impl<'a> Supervisor<'a> {
             started: Instant::now(),
             roster,
             fault_pipe,
+            watchdog: false,
         })
     }
 
@@ -399,6 +415,7 @@ impl<'a> Supervisor<'a> {
         self.vault.serve(spec.name.clone(), vault_sock);
         let zygote = Self::spawn_zygote(
             spec,
+            self.watchdog,
             &control,
             &zygote_peer,
             &vault_peer,
@@ -454,8 +471,10 @@ impl<'a> Supervisor<'a> {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn spawn_zygote(
         spec: &ComponentSpec,
+        watchdog: bool,
         control: &Region,
         zygote_peer: &OwnedFd,
         vault_peer: &OwnedFd,
@@ -495,6 +514,7 @@ impl<'a> Supervisor<'a> {
             realtime: spec.realtime,
             arena_fd: raw_fd(durable.arena.as_ref()),
             pool_fd: raw_fd(durable.pool.as_deref()),
+            watchdog,
         };
         let mut pass = vec![boot.control_fd, boot.zygote_fd, boot.vault_fd];
         pass.extend(boot.provides.iter().map(|p| p.fd));
@@ -981,6 +1001,7 @@ impl<'a> Supervisor<'a> {
 
     /// Replaces the pristine image by exec'ing the binary again.
     fn respawn_zygote(&mut self, idx: usize) -> Result<(), SupervisorError> {
+        let watchdog = self.watchdog;
         let m = &mut self.comps[idx];
         if let Some(s) = m.standby.take() {
             s.proc.kill();
@@ -996,6 +1017,7 @@ impl<'a> Supervisor<'a> {
         }
         let zygote = Self::spawn_zygote(
             &m.spec,
+            watchdog,
             &m.control,
             &m.zygote_peer,
             &m.vault_peer,

@@ -24,6 +24,15 @@
 //! arena_kib = 64            # private memory that survives micro-reboots (default 0: none)
 //! pool_kib = 0              # memory shared with its clients, also durable (default 0: none)
 //!
+//! [watchdog]               # optional: hang detection (see docs/reliability.md)
+//! period_us = 1000          # the monitor samples every period
+//! window = 50               # stretches / section runs in the adaptive bound (1..=64)
+//! margin = 2.0              # bound = margin × the window's maximum
+//! default_bound_us = 100000 # while a window fills
+//! floor_us = 20000          # least stretch bound (CPU time is read at scheduler-tick granularity)
+//! stuck_ms = 5000           # no CPU progress inside an invocation for this long: a hang
+//! min_section_us = 5000     # least section check value (RMK's threshold)
+//!
 //! [[component]]
 //! name = "workload"
 //! binary = "fs-workload"
@@ -56,6 +65,50 @@ pub const REALTIME_RANGE: std::ops::RangeInclusive<u8> = 1..=99;
 /// Sizes `arena_kib` and `pool_kib` may take (0: none; at most 1 GiB).
 pub const DURABLE_KIB_RANGE: std::ops::RangeInclusive<u64> = 0..=1_048_576;
 
+/// The longest watchdog window (the history a component's control block keeps
+/// per exit: `kintsugi_runtime::watchdog::HISTORY`).
+pub const MAX_WATCH_WINDOW: u32 = 64;
+
+/// Hang detection settings: the `[watchdog]` table. Without the table the
+/// watchdog is off; with it, on unless `enabled = false`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WatchdogSettings {
+    pub enabled: bool,
+    /// How often the monitor samples the components' tables.
+    pub period: Duration,
+    /// How many measured stretches (or section runs per exit) the adaptive
+    /// bound looks back on, 1..=[`MAX_WATCH_WINDOW`].
+    pub window: u32,
+    /// The bound is `margin` times the window's largest value (at least 1).
+    pub margin: f64,
+    /// The bound while a window fills.
+    pub default_bound: Duration,
+    /// The least stretch bound: CPU time is only as fine as the kernel's
+    /// accounting (a scheduler tick for a running thread).
+    pub floor: Duration,
+    /// A thread inside an invocation whose CPU time does not advance for
+    /// this long is hung (stopped, never scheduled, waiting for ever).
+    pub stuck: Duration,
+    /// The least check value of a section (RMK's threshold against check
+    /// values learnt from trivial runs).
+    pub min_section: Duration,
+}
+
+impl Default for WatchdogSettings {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            period: Duration::from_micros(1000),
+            window: 50,
+            margin: 2.0,
+            default_bound: Duration::from_millis(100),
+            floor: Duration::from_millis(20),
+            stuck: Duration::from_secs(5),
+            min_section: Duration::from_millis(5),
+        }
+    }
+}
+
 /// A validated system description.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct System {
@@ -66,6 +119,8 @@ pub struct System {
     /// Components in start order: every provider before its users
     /// (topological, and otherwise in file order).
     pub components: Vec<ComponentSpec>,
+    /// Hang detection.
+    pub watchdog: WatchdogSettings,
     /// Where each component's `binary` value lies in the text, for errors of
     /// [`System::resolve_binaries`].
     #[serde(skip)]

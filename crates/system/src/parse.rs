@@ -12,7 +12,7 @@ use toml::Spanned;
 use crate::{
     ComponentSpec, ErrorKind, Location, RebootMode, RecoveryMode, RestartPolicy, System,
     SystemError, Use, DEFAULT_SLOTS, DURABLE_KIB_RANGE, PRIORITY_RANGE, REALTIME_RANGE,
-    SLOTS_RANGE,
+    SLOTS_RANGE, MAX_WATCH_WINDOW, WatchdogSettings,
 };
 
 #[derive(Deserialize)]
@@ -21,6 +21,20 @@ struct RawFile {
     system: RawSystem,
     #[serde(default)]
     component: Vec<RawComponent>,
+    watchdog: Option<RawWatchdog>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWatchdog {
+    enabled: Option<bool>,
+    period_us: Option<Spanned<i64>>,
+    window: Option<Spanned<i64>>,
+    margin: Option<Spanned<toml::Value>>,
+    default_bound_us: Option<Spanned<i64>>,
+    floor_us: Option<Spanned<i64>>,
+    stuck_ms: Option<Spanned<i64>>,
+    min_section_us: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -101,11 +115,12 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// Component `name`'s optional number `field`, checked to lie in `range`
-    /// (`hint` introduces the range in the error).
+    /// `owner`'s optional number `field` (`owner` is ``component `x` `` or a
+    /// table such as `[watchdog]`), checked to lie in `range` (`hint`
+    /// introduces the range in the error).
     fn ranged<T>(
         &self,
-        name: &str,
+        owner: &str,
         field: &str,
         value: &Option<Spanned<i64>>,
         range: RangeInclusive<T>,
@@ -122,7 +137,7 @@ impl Ctx<'_> {
                 &value.span(),
                 ErrorKind::OutOfRange,
                 format!(
-                    "component `{name}`: {field} {v} is out of range ({hint}{}..={})",
+                    "{owner}: {field} {v} is out of range ({hint}{}..={})",
                     range.start(),
                     range.end()
                 ),
@@ -312,7 +327,13 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<System, SystemError> {
         components.push(spec);
     }
 
+    let watchdog = match &raw.watchdog {
+        Some(w) => watchdog(&cx, w)?,
+        None => WatchdogSettings::default(),
+    };
+
     Ok(System {
+        watchdog,
         name: raw.system.name.into_inner(),
         description: raw.system.description,
         path: path.to_path_buf(),
@@ -384,9 +405,10 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
         uses.push((iface.to_owned(), server.map(str::to_owned), u.span()));
     }
 
+    let owner = format!("component `{name}`");
     let priority = cx
         .ranged(
-            &name,
+            &owner,
             "priority",
             &rc.priority,
             PRIORITY_RANGE,
@@ -394,24 +416,24 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
         )?
         .unwrap_or(0);
     let realtime = cx.ranged(
-        &name,
+        &owner,
         "realtime",
         &rc.realtime,
         REALTIME_RANGE,
         "a SCHED_FIFO priority, ",
     )?;
     let slots = cx
-        .ranged(&name, "slots", &rc.slots, SLOTS_RANGE, "")?
+        .ranged(&owner, "slots", &rc.slots, SLOTS_RANGE, "")?
         .unwrap_or(DEFAULT_SLOTS);
     let arena_kib = cx
-        .ranged(&name, "arena_kib", &rc.arena_kib, DURABLE_KIB_RANGE, "")?
+        .ranged(&owner, "arena_kib", &rc.arena_kib, DURABLE_KIB_RANGE, "")?
         .unwrap_or(0);
     let pool_kib = cx
-        .ranged(&name, "pool_kib", &rc.pool_kib, DURABLE_KIB_RANGE, "")?
+        .ranged(&owner, "pool_kib", &rc.pool_kib, DURABLE_KIB_RANGE, "")?
         .unwrap_or(0);
     let mut restart = RestartPolicy::default();
     if let Some(r) = &rc.restart {
-        if let Some(max) = cx.ranged(&name, "restart.max", &r.max, 0..=u32::MAX, "")? {
+        if let Some(max) = cx.ranged(&owner, "restart.max", &r.max, 0..=u32::MAX, "")? {
             restart.max = max;
         }
         if let Some(w) = &r.window_ms {
@@ -463,6 +485,48 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
         name_span: rc.name.span(),
         binary_span: rc.binary.span(),
         uses,
+    })
+}
+
+/// Validates the `[watchdog]` table.
+fn watchdog(cx: &Ctx<'_>, w: &RawWatchdog) -> Result<WatchdogSettings, SystemError> {
+    let d = WatchdogSettings::default();
+    let n = "[watchdog]";
+    let us = |field: &str, v: &Option<Spanned<i64>>, range: RangeInclusive<u64>, default: Duration| {
+        cx.ranged(n, field, v, range, "")
+            .map(|v| v.map_or(default, Duration::from_micros))
+    };
+    let margin = match &w.margin {
+        None => d.margin,
+        Some(m) => {
+            let v = match m.get_ref() {
+                toml::Value::Float(f) => *f,
+                toml::Value::Integer(i) => *i as f64,
+                _ => f64::NAN,
+            };
+            if !(1.0..=1000.0).contains(&v) {
+                return Err(cx.err(
+                    &m.span(),
+                    ErrorKind::OutOfRange,
+                    format!("[watchdog]: margin must be a number from 1 to 1000, not {}", m.get_ref()),
+                ));
+            }
+            v
+        }
+    };
+    Ok(WatchdogSettings {
+        enabled: w.enabled.unwrap_or(true),
+        period: us("period_us", &w.period_us, 100..=1_000_000, d.period)?,
+        window: cx
+            .ranged(n, "window", &w.window, 1..=MAX_WATCH_WINDOW, "")?
+            .unwrap_or(d.window),
+        margin,
+        default_bound: us("default_bound_us", &w.default_bound_us, 1..=600_000_000, d.default_bound)?,
+        floor: us("floor_us", &w.floor_us, 0..=600_000_000, d.floor)?,
+        stuck: cx
+            .ranged(n, "stuck_ms", &w.stuck_ms, 1..=3_600_000u64, "")?
+            .map_or(d.stuck, Duration::from_millis),
+        min_section: us("min_section_us", &w.min_section_us, 0..=600_000_000, d.min_section)?,
     })
 }
 

@@ -521,3 +521,41 @@ fn non_finite_config_float() {
         "{msg}"
     );
 }
+
+#[test]
+fn watchdog_is_off_without_its_table_and_on_with_it() {
+    let s = parse(Path::new("systems/demo.toml"), DEMO).unwrap();
+    assert!(!s.watchdog.enabled);
+    let text = format!(
+        "{HEAD}[watchdog]\nperiod_us = 500\nwindow = 20\nmargin = 3\nstuck_ms = 200\n\n[[component]]\nname = \"a\"\nbinary = \"a\"\n"
+    );
+    let s = parse(Path::new("sys.toml"), &text).unwrap();
+    let w = &s.watchdog;
+    assert!(w.enabled);
+    assert_eq!(w.period, Duration::from_micros(500));
+    assert_eq!((w.window, w.margin), (20, 3.0));
+    assert_eq!(w.stuck, Duration::from_millis(200));
+    assert_eq!(w.floor, Duration::from_millis(20), "defaults fill the rest");
+}
+
+#[test]
+fn watchdog_errors_point_at_the_value() {
+    let comp = "[[component]]\nname = \"a\"\nbinary = \"a\"\n";
+    assert_eq!(
+        err_with_head(&format!("[watchdog]\nwindow = 65\n{comp}")),
+        (
+            "sys.toml:5:10: [watchdog]: window 65 is out of range (1..=64)".to_string(),
+            ErrorKind::OutOfRange
+        )
+    );
+    assert_eq!(
+        err_with_head(&format!("[watchdog]\nmargin = 0.5\n{comp}")),
+        (
+            "sys.toml:5:10: [watchdog]: margin must be a number from 1 to 1000, not 0.5".to_string(),
+            ErrorKind::OutOfRange
+        )
+    );
+    let (msg, kind) = err_with_head(&format!("[watchdog]\nperiod = 5\n{comp}"));
+    assert_eq!(kind, ErrorKind::Syntax);
+    assert!(msg.starts_with("sys.toml:5:1: unknown field `period`"), "{msg}");
+}

@@ -1,0 +1,114 @@
+//! spin-workload: calls `spin.work` with sizes drawn from a seeded
+//! distribution (mostly small, one large in `large_every`), checks every
+//! result against its own computation, calls `spin.hang` at the calls its
+//! config names, and prints a JSON report when done (and leaves it in its
+//! counters, for in-process benchmarks):
+//!
+//! ```json
+//! {"ops":10000,"errors":0,"mismatches":0,"hangs":2,"elapsed_ns":123456789}
+//! ```
+
+use kintsugi_interfaces::spin;
+use kintsugi_interfaces::spin_work::checksum;
+use kintsugi_runtime::Incarnation;
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Hang {
+    /// Before which call.
+    at_op: u64,
+    /// As `spin.hang` takes it.
+    kind: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Config {
+    seed: u64,
+    ops: u64,
+    /// Units of a small call: uniform in `small_units[0]..=small_units[1]`.
+    small_units: [u32; 2],
+    large_units: u32,
+    /// One large call in this many (0: none).
+    large_every: u64,
+    hangs: Vec<Hang>,
+    /// A declared blocking wait before the first call (ms; 0: none).
+    nap_ms: u32,
+    /// Print the report on stdout (it is always in the counters too).
+    print: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            seed: 1,
+            ops: 1000,
+            small_units: [1, 50],
+            large_units: 2000,
+            large_every: 0,
+            hangs: Vec::new(),
+            nap_ms: 0,
+            print: true,
+        }
+    }
+}
+
+fn main() {
+    kintsugi_runtime::run(|rt| {
+        let cfg: Config = rt.config()?;
+        let client = spin::Client::from_connection(rt.connect(&spin::INFO)?);
+        let rt = rt.clone();
+        Ok(Incarnation::main(move || {
+            let start = std::time::Instant::now();
+            if cfg.nap_ms > 0 {
+                client.nap(cfg.nap_ms)?;
+            }
+            let (mut errors, mut mismatches, mut hangs) = (0u64, 0u64, 0u64);
+            let mut x = cfg.seed | 1;
+            let [lo, hi] = cfg.small_units;
+            for op in 0..cfg.ops {
+                for h in cfg.hangs.iter().filter(|h| h.at_op == op) {
+                    hangs += 1;
+                    if let Err(e) = client.hang(h.kind, hangs) {
+                        eprintln!("spin-workload: hang({}) failed: {e}", h.kind);
+                        errors += 1;
+                    }
+                }
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let units = if cfg.large_every > 0 && x % cfg.large_every == 0 {
+                    cfg.large_units
+                } else {
+                    lo + (x >> 8) as u32 % (hi - lo + 1).max(1)
+                };
+                match client.work(x, units) {
+                    Ok(v) if v == checksum(x, units) => {}
+                    Ok(v) => {
+                        eprintln!("spin-workload: call {op}: work({x}, {units}) = {v}, expected {}", checksum(x, units));
+                        mismatches += 1;
+                    }
+                    Err(e) => {
+                        eprintln!("spin-workload: call {op}: {e}");
+                        errors += 1;
+                    }
+                }
+            }
+            let report = serde_json::json!({
+                "ops": cfg.ops,
+                "errors": errors,
+                "mismatches": mismatches,
+                "hangs": hangs,
+                "elapsed_ns": start.elapsed().as_nanos() as u64,
+            });
+            for (name, v) in report.as_object().expect("an object") {
+                rt.counter(name)?.set(v.as_u64().unwrap_or(0));
+            }
+            if cfg.print {
+                println!("{report}");
+            }
+            Ok(())
+        }))
+    })
+}

@@ -1,0 +1,380 @@
+//! The component's side of the watchdog (hang detection, RMK's SHD and AHD):
+//! a table in the control block that the supervisor's monitor samples.
+//!
+//! - **Stretches** (SHD). Every server worker thread owns a [`WorkerEntry`]:
+//!   its thread id and a sequence number that is odd while the thread runs
+//!   a stretch of one invocation. The worker makes it odd before dispatch
+//!   and even after: two plain stores, no system call and no clock read on
+//!   the invocation path. A stretch also ends where the thread waits for
+//!   something else: an outgoing invocation ([`crate::client`]) or a wait a
+//!   service declares with [`blocking`]; a new one starts after it. The
+//!   monitor measures a stretch's progress from the thread's CPU time.
+//! - **Sections** (AHD). [`section`] names a code section; [`Section::enter`]
+//!   takes the thread's CPU clock and records an active instance,
+//!   [`Entered::leave`] records the CPU time it took in the history of the
+//!   exit it left by. Histories live in the control block, so they survive
+//!   micro-reboots. Sections nest and overlap freely: each instance has its
+//!   own entry. An unchecked section ([`unchecked_section`]) keeps a history
+//!   but is never judged.
+//!
+//! With the watchdog off (the system description has no `[watchdog]`), no
+//! worker is watched and sections cost one atomic load.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use rustix::time::{clock_gettime, ClockId};
+
+use crate::boot::LIFELINES;
+use crate::counters::{claim_by_name, SharedName, NAME_LEN};
+use crate::shm::SharedPod;
+
+/// Watched worker threads per component (one per channel slot it serves).
+pub const WORKERS: usize = LIFELINES;
+/// Named sections per component.
+pub const SECTIONS: usize = 16;
+/// Exits per section.
+pub const EXITS: usize = 8;
+/// History kept per exit: the longest window a system may configure.
+pub const HISTORY: usize = 64;
+/// Section instances active at once, over all threads of a component.
+pub const ACTIVE: usize = 64;
+
+/// One server worker thread.
+#[repr(C)]
+pub struct WorkerEntry {
+    /// The worker's thread id (0: never served).
+    pub tid: AtomicU32,
+    /// The process of the incarnation it belongs to.
+    pub pid: AtomicU32,
+    /// The function of the invocation in progress.
+    pub func: AtomicU32,
+    _pad: AtomicU32,
+    /// Odd while the thread runs a stretch.
+    pub seq: AtomicU64,
+    /// The thread's name: `interface:slot`.
+    pub name: SharedName,
+}
+
+impl WorkerEntry {
+    /// Starts a stretch of an invocation of `func`.
+    #[inline]
+    pub fn begin(&self, func: u32) {
+        self.func.store(func, Ordering::Relaxed);
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s | 1, Ordering::Release);
+    }
+
+    /// Ends the stretch in progress.
+    #[inline]
+    pub fn end(&self) {
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store((s | 1) + 1, Ordering::Release);
+    }
+
+    /// Whether the thread is inside a stretch.
+    pub fn in_stretch(&self) -> bool {
+        self.seq.load(Ordering::Acquire) & 1 == 1
+    }
+}
+
+/// The CPU times (ns) of one exit's recent runs: a ring of [`HISTORY`].
+#[repr(C)]
+pub struct ExitHistory {
+    /// Runs recorded so far; the next goes to `runs % HISTORY`.
+    pub runs: AtomicU64,
+    ns: [AtomicU64; HISTORY],
+}
+
+impl ExitHistory {
+    fn record(&self, ns: u64) {
+        let i = self.runs.fetch_add(1, Ordering::AcqRel) as usize % HISTORY;
+        self.ns[i].store(ns, Ordering::Release);
+    }
+
+    /// The largest of the last `window` runs (at most [`HISTORY`]), and how
+    /// many runs there were in all.
+    pub fn window_max(&self, window: usize) -> (u64, u64) {
+        let runs = self.runs.load(Ordering::Acquire);
+        let n = (runs as usize).min(window).min(HISTORY);
+        let max = (0..n)
+            .map(|k| self.ns[(runs as usize - 1 - k) % HISTORY].load(Ordering::Acquire))
+            .max()
+            .unwrap_or(0);
+        (max, runs)
+    }
+}
+
+/// A named code section and its per-exit history.
+#[repr(C)]
+pub struct SectionEntry {
+    pub name: SharedName,
+    /// 1: judged by the monitor; 0: history only.
+    pub checked: AtomicU32,
+    _pad: AtomicU32,
+    pub exits: [ExitHistory; EXITS],
+}
+
+/// One section instance in progress.
+#[repr(C)]
+pub struct ActiveEntry {
+    /// [`ACTIVE_FREE`], [`ACTIVE_FILLING`] or [`ACTIVE_IN`].
+    pub state: AtomicU32,
+    pub section: AtomicU32,
+    pub tid: AtomicU32,
+    pub pid: AtomicU32,
+    /// The exit the code said it expects to leave by, plus one (0: none).
+    pub expect: AtomicU32,
+    _pad: AtomicU32,
+    /// The thread's CPU time at enter (ns, the same clock as
+    /// `/proc/PID/task/TID/schedstat`).
+    pub cpu_enter: AtomicU64,
+}
+
+pub const ACTIVE_FREE: u32 = 0;
+pub const ACTIVE_FILLING: u32 = 1;
+pub const ACTIVE_IN: u32 = 2;
+
+/// The watchdog's part of [`crate::boot::ControlBlock`].
+#[repr(C)]
+pub struct WatchTable {
+    pub workers: [WorkerEntry; WORKERS],
+    pub sections: [SectionEntry; SECTIONS],
+    pub active: [ActiveEntry; ACTIVE],
+}
+// SAFETY: repr(C), atomics only; all-zero is an empty table.
+unsafe impl SharedPod for WatchTable {}
+
+/// This incarnation's table and process id, once the watchdog is on.
+static TABLE: OnceLock<(&'static WatchTable, u32)> = OnceLock::new();
+
+thread_local! {
+    /// The worker entry of the calling thread, if it is a watched worker.
+    static WORKER: Cell<Option<&'static WorkerEntry>> = const { Cell::new(None) };
+    /// The calling thread's id, once asked.
+    static TID: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The calling thread's id (one system call per thread).
+fn tid() -> u32 {
+    TID.with(|t| {
+        if t.get() == 0 {
+            t.set(rustix::thread::gettid().as_raw_nonzero().get() as u32);
+        }
+        t.get()
+    })
+}
+
+/// Runtime: turns the watchdog on for this incarnation.
+pub(crate) fn enable(table: &'static WatchTable) {
+    let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+    let _ = TABLE.set((table, pid));
+}
+
+/// Runtime: makes the calling thread watched worker number `index`, called
+/// `name`; returns its entry (None with the watchdog off).
+pub(crate) fn register_worker(index: usize, name: &str) -> Option<&'static WorkerEntry> {
+    let (table, pid) = TABLE.get()?;
+    let e = table.workers.get(index)?;
+    // A stretch the previous incarnation left open is over.
+    e.end();
+    e.pid.store(*pid, Ordering::Relaxed);
+    e.tid.store(tid(), Ordering::Relaxed);
+    claim_by_name(std::slice::from_ref(&e.name), name, |n| n);
+    WORKER.with(|w| w.set(Some(e)));
+    Some(e)
+}
+
+/// The calling thread's worker entry, if it is a watched worker.
+pub(crate) fn this_worker() -> Option<&'static WorkerEntry> {
+    WORKER.with(Cell::get)
+}
+
+/// Runs `f`, a wait that may legitimately last (a `block` function waiting
+/// for its wake-up, a call to another component), outside the calling
+/// worker's stretch: the stretch ends before and a new one starts after.
+/// Anywhere else it just runs `f`.
+pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match this_worker().filter(|w| w.in_stretch()) {
+        Some(w) => {
+            w.end();
+            let out = f();
+            w.begin(w.func.load(Ordering::Relaxed));
+            out
+        }
+        None => f(),
+    }
+}
+
+/// Why a section could not be had.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SectionError {
+    #[error("section name `{0}` is empty or longer than {NAME_LEN} bytes")]
+    BadName(String),
+    #[error("no room for section `{0}`: a component has at most {SECTIONS}")]
+    Full(String),
+}
+
+/// A named code section, judged by the monitor from its own history.
+#[derive(Debug, Clone, Copy)]
+pub struct Section {
+    /// None with the watchdog off.
+    id: Option<u32>,
+}
+
+/// The section called `name`, checked against its history.
+pub fn section(name: &str) -> Result<Section, SectionError> {
+    claim_section(name, true)
+}
+
+/// The section called `name`, whose history is kept but which is never
+/// judged (for code that may legitimately run long).
+pub fn unchecked_section(name: &str) -> Result<Section, SectionError> {
+    claim_section(name, false)
+}
+
+fn claim_section(name: &str, checked: bool) -> Result<Section, SectionError> {
+    if name.is_empty() || name.len() > NAME_LEN {
+        return Err(SectionError::BadName(name.to_string()));
+    }
+    let Some((table, _)) = TABLE.get() else {
+        return Ok(Section { id: None });
+    };
+    let s = claim_by_name(&table.sections, name, |s| &s.name)
+        .ok_or_else(|| SectionError::Full(name.to_string()))?;
+    s.checked.store(checked as u32, Ordering::Release);
+    let id = table
+        .sections
+        .iter()
+        .position(|x| std::ptr::eq(x, s))
+        .expect("claimed from the table") as u32;
+    Ok(Section { id: Some(id) })
+}
+
+/// The calling thread's CPU time, in ns.
+fn thread_cpu_ns() -> u64 {
+    let t = clock_gettime(ClockId::ThreadCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+impl Section {
+    /// Enters the section; its check value comes from the exit with the
+    /// largest runs.
+    pub fn enter(&self) -> Entered {
+        self.start(0)
+    }
+
+    /// Enters the section, saying that it should leave by `exit` (which the
+    /// code often knows up front: a large request takes the large path):
+    /// it is then judged by that exit's history alone, and by the default
+    /// bound until that exit has a full window.
+    pub fn enter_expecting(&self, exit: u32) -> Entered {
+        self.start(exit.min(EXITS as u32 - 1) + 1)
+    }
+
+    fn start(&self, expect: u32) -> Entered {
+        let (Some(id), Some((table, pid))) = (self.id, TABLE.get()) else {
+            return Entered { slot: None };
+        };
+        let tid = tid();
+        let slot = table.active.iter().position(|a| {
+            let st = a.state.load(Ordering::Acquire);
+            // An instance left by a dead incarnation is free too.
+            let free = st == ACTIVE_FREE || (st == ACTIVE_IN && a.pid.load(Ordering::Relaxed) != *pid);
+            free && a
+                .state
+                .compare_exchange(st, ACTIVE_FILLING, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        });
+        let Some(slot) = slot else {
+            tracing::warn!("more than {ACTIVE} active sections: this one goes unwatched");
+            return Entered { slot: None };
+        };
+        let a = &table.active[slot];
+        a.section.store(id, Ordering::Relaxed);
+        a.tid.store(tid, Ordering::Relaxed);
+        a.pid.store(*pid, Ordering::Relaxed);
+        a.expect.store(expect, Ordering::Relaxed);
+        a.cpu_enter.store(thread_cpu_ns(), Ordering::Relaxed);
+        a.state.store(ACTIVE_IN, Ordering::Release);
+        Entered {
+            slot: Some((table, slot)),
+        }
+    }
+}
+
+/// A section instance in progress; leave it with [`Entered::leave`]
+/// (dropping it leaves by exit 0).
+#[must_use = "a section is left by `leave` or when this guard drops"]
+pub struct Entered {
+    slot: Option<(&'static WatchTable, usize)>,
+}
+
+impl Entered {
+    /// Leaves the section by `exit` (0..[`EXITS`]; larger ones count as the
+    /// last) and records the CPU time it took in that exit's history.
+    pub fn leave(mut self, exit: u32) {
+        self.finish(exit);
+    }
+
+    fn finish(&mut self, exit: u32) {
+        let Some((table, slot)) = self.slot.take() else {
+            return;
+        };
+        let a = &table.active[slot];
+        let took = thread_cpu_ns().saturating_sub(a.cpu_enter.load(Ordering::Relaxed));
+        let section = a.section.load(Ordering::Relaxed) as usize;
+        a.state.store(ACTIVE_FREE, Ordering::Release);
+        table.sections[section].exits[(exit as usize).min(EXITS - 1)].record(took);
+    }
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        self.finish(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::Region;
+
+    #[test]
+    fn exit_history_keeps_the_window_maximum() {
+        let region = Region::create("watch-test", std::mem::size_of::<WatchTable>()).unwrap();
+        let t: &WatchTable = region.at(0);
+        let h = &t.sections[0].exits[0];
+        assert_eq!(h.window_max(50), (0, 0));
+        h.record(900);
+        for i in 0..60 {
+            h.record(10 + i);
+        }
+        // The 900 ns run is 61 runs back: out of a 50-run window, inside a 64-run one.
+        assert_eq!(h.window_max(50), (69, 61));
+        assert_eq!(h.window_max(64), (900, 61));
+        for _ in 0..HISTORY {
+            h.record(5);
+        }
+        assert_eq!(h.window_max(64), (5, 61 + HISTORY as u64));
+    }
+
+    #[test]
+    fn stretches_are_odd_and_blocking_ends_them() {
+        let region = Region::create("watch-test", std::mem::size_of::<WatchTable>()).unwrap();
+        let t: &'static WatchTable = Box::leak(Box::new(region)).at(0);
+        let e = &t.workers[0];
+        e.begin(3);
+        assert!(e.in_stretch());
+        WORKER.with(|w| w.set(Some(e)));
+        let seen = blocking(|| e.in_stretch());
+        assert!(!seen, "a blocking wait runs outside the stretch");
+        assert!(e.in_stretch(), "and a new stretch starts after it");
+        assert_eq!(e.func.load(Ordering::Relaxed), 3);
+        e.end();
+        assert!(!e.in_stretch());
+        assert_eq!(e.seq.load(Ordering::Relaxed), 4, "two stretches, each odd then even");
+        WORKER.with(|w| w.set(None));
+    }
+}

@@ -1,0 +1,471 @@
+//! The watchdog's monitor (RMK's SHD and AHD, on CPU time): a supervisor
+//! thread that samples every live component's watch table
+//! (`kintsugi_runtime::watchdog`) each period and reports a hang through the
+//! [`Roster`], which makes the supervisor kill and reboot the incarnation as
+//! for a crash.
+//!
+//! Progress is CPU time, read from `/proc/PID/task/TID/schedstat` (the
+//! first field, the scheduler's `sum_exec_runtime`; one `pread` on a kept
+//! descriptor). The kernel brings a running thread's figure up to date at
+//! every scheduler tick and context switch, so a reading may lag by up to
+//! a tick: the `floor` bound covers it.
+//!
+//! - **SHD**: a stretch seen odd with the same sequence number on two
+//!   samples is running long; its CPU time is read from then on. Its
+//!   progress (CPU since that second sighting, a lower bound, so that a
+//!   thread preempted under load never looks busy) past the worker's bound
+//!   is a hang. The bound is `margin` × the largest of the last `window`
+//!   measured stretches of that worker (kept across reboots), at least
+//!   `floor`, and `default_bound` while the window fills. A worker inside a
+//!   checked section is judged by the section instead.
+//! - **Timestamp check**: a thread inside a stretch that neither runs nor
+//!   waits on a run queue for `stuck` (stopped, or waiting for ever where
+//!   no wait was declared) is hung. The run-queue wait is schedstat's second
+//!   field: a thread starved by load keeps it moving, so load alone never
+//!   looks like a hang.
+//! - **AHD**: an active section instance whose thread has run longer than
+//!   the section's check value since it entered is hung. The check value is
+//!   `margin` × the largest run in the window of the exit with the largest
+//!   runs (or of the exit the code said it expects), at least `min_section`,
+//!   and `default_bound` until that history holds a full window.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kintsugi_runtime::boot::ControlBlock;
+use kintsugi_runtime::stub::InterfaceInfo;
+use kintsugi_runtime::watchdog::{WatchTable, ACTIVE_IN, EXITS, WORKERS};
+use kintsugi_system::WatchdogSettings;
+
+use crate::roster::{FaultReport, Roster};
+
+/// How a hang was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HangKind {
+    /// A stretch ran past its worker's adaptive bound.
+    Shd,
+    /// A section instance ran past its check value.
+    Ahd,
+    /// No CPU progress inside a stretch for the `stuck` time.
+    Stuck,
+}
+
+impl HangKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            HangKind::Shd => "shd",
+            HangKind::Ahd => "ahd",
+            HangKind::Stuck => "stuck",
+        }
+    }
+}
+
+/// One detected hang. Its `Display` is the detail of the fault report (and
+/// of `Event::FaultReported`); [`FromStr`] reads it back.
+///
+/// ```text
+/// hang detected: kind=shd tid=4242 thread=spin:0 call=spin.hang section=- measured_us=20950 bound_us=20000
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detection {
+    pub kind: HangKind,
+    pub tid: u32,
+    /// `interface:slot` for a server worker, else the thread's name.
+    pub thread: String,
+    /// The invocation in progress (`interface.function`), if any.
+    pub call: Option<String>,
+    pub section: Option<String>,
+    /// CPU time consumed (shd, ahd) or time without CPU progress (stuck).
+    pub measured: Duration,
+    /// What `measured` was held against.
+    pub bound: Duration,
+}
+
+const PREFIX: &str = "hang detected: ";
+
+impl fmt::Display for Detection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dash = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+        write!(
+            f,
+            "{PREFIX}kind={} tid={} thread={} call={} section={} measured_us={} bound_us={}",
+            self.kind.as_str(),
+            self.tid,
+            self.thread.replace(' ', "_"),
+            dash(&self.call),
+            dash(&self.section),
+            self.measured.as_micros(),
+            self.bound.as_micros()
+        )
+    }
+}
+
+impl FromStr for Detection {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let rest = s
+            .strip_prefix(PREFIX)
+            .ok_or_else(|| format!("not a hang detection: {s}"))?;
+        let fields: HashMap<&str, &str> = rest
+            .split(' ')
+            .filter_map(|kv| kv.split_once('='))
+            .collect();
+        let get = |k: &str| fields.get(k).copied().ok_or_else(|| format!("no `{k}` in: {s}"));
+        let num = |k: &str| -> Result<u64, String> {
+            get(k)?.parse().map_err(|_| format!("bad `{k}` in: {s}"))
+        };
+        let opt = |k: &str| get(k).map(|v| (v != "-").then(|| v.to_string()));
+        Ok(Self {
+            kind: match get("kind")? {
+                "shd" => HangKind::Shd,
+                "ahd" => HangKind::Ahd,
+                "stuck" => HangKind::Stuck,
+                k => return Err(format!("unknown hang kind `{k}`")),
+            },
+            tid: num("tid")? as u32,
+            thread: get("thread")?.to_string(),
+            call: opt("call")?,
+            section: opt("section")?,
+            measured: Duration::from_micros(num("measured_us")?),
+            bound: Duration::from_micros(num("bound_us")?),
+        })
+    }
+}
+
+/// The running monitor; dropping it stops the thread.
+pub struct Monitor {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Monitor {
+    pub fn start(
+        roster: Arc<Roster>,
+        settings: WatchdogSettings,
+        interfaces: Vec<&'static InterfaceInfo>,
+    ) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("watchdog".into())
+            .spawn(move || {
+                let mut m = Sampler {
+                    settings,
+                    interfaces,
+                    comps: HashMap::new(),
+                };
+                while !s.load(Ordering::Relaxed) {
+                    std::thread::sleep(m.settings.period);
+                    m.sample(&roster);
+                }
+            })?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What the monitor keeps per worker thread slot.
+#[derive(Default)]
+struct WorkerState {
+    /// Measured stretches (CPU ns), the most recent last; kept across reboots.
+    window: Vec<u64>,
+    /// Stretches measured so far.
+    measured: u64,
+    /// The odd sequence number last seen, and how often in a row.
+    seq: u64,
+    sightings: u32,
+    /// CPU at the second sighting, the latest CPU read, and when it last moved.
+    base_cpu: u64,
+    last_cpu: u64,
+    /// Run-queue wait at the latest read.
+    last_waited: u64,
+    moved_at: Option<Instant>,
+}
+
+impl WorkerState {
+    /// The tracked stretch is over: its progress joins the window.
+    fn close(&mut self, window: usize) {
+        if self.sightings >= 2 {
+            self.window.push(self.last_cpu.saturating_sub(self.base_cpu));
+            if self.window.len() > window {
+                self.window.remove(0);
+            }
+            self.measured += 1;
+        }
+        self.seq = 0;
+        self.sightings = 0;
+        self.moved_at = None;
+    }
+}
+
+/// One component as the monitor sees it.
+#[derive(Default)]
+struct CompState {
+    /// The incarnation the per-thread state belongs to.
+    pid: u32,
+    /// A hang of this incarnation was reported: leave it alone.
+    reported: bool,
+    workers: Vec<WorkerState>,
+    /// Open schedstat files by thread id.
+    stats: HashMap<u32, File>,
+}
+
+struct Sampler {
+    settings: WatchdogSettings,
+    interfaces: Vec<&'static InterfaceInfo>,
+    comps: HashMap<String, CompState>,
+}
+
+impl Sampler {
+    fn sample(&mut self, roster: &Roster) {
+        for member in roster.members() {
+            let (Some(pid), Some(control)) = (member.pid, roster.control(&member.name)) else {
+                continue;
+            };
+            let ctl: &ControlBlock = control.at(0);
+            let st = self.comps.entry(member.name.clone()).or_default();
+            if st.pid != pid {
+                st.pid = pid;
+                st.reported = false;
+                st.stats.clear();
+                st.workers.resize_with(WORKERS, WorkerState::default);
+                for w in &mut st.workers {
+                    w.seq = 0;
+                    w.sightings = 0;
+                    w.moved_at = None;
+                }
+            }
+            if st.reported {
+                continue;
+            }
+            let found = check(&self.settings, &ctl.watch, pid, st)
+                .map(|d| name_call(&self.interfaces, d));
+            if let Some(d) = found {
+                st.reported = true;
+                tracing::warn!(component = %member.name, "{d}");
+                roster.report_fault(FaultReport {
+                    component: member.name.clone(),
+                    pid,
+                    detail: d.to_string(),
+                });
+            }
+        }
+    }
+
+}
+
+/// Replaces a function number (`call` = "interface#func") by its name.
+fn name_call(interfaces: &[&'static InterfaceInfo], mut d: Detection) -> Detection {
+    if let Some(raw) = d.call.take() {
+        let (iface, func) = raw.split_once('#').unwrap_or((raw.as_str(), "0"));
+        let func: usize = func.parse().unwrap_or(0);
+        let name = interfaces
+            .iter()
+            .find(|i| i.name == iface)
+            .and_then(|i| i.functions.get(func))
+            .map_or_else(|| format!("{iface}.#{func}"), |f| format!("{iface}.{f}"));
+        d.call = Some(name);
+    }
+    d
+}
+
+/// A thread's CPU time and its time spent waiting runnable on a run queue
+/// (ns), from its schedstat file kept open in `stats`.
+fn sched_ns(stats: &mut HashMap<u32, File>, pid: u32, tid: u32) -> Option<(u64, u64)> {
+    if !stats.contains_key(&tid) {
+        let f = File::open(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
+        stats.insert(tid, f);
+    }
+    let mut buf = [0u8; 96];
+    let n = stats.get(&tid)?.read_at(&mut buf, 0).ok()?;
+    let mut fields = std::str::from_utf8(&buf[..n]).ok()?.split_whitespace();
+    let cpu = fields.next()?.parse().ok()?;
+    let waited = fields.next()?.parse().ok()?;
+    Some((cpu, waited))
+}
+
+fn thread_name(pid: u32, tid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// One sample of one incarnation's table: the first hang found, if any.
+fn check(s: &WatchdogSettings, t: &WatchTable, pid: u32, st: &mut CompState) -> Option<Detection> {
+    let now = Instant::now();
+    let window = s.window as usize;
+    // Threads inside a checked section, which judges them instead of SHD.
+    let mut in_section = Vec::new();
+    for a in &t.active {
+        if a.state.load(Ordering::Acquire) != ACTIVE_IN || a.pid.load(Ordering::Relaxed) != pid {
+            continue;
+        }
+        let sec = &t.sections[a.section.load(Ordering::Relaxed) as usize % t.sections.len()];
+        if sec.checked.load(Ordering::Acquire) == 0 {
+            continue;
+        }
+        let tid = a.tid.load(Ordering::Relaxed);
+        in_section.push(tid);
+        let Some((cpu, _)) = sched_ns(&mut st.stats, pid, tid) else {
+            continue;
+        };
+        let ran = cpu.saturating_sub(a.cpu_enter.load(Ordering::Relaxed));
+        let expect = a.expect.load(Ordering::Relaxed);
+        let exits: Vec<(u64, u64)> = match expect {
+            0 => sec.exits.iter().map(|h| h.window_max(window)).collect(),
+            e => vec![sec.exits[(e as usize - 1).min(EXITS - 1)].window_max(window)],
+        };
+        let runs: u64 = exits.iter().map(|(_, r)| r).sum();
+        let largest = exits.iter().map(|(m, _)| *m).max().unwrap_or(0);
+        let bound = if runs < window as u64 {
+            s.default_bound
+        } else {
+            s.min_section
+                .max(Duration::from_nanos((largest as f64 * s.margin) as u64))
+        };
+        // Re-check that the instance is still the same before blaming it.
+        if Duration::from_nanos(ran) > bound && a.state.load(Ordering::Acquire) == ACTIVE_IN {
+            return Some(Detection {
+                kind: HangKind::Ahd,
+                tid,
+                thread: thread_name(pid, tid),
+                call: None,
+                section: sec.name.get(),
+                measured: Duration::from_nanos(ran),
+                bound,
+            });
+        }
+    }
+    for (i, e) in t.workers.iter().enumerate() {
+        let tid = e.tid.load(Ordering::Relaxed);
+        if tid == 0 || e.pid.load(Ordering::Relaxed) != pid {
+            continue;
+        }
+        let w = &mut st.workers[i];
+        let seq = e.seq.load(Ordering::Acquire);
+        if seq & 1 == 0 || seq != w.seq {
+            if w.seq != 0 {
+                w.close(window);
+            }
+            if seq & 1 == 1 {
+                w.seq = seq;
+                w.sightings = 1;
+            }
+            continue;
+        }
+        let Some((cpu, waited)) = sched_ns(&mut st.stats, pid, tid) else {
+            continue;
+        };
+        if w.sightings == 1 {
+            w.sightings = 2;
+            w.base_cpu = cpu;
+            w.last_cpu = cpu;
+            w.last_waited = waited;
+            w.moved_at = Some(now);
+            continue;
+        }
+        // A thread that waits on a run queue is starved by load, not hung.
+        if cpu != w.last_cpu || waited != w.last_waited {
+            w.last_cpu = cpu;
+            w.last_waited = waited;
+            w.moved_at = Some(now);
+        }
+        let name = e.name.get().unwrap_or_default();
+        let call = Some(format!(
+            "{}#{}",
+            name.split(':').next().unwrap_or(""),
+            e.func.load(Ordering::Relaxed)
+        ));
+        let still = now.duration_since(w.moved_at.unwrap_or(now));
+        let found = if still >= s.stuck {
+            Some((HangKind::Stuck, still, s.stuck))
+        } else {
+            let progress = Duration::from_nanos(cpu.saturating_sub(w.base_cpu));
+            let bound = if (w.measured as usize) < window {
+                s.default_bound
+            } else {
+                let largest = w.window.iter().copied().max().unwrap_or(0);
+                s.floor
+                    .max(Duration::from_nanos((largest as f64 * s.margin) as u64))
+            };
+            (progress > bound && !in_section.contains(&tid)).then_some((HangKind::Shd, progress, bound))
+        };
+        // Only if the stretch is still the one measured.
+        if let Some((kind, measured, bound)) = found.filter(|_| e.seq.load(Ordering::Acquire) == seq) {
+            return Some(Detection {
+                kind,
+                tid,
+                thread: name,
+                call,
+                section: None,
+                measured,
+                bound,
+            });
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_detection_reads_back_from_its_detail() {
+        let d = Detection {
+            kind: HangKind::Shd,
+            tid: 4242,
+            thread: "spin:0".into(),
+            call: Some("spin.hang".into()),
+            section: None,
+            measured: Duration::from_micros(20950),
+            bound: Duration::from_millis(20),
+        };
+        let text = d.to_string();
+        assert_eq!(
+            text,
+            "hang detected: kind=shd tid=4242 thread=spin:0 call=spin.hang section=- measured_us=20950 bound_us=20000"
+        );
+        assert_eq!(text.parse::<Detection>(), Ok(d));
+        assert!("crashed".parse::<Detection>().is_err());
+    }
+
+    #[test]
+    fn a_worker_window_slides_over_measured_stretches_only() {
+        let mut w = WorkerState {
+            seq: 1,
+            sightings: 1,
+            ..Default::default()
+        };
+        w.close(3);
+        assert_eq!((w.window.len(), w.measured), (0, 0), "seen once: not measured");
+        for ns in [5, 9, 7, 3] {
+            w.seq = 1;
+            w.sightings = 2;
+            w.base_cpu = 100;
+            w.last_cpu = 100 + ns;
+            w.close(3);
+        }
+        assert_eq!(w.window, vec![9, 7, 3]);
+        assert_eq!(w.measured, 4);
+    }
+}

@@ -12,11 +12,16 @@
 //!
 //! A checker subtracts the acknowledged triggers from the final count to
 //! find the duplicates that re-issued triggers may add. A stop request does
-//! not cut a run short.
+//! not cut a run short, but `triggers = 0` and `expected = 0` run until
+//! stopped (for campaigns: list the waiters after the triggerers, so that
+//! they are stopped first and their last wait still returns). Each
+//! publishes the counters `ops` (triggers acknowledged, waits returned),
+//! `errors` and `corrupt` (waits that returned a count not past the last).
 
 use std::time::Duration;
 
 use kintsugi_interfaces::evt;
+use kintsugi_runtime::counters::WorkloadCounters;
 use kintsugi_runtime::Incarnation;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -29,13 +34,14 @@ pub enum Config {
         seed: u64,
         /// The event's name: every component that names it shares it.
         event: u64,
+        /// How many (0: until stopped).
         triggers: u64,
         /// Longest pause before each trigger, in µs.
         gap_us: u64,
     },
     Wait {
         event: u64,
-        /// The count to wait for.
+        /// The count to wait for (0: wait until stopped).
         expected: u64,
     },
 }
@@ -69,7 +75,27 @@ enum Outcome {
 #[derive(Debug, Default, Serialize)]
 struct Errors {
     errors: u64,
+    /// Of the errors, waits that returned a count not past the last.
+    corrupt: u64,
     first_errors: Vec<String>,
+}
+
+/// Where a run publishes its counts, and whether it was asked to stop.
+struct Env<'a> {
+    counters: WorkloadCounters<'a>,
+    seen: [u64; 2],
+    stop: &'a dyn Fn() -> bool,
+}
+
+impl Env<'_> {
+    fn op(&mut self, errors: &Errors) {
+        self.counters.op();
+        self.publish(errors);
+    }
+
+    fn publish(&mut self, errors: &Errors) {
+        self.counters.catch_up(&mut self.seen, errors.errors, errors.corrupt);
+    }
 }
 
 impl Errors {
@@ -84,6 +110,7 @@ impl Errors {
 
 fn trigger(
     client: &evt::Client,
+    env: &mut Env,
     errors: &mut Errors,
     seed: u64,
     event: u64,
@@ -95,14 +122,20 @@ fn trigger(
     match client.create(event) {
         Err(e) => errors.fail(format!("create({event}): {e}")),
         Ok(ev) => {
-            for i in 0..triggers {
+            let mut i = 0;
+            while i < triggers || (triggers == 0 && !(env.stop)()) {
+                i += 1;
                 std::thread::sleep(Duration::from_micros(rng.gen_range(0..=gap_us)));
                 match client.trigger(ev) {
                     Ok(count) => {
                         acknowledged += 1;
                         max_count = max_count.max(count);
+                        env.op(errors);
                     }
-                    Err(e) => errors.fail(format!("trigger {i}: {e}")),
+                    Err(e) => {
+                        errors.fail(format!("trigger {i}: {e}"));
+                        env.publish(errors);
+                    }
                 }
             }
         }
@@ -113,22 +146,31 @@ fn trigger(
     }
 }
 
-fn wait(client: &evt::Client, errors: &mut Errors, event: u64, expected: u64) -> Outcome {
+fn wait(
+    client: &evt::Client,
+    env: &mut Env,
+    errors: &mut Errors,
+    event: u64,
+    expected: u64,
+) -> Outcome {
     let (mut waits, mut last) = (0, 0);
     match client.create(event) {
         Err(e) => errors.fail(format!("create({event}): {e}")),
         Ok(ev) => {
-            while last < expected {
+            while last < expected || (expected == 0 && !(env.stop)()) {
                 match client.wait(ev) {
                     Ok(count) => {
                         waits += 1;
                         if count <= last {
+                            errors.corrupt += 1;
                             errors.fail(format!("wait returned {count} after {last}"));
                         }
                         last = last.max(count);
+                        env.op(errors);
                     }
                     Err(e) => {
                         errors.fail(format!("wait after {last}: {e}"));
+                        env.publish(errors);
                         break;
                     }
                 }
@@ -146,8 +188,15 @@ fn main() {
         let config: Config = rt.config()?;
         let client = evt::Client::connect(rt)?;
         let component = rt.name().to_string();
+        let rt = rt.clone();
         Ok(Incarnation::main(move || {
             tracing::info!(?config, "evt-workload starting");
+            let stop = || rt.stop_requested();
+            let mut env = Env {
+                counters: rt.workload_counters()?,
+                seen: [0; 2],
+                stop: &stop,
+            };
             let mut errors = Errors::default();
             let outcome = match config {
                 Config::Trigger {
@@ -155,8 +204,10 @@ fn main() {
                     event,
                     triggers,
                     gap_us,
-                } => trigger(&client, &mut errors, seed, event, triggers, gap_us),
-                Config::Wait { event, expected } => wait(&client, &mut errors, event, expected),
+                } => trigger(&client, &mut env, &mut errors, seed, event, triggers, gap_us),
+                Config::Wait { event, expected } => {
+                    wait(&client, &mut env, &mut errors, event, expected)
+                }
             };
             let report = Report {
                 component,

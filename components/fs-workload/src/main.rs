@@ -1,7 +1,8 @@
 //! fs-workload: creates, writes, reads, seeks, truncates, renames and
 //! unlinks files through the `fs` interface as fast as it can, checking
 //! every answer against an in-memory model of what the file system must
-//! hold. On SIGTERM (or after `ops` operations) it verifies every file byte
+//! hold, and publishing its counts as the counters `ops`, `errors` and
+//! `corrupt` (wrong answers). On SIGTERM (or after `ops` operations) it verifies every file byte
 //! for byte, prints a JSON report on stdout and exits 0 only if nothing
 //! differed and no call failed.
 
@@ -61,9 +62,14 @@ fn main() {
                         let (client, config, rt) = (&client, &config, &rt);
                         s.spawn(move || -> anyhow::Result<model::Report> {
                             let mut w = model::Workload::new(client, config, t)?;
+                            let counters = rt.workload_counters()?;
+                            let mut seen = [0; 2];
                             let mut n = 0u64;
                             while !rt.stop_requested() && (config.ops == 0 || n < config.ops) {
                                 w.step();
+                                counters.op();
+                                let (failures, corrupt) = w.failures();
+                                counters.catch_up(&mut seen, failures, corrupt);
                                 n += 1;
                             }
                             Ok(w.finish())

@@ -21,7 +21,10 @@ pub struct Report {
     pub threads: usize,
     pub seed: u64,
     pub ops: u64,
+    /// Every failure: calls that failed, and answers that were wrong.
     pub errors: u64,
+    /// Of the errors, answers the model found wrong.
+    pub corrupt: u64,
     pub first_errors: Vec<String>,
     pub bytes_written: u64,
     pub bytes_read: u64,
@@ -77,6 +80,17 @@ impl<'a> Workload<'a> {
             tracing::error!("{what}");
             self.report.first_errors.push(what);
         }
+    }
+
+    /// A call answered, wrongly.
+    fn corrupt(&mut self, what: String) {
+        self.report.corrupt += 1;
+        self.fail(what);
+    }
+
+    /// Failures so far, and how many of them were wrong answers.
+    pub fn failures(&self) -> (u64, u64) {
+        (self.report.errors, self.report.corrupt)
     }
 
     fn is_open(&self, path: &str) -> bool {
@@ -142,7 +156,7 @@ impl<'a> Workload<'a> {
                 self.open[h].offset += len as u64;
                 self.report.bytes_written += len as u64;
             }
-            Ok(n) => self.fail(format!("write {path}@{offset}: wrote {n} of {len}")),
+            Ok(n) => self.corrupt(format!("write {path}@{offset}: wrote {n} of {len}")),
             Err(e) => self.fail(format!("write {path}@{offset}: {e}")),
         }
     }
@@ -169,7 +183,7 @@ impl<'a> Workload<'a> {
                     .zip(&expected)
                     .position(|(a, b)| a != b)
                     .unwrap_or(got.len().min(expected.len()));
-                self.fail(format!(
+                self.corrupt(format!(
                     "read {path}@{offset}+{len}: got {} bytes, expected {}; first difference at byte {at}",
                     got.len(),
                     expected.len()
@@ -184,7 +198,7 @@ impl<'a> Workload<'a> {
         let pos = self.rng.gen_range(0..=size + 64);
         match self.fs.seek(self.open[h].fd, pos) {
             Ok(p) if p == pos => self.open[h].offset = pos,
-            Ok(p) => self.fail(format!(
+            Ok(p) => self.corrupt(format!(
                 "seek {} to {pos}: server says {p}",
                 self.open[h].path
             )),
@@ -214,7 +228,7 @@ impl<'a> Workload<'a> {
         let size = self.files[&path].len() as u64;
         match self.fs.stat(&path) {
             Ok(s) if s.size == size && !s.is_dir => {}
-            Ok(s) => self.fail(format!("stat {path}: {s:?}, expected size {size}")),
+            Ok(s) => self.corrupt(format!("stat {path}: {s:?}, expected size {size}")),
             Err(e) => self.fail(format!("stat {path}: {e}")),
         }
     }
@@ -225,7 +239,7 @@ impl<'a> Workload<'a> {
         let expected = self.listing(dir);
         match self.fs.readdir(dir) {
             Ok(names) if names == expected => {}
-            Ok(names) => self.fail(format!("readdir {dir}: {names:?}, expected {expected:?}")),
+            Ok(names) => self.corrupt(format!("readdir {dir}: {names:?}, expected {expected:?}")),
             Err(e) => self.fail(format!("readdir {dir}: {e}")),
         }
     }
@@ -279,7 +293,7 @@ impl<'a> Workload<'a> {
             let expected = self.listing(&dir);
             match self.fs.readdir(&dir) {
                 Ok(names) if names == expected => {}
-                Ok(names) => self.fail(format!(
+                Ok(names) => self.corrupt(format!(
                     "final readdir {dir}: {names:?}, expected {expected:?}"
                 )),
                 Err(e) => self.fail(format!("final readdir {dir}: {e}")),
@@ -291,7 +305,7 @@ impl<'a> Workload<'a> {
                     self.report.verified_files += 1;
                     self.report.verified_bytes += got.len() as u64;
                 }
-                Ok(got) => self.fail(format!(
+                Ok(got) => self.corrupt(format!(
                     "final {path}: {} bytes differ from the model's {}",
                     got.len(),
                     expected.len()
@@ -323,6 +337,7 @@ impl Report {
         self.threads += 1;
         self.ops += other.ops;
         self.errors += other.errors;
+        self.corrupt += other.corrupt;
         self.bytes_written += other.bytes_written;
         self.bytes_read += other.bytes_read;
         self.verified_files += other.verified_files;

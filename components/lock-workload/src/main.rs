@@ -2,17 +2,23 @@
 //! other component that names it. Each round a thread takes the lock, notes
 //! the CLOCK_MONOTONIC instants at which its critical section begins and
 //! ends around a short random busy time, releases the lock and pauses for a
-//! random moment. After its `rounds` (a stop request does not cut a run
-//! short, so that a finished run tells a stuck one apart) it writes every
+//! random moment; a thread that enters while another thread of this
+//! component is inside counts a violation (`corrupt`) on the spot. It
+//! publishes the counters `ops` (rounds), `errors` and `corrupt`. After
+//! its `rounds` (a stop request does not cut a run short, so that a
+//! finished run tells a stuck one apart; `rounds = 0` runs until stopped,
+//! for campaigns) it writes every
 //! critical section to the file `sections` names, if any (a checker merging
 //! the files of all components finds any two sections that overlapped: a
 //! file, because several components' reports that large would interleave on
 //! a shared stdout), and prints a JSON report of its counts.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use kintsugi_interfaces::lock;
+use kintsugi_runtime::counters::WorkloadCounters;
 use kintsugi_runtime::Incarnation;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -24,7 +30,7 @@ pub struct Config {
     pub seed: u64,
     /// Client threads, each on its own channel slot (so each a lock owner).
     pub threads: usize,
-    /// Critical sections per thread.
+    /// Critical sections per thread (0: until stopped).
     pub rounds: u64,
     /// The lock's name: every component that names it shares it.
     pub lock: u64,
@@ -60,6 +66,9 @@ struct Report {
     /// Rounds each thread completed: the lock taken and released.
     completed: Vec<u64>,
     errors: u64,
+    /// Of the errors, critical sections entered while another thread of
+    /// this component was inside.
+    corrupt: u64,
     first_errors: Vec<String>,
     /// Critical sections, all threads together.
     sections: usize,
@@ -70,6 +79,7 @@ struct Report {
 struct Run {
     completed: u64,
     errors: u64,
+    corrupt: u64,
     first_errors: Vec<String>,
     sections: Vec<[u64; 2]>,
 }
@@ -90,7 +100,15 @@ fn now_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
-fn contend(client: &lock::Client, config: &Config, thread: usize) -> Run {
+/// What the threads of one component share while they contend.
+struct Shared<'a> {
+    /// Threads of this component inside the critical section.
+    inside: AtomicU32,
+    counters: WorkloadCounters<'a>,
+    stop: &'a (dyn Fn() -> bool + Sync),
+}
+
+fn contend(client: &lock::Client, config: &Config, thread: usize, shared: &Shared) -> Run {
     let mut rng = StdRng::seed_from_u64(
         config
             .seed
@@ -105,10 +123,18 @@ fn contend(client: &lock::Client, config: &Config, thread: usize) -> Run {
             return run;
         }
     };
-    for round in 0..config.rounds {
+    let mut seen = [0; 2];
+    let mut round = 0;
+    while round < config.rounds || (config.rounds == 0 && !(shared.stop)()) {
+        round += 1;
+        shared.counters.catch_up(&mut seen, run.errors, run.corrupt);
         if let Err(e) = client.take(l) {
             run.fail(format!("thread {thread} round {round}: take: {e}"));
             continue;
+        }
+        if shared.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            run.corrupt += 1;
+            run.fail(format!("thread {thread} round {round}: took the lock while another thread held it"));
         }
         let enter = now_ns();
         let until = enter + rng.gen_range(0..=config.busy_us) * 1000;
@@ -116,14 +142,19 @@ fn contend(client: &lock::Client, config: &Config, thread: usize) -> Run {
             std::hint::spin_loop();
         }
         run.sections.push([enter, now_ns()]);
+        shared.inside.fetch_sub(1, Ordering::SeqCst);
         match client.release(l) {
-            Ok(()) => run.completed += 1,
+            Ok(()) => {
+                run.completed += 1;
+                shared.counters.op();
+            }
             Err(e) => run.fail(format!("thread {thread} round {round}: release: {e}")),
         }
         if config.think_us > 0 {
             std::thread::sleep(Duration::from_micros(rng.gen_range(0..=config.think_us)));
         }
     }
+    shared.counters.catch_up(&mut seen, run.errors, run.corrupt);
     run
 }
 
@@ -141,7 +172,14 @@ fn main() {
         let config: Config = rt.config()?;
         let client = lock::Client::connect(rt)?;
         let component = rt.name().to_string();
+        let rt = rt.clone();
         Ok(Incarnation::main(move || {
+            let stop = || rt.stop_requested();
+            let shared = Shared {
+                inside: AtomicU32::new(0),
+                counters: rt.workload_counters()?,
+                stop: &stop,
+            };
             let threads = config.threads.max(1);
             tracing::info!(
                 seed = config.seed,
@@ -152,8 +190,8 @@ fn main() {
             let runs: Vec<Run> = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..threads)
                     .map(|t| {
-                        let (client, config) = (&client, &config);
-                        s.spawn(move || contend(client, config, t))
+                        let (client, config, shared) = (&client, &config, &shared);
+                        s.spawn(move || contend(client, config, t, shared))
                     })
                     .collect();
                 handles
@@ -172,6 +210,7 @@ fn main() {
             for run in runs {
                 report.completed.push(run.completed);
                 report.errors += run.errors;
+                report.corrupt += run.corrupt;
                 let room = 10usize.saturating_sub(report.first_errors.len());
                 report
                     .first_errors

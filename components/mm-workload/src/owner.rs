@@ -69,12 +69,17 @@ pub fn run(env: &Env<'_>) -> Report {
         }
     };
     let mut round = 1u64;
+    let mut seen = [0; 2];
     while !env.stopping() && (env.config.rounds == 0 || round <= env.config.rounds) {
         match owner.round(round) {
-            Ok(true) => owner.report.rounds += 1,
+            Ok(true) => {
+                owner.report.rounds += 1;
+                env.publish(&owner.report.tally, &mut seen, true);
+            }
             Ok(false) => break,
             Err(e) => {
                 owner.report.tally.fail(format!("round {round}: {e:#}"));
+                env.publish(&owner.report.tally, &mut seen, false);
                 break;
             }
         }

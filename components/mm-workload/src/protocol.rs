@@ -53,10 +53,17 @@ pub struct Env<'a> {
 #[derive(Debug, Default, Serialize)]
 pub struct Tally {
     pub errors: u64,
+    /// Of the errors, what the checks found wrong (rather than calls that failed).
+    pub corrupt: u64,
     pub first_errors: Vec<String>,
 }
 
 impl Tally {
+    pub fn corrupt(&mut self, what: String) {
+        self.corrupt += 1;
+        self.fail(what);
+    }
+
     pub fn fail(&mut self, what: String) {
         self.errors += 1;
         if self.first_errors.len() < 10 {
@@ -77,6 +84,17 @@ pub fn pattern(seed: u64, round: u64, index: u64, len: usize) -> Vec<u8> {
 }
 
 impl Env<'_> {
+    /// Publishes a finished round and what `tally` grew by since `seen`
+    /// as the counters `ops`, `errors` and `corrupt`.
+    pub fn publish(&self, tally: &Tally, seen: &mut [u64; 2], round_done: bool) {
+        if let Ok(c) = self.rt.workload_counters() {
+            if round_done {
+                c.op();
+            }
+            c.catch_up(seen, tally.errors, tally.corrupt);
+        }
+    }
+
     /// True once the supervisor asked this component to stop.
     pub fn stopping(&self) -> bool {
         self.rt.stop_requested()
@@ -128,12 +146,12 @@ impl Env<'_> {
         tally: &mut Tally,
     ) -> anyhow::Result<bool> {
         if !self.mapper.is_mapped(keeper) {
-            tally.fail(format!("the keeper {:#x} is no longer mapped", keeper.0));
+            tally.corrupt(format!("the keeper {:#x} is no longer mapped", keeper.0));
             return Ok(false);
         }
         let intact = self.verify(keeper, len, KEEPER_ROUND, 0)?;
         if !intact {
-            tally.fail(format!(
+            tally.corrupt(format!(
                 "the keeper {:#x} does not hold its bytes",
                 keeper.0
             ));
@@ -150,12 +168,12 @@ impl Env<'_> {
         tally: &mut Tally,
     ) -> anyhow::Result<()> {
         if self.mapper.is_mapped(page) {
-            tally.fail(format!(
+            tally.corrupt(format!(
                 "page {:#x} is still in the mapper after its revoke",
                 page.0
             ));
         } else if self.maps.maps(mapped)? {
-            tally.fail(format!(
+            tally.corrupt(format!(
                 "page {:#x}: the pool is still mapped at {:#x}+{} after its revoke",
                 page.0, mapped.addr, mapped.len
             ));

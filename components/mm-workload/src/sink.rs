@@ -131,7 +131,9 @@ fn find_shared(env: &Env<'_>) -> anyhow::Result<Option<Shared>> {
 fn rounds(env: &Env<'_>, shared: &Shared, report: &mut Report) -> anyhow::Result<End> {
     let control = shared.control;
     let mut round = 1u32;
+    let mut seen = [0; 2];
     loop {
+        env.publish(&report.tally, &mut seen, false);
         env.check_keeper(shared.keeper, shared.keeper_len, &mut report.tally)?;
         report.keeper_checks += 1;
         if env.config.rounds != 0 && u64::from(round) > env.config.rounds {
@@ -152,7 +154,7 @@ fn rounds(env: &Env<'_>, shared: &Shared, report: &mut Report) -> anyhow::Result
         let mut mapped: Vec<(Page, Mapped)> = Vec::new();
         for (i, &alias) in aliases.iter().enumerate() {
             if !held.contains(&alias.0) {
-                report.tally.fail(format!(
+                report.tally.corrupt(format!(
                     "round {round}: mm does not list alias {:#x} among the sink's pages",
                     alias.0
                 ));
@@ -163,7 +165,7 @@ fn rounds(env: &Env<'_>, shared: &Shared, report: &mut Report) -> anyhow::Result
                 report.aliases_verified += 1;
                 report.bytes_verified += m.len as u64;
             } else {
-                report.tally.fail(format!(
+                report.tally.corrupt(format!(
                     "round {round}: alias {:#x} ({} bytes) does not hold the owner's bytes",
                     alias.0, m.len
                 ));
@@ -181,6 +183,7 @@ fn rounds(env: &Env<'_>, shared: &Shared, report: &mut Report) -> anyhow::Result
         }
         env.mapper.store_u32(control, AT_CHECKED, round)?;
         report.rounds += 1;
+        env.publish(&report.tally, &mut seen, true);
         round += 1;
     }
 }

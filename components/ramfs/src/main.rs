@@ -8,6 +8,7 @@
 //! metadata change is one atomic vault request, so a crash leaves the tree
 //! as it was before or after the change.
 
+mod restore;
 mod tree;
 
 use std::sync::Arc;

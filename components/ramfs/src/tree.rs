@@ -7,18 +7,20 @@ use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
 use kintsugi_interfaces::fs::{self, Error, Stat};
-use kintsugi_runtime::vault::VaultOp;
+use kintsugi_runtime::vault::{VaultOp, VaultRecord};
 use kintsugi_runtime::{Caller, Runtime};
 use serde::{Deserialize, Serialize};
 
-const ROOT: u64 = 1;
+use crate::restore::{self, key};
+
+pub const ROOT: u64 = 1;
 
 /// What the vault keeps per node (the memfd rides along for files).
 #[derive(Debug, Serialize, Deserialize)]
-struct NodeRecord {
-    parent: u64,
-    name: String,
-    dir: bool,
+pub struct NodeRecord {
+    pub parent: u64,
+    pub name: String,
+    pub dir: bool,
 }
 
 enum Kind {
@@ -51,10 +53,6 @@ pub struct RamFs {
     state: Mutex<State>,
 }
 
-fn key(ino: u64) -> String {
-    format!("{ino:016x}")
-}
-
 fn io_err(e: std::io::Error) -> Error {
     tracing::error!("ramfs I/O: {e}");
     Error::NoSpace
@@ -78,6 +76,8 @@ fn split(path: &str) -> Result<Vec<&str>, Error> {
 
 impl RamFs {
     /// Rebuilds the tree from the vault (empty on the first incarnation).
+    /// Records it cannot use are quarantined and logged, not fatal: see
+    /// [`crate::restore`].
     pub fn restore(rt: Arc<Runtime>) -> anyhow::Result<Self> {
         let mut state = State {
             next_ino: ROOT + 1,
@@ -92,40 +92,52 @@ impl RamFs {
                 kind: Kind::Dir(BTreeMap::new()),
             },
         );
-        let mut links = Vec::new();
-        for rec in rt.vault().list()? {
-            let ino = u64::from_str_radix(&rec.key, 16)?;
-            let meta: NodeRecord = serde_json::from_value(rec.value)?;
-            let kind = match (meta.dir, rec.fd) {
-                (true, _) => Kind::Dir(BTreeMap::new()),
-                (false, Some(fd)) => Kind::File(Arc::new(File::from(fd))),
-                (false, None) => anyhow::bail!("vault record {ino} is a file without contents"),
+        let sorted = restore::sort(rt.vault().list()?);
+        for (rec, why) in sorted.rejected {
+            tracing::error!(key = rec.key, value = %rec.value, "quarantining a vault record: {why}");
+            quarantine(&rt, rec, &why);
+        }
+        if sorted.quarantined > 0 {
+            tracing::warn!("{} vault records are in quarantine", sorted.quarantined);
+        }
+        for n in sorted.nodes {
+            let kind = match n.data {
+                Some(fd) => Kind::File(Arc::new(File::from(fd))),
+                None => Kind::Dir(BTreeMap::new()),
             };
-            links.push((meta.parent, meta.name.clone(), ino));
+            state.children_mut(n.meta.parent).insert(n.meta.name.clone(), n.ino);
             state.nodes.insert(
-                ino,
+                n.ino,
                 Node {
-                    parent: meta.parent,
-                    name: meta.name,
+                    parent: n.meta.parent,
+                    name: n.meta.name,
                     kind,
                 },
             );
-            state.next_ino = state.next_ino.max(ino + 1);
-        }
-        for (parent, name, ino) in links {
-            match state.nodes.get_mut(&parent).map(|n| &mut n.kind) {
-                Some(Kind::Dir(children)) => {
-                    children.insert(name, ino);
-                }
-                _ => anyhow::bail!(
-                    "vault record {ino} names parent {parent}, which is not a directory"
-                ),
-            }
+            state.next_ino = state.next_ino.max(n.ino.saturating_add(1));
         }
         Ok(Self {
             rt,
             state: Mutex::new(state),
         })
+    }
+}
+
+/// Moves `rec` under [`restore::QUARANTINE`], with `why`, in one vault
+/// request; if the vault refuses, the record stays where it is and the next
+/// incarnation sets it aside again.
+fn quarantine(rt: &Runtime, rec: VaultRecord, why: &str) {
+    let ops = vec![
+        VaultOp::Put {
+            key: format!("{}{}", restore::QUARANTINE, rec.key),
+            value: serde_json::json!({ "why": why, "record": rec.value }),
+            fd: rec.fd.is_some(),
+        },
+        VaultOp::Delete { key: rec.key },
+    ];
+    let fds: Vec<_> = rec.fd.iter().map(|fd| fd.as_fd()).collect();
+    if let Err(e) = rt.vault().apply(ops, &fds) {
+        tracing::error!("cannot quarantine a vault record: {e}");
     }
 }
 

@@ -2,6 +2,7 @@
 //! `timer` interface while measuring every tick.
 
 use kintsugi_interfaces::timer::{Client, Error, Timer};
+use kintsugi_runtime::counters::WorkloadCounters;
 use kintsugi_runtime::CallError;
 use kintsugi_runtime::clock::monotonic_ns as now_ns;
 
@@ -32,7 +33,8 @@ fn expect_not_armed(client: &Client, tm: Timer, m: &mut Measured, when: &str) {
 }
 
 /// Waits on a periodic timer of `period_us` armed at `start_ns` until it
-/// reaches tick `ticks`; then disarms it, checks that a wait now answers
+/// reaches tick `ticks` (0: until stopped), publishing each tick and
+/// failure in `counters`; then disarms it, checks that a wait now answers
 /// `NotArmed`, and frees it.
 pub fn periodic(
     client: &Client,
@@ -40,18 +42,26 @@ pub fn periodic(
     start_ns: u64,
     ticks: u64,
     stop: &dyn Fn() -> bool,
+    counters: &WorkloadCounters,
 ) -> TimerReport {
     let mut m = Measured::new(period_us, false, ticks, start_ns);
     let Some(tm) = armed(client, &mut m, start_ns, false) else {
         return m.finish();
     };
-    while m.final_tick < ticks && !stop() {
-        match client.wait(tm) {
-            Ok(k) => m.tick(k, now_ns()),
-            Err(e) => {
-                m.fail(format!("wait after tick {}: {e}", m.final_tick));
-                break;
+    let mut seen = [0; 2];
+    while (ticks == 0 || m.final_tick < ticks) && !stop() {
+        let waited = client.wait(tm);
+        match waited {
+            Ok(k) => {
+                m.tick(k, now_ns());
+                counters.op();
             }
+            Err(ref e) => m.fail(format!("wait after tick {}: {e}", m.final_tick)),
+        }
+        let (failures, corrupt) = m.failures();
+        counters.catch_up(&mut seen, failures, corrupt);
+        if waited.is_err() {
+            break;
         }
     }
     if let Err(e) = client.disarm(tm) {

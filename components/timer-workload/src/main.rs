@@ -3,7 +3,8 @@
 //! start) until each has reached tick `ticks`, and on a few one-shot timers
 //! in turn on one more thread. For every tick `wait` returns it measures the
 //! lateness, now − (start + k·period) on CLOCK_MONOTONIC, and counts the
-//! ticks it skipped. It then checks the documented endings: a disarmed timer
+//! ticks it skipped; it publishes the counters `ops` (ticks), `errors` and
+//! `corrupt` (early ticks, ticks out of order). It then checks the documented endings: a disarmed timer
 //! and a one-shot timer past its tick answer `NotArmed`. At the end (or on
 //! SIGTERM) it prints a JSON report on stdout and exits 0 only if no call
 //! failed and no tick came early.
@@ -31,7 +32,7 @@ pub struct Config {
     /// The shortest period; timer i's is period_us · (1 + 4i/(timers − 1)),
     /// plus a seeded jitter of up to 10 % so that ticks rarely coincide.
     pub period_us: u64,
-    /// The tick each periodic timer is waited on until.
+    /// The tick each periodic timer is waited on until (0: until stopped).
     pub ticks: u64,
     /// One-shot timers, due between period_us · ticks / 2 and
     /// period_us · ticks after the start (seeded), waited on in turn.
@@ -83,13 +84,14 @@ fn main() {
             );
             let start_ns = kintsugi_runtime::clock::monotonic_ns() + LEAD_NS;
             let stop = || rt.stop_requested();
+            let counters = rt.workload_counters()?;
             let timers = std::thread::scope(|s| {
                 let periodic: Vec<_> = periods
                     .iter()
                     .map(|&period_us| {
-                        let (client, stop) = (&client, &stop);
+                        let (client, stop, counters) = (&client, &stop, &counters);
                         s.spawn(move || {
-                            drive::periodic(client, period_us, start_ns, config.ticks, stop)
+                            drive::periodic(client, period_us, start_ns, config.ticks, stop, counters)
                         })
                     })
                     .collect();

@@ -19,6 +19,8 @@ pub struct Measured {
     lateness_ns: Vec<i64>,
     delay_ns: Vec<i64>,
     errors: u64,
+    /// Of the errors, ticks out of order.
+    out_of_order: u64,
     first_errors: Vec<String>,
 }
 
@@ -36,8 +38,15 @@ impl Measured {
             lateness_ns: Vec::new(),
             delay_ns: Vec::new(),
             errors: 0,
+            out_of_order: 0,
             first_errors: Vec::new(),
         }
+    }
+
+    /// Failures so far (errors and early ticks), and how many of them were
+    /// wrong answers (early ticks, ticks out of order).
+    pub fn failures(&self) -> (u64, u64) {
+        (self.errors + self.early, self.out_of_order + self.early)
     }
 
     pub fn fail(&mut self, what: String) {
@@ -51,6 +60,7 @@ impl Measured {
     /// `wait` returned tick `k`, and the clock read `now_ns` right after.
     pub fn tick(&mut self, k: u64, now_ns: u64) {
         if k <= self.final_tick || (self.once && k != 1) {
+            self.out_of_order += 1;
             self.fail(format!(
                 "wait returned tick {k} after tick {}",
                 self.final_tick

@@ -4,6 +4,8 @@ mod bench;
 mod bench_recovery;
 mod bench_watchdog;
 mod freeze;
+mod campaign;
+mod inject;
 mod run;
 mod stats;
 
@@ -29,6 +31,12 @@ enum Command {
     Demo(run::DemoArgs),
     /// Run a system described by a TOML file until Ctrl-C.
     Run(run::RunArgs),
+    /// Put a fault into a system that `kintsugi run` runs: a register or
+    /// memory bit flip, a crash signal, a hang or a delay.
+    Inject(inject::InjectArgs),
+    /// Run a system with checking workloads, inject faults one at a time
+    /// and classify what each did.
+    Campaign(campaign::CampaignArgs),
     /// Check a system file and print its start order.
     Check { system: PathBuf },
     /// Benchmarks (build with --release).
@@ -55,6 +63,8 @@ fn main() -> std::process::ExitCode {
         Command::Demo(args) => run::demo(args),
         Command::Run(args) => run::run(args),
         Command::Check { system } => run::check(&system),
+        Command::Inject(args) => inject::inject(args),
+        Command::Campaign(args) => campaign::campaign(args),
         Command::Bench(b) => bench::run(b),
         Command::IdlLines { dir } => idl_lines(&dir),
     };

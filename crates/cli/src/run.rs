@@ -81,7 +81,7 @@ pub fn search_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-fn load(path: &Path) -> anyhow::Result<kintsugi_system::System> {
+pub(crate) fn load(path: &Path) -> anyhow::Result<kintsugi_system::System> {
     kintsugi_system::load(path, &search_dirs()).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
@@ -190,7 +190,16 @@ fn execute(
     quiet: bool,
 ) -> anyhow::Result<bool> {
     let mut log = Log::new(quiet);
-    let report = kintsugi_supervisor::run(system, options, &mut |e| log.on(e))?;
+    // Publish the roster for `kintsugi inject` (and other observers).
+    let roster = options.roster.clone().unwrap_or_else(kintsugi_supervisor::Roster::new);
+    let options = Options { roster: Some(roster.clone()), ..options };
+    let publisher = crate::inject::Publisher::start(system, roster)?;
+    tracing::info!("roster published at {}", publisher.path().display());
+    let report = kintsugi_supervisor::run(system, options, &mut |e| {
+        log.on(e);
+        publisher.on(e);
+    })?;
+    drop(publisher);
     log.summary();
     for (name, exit) in &report.exits {
         println!("{name}: last incarnation ended with {exit}");

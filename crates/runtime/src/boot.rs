@@ -122,9 +122,18 @@ unsafe impl SharedPod for ControlBlock {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
     Ready,
+    /// The incarnation reported that its initialization failed.
     Failed,
+    /// The incarnation died before it reported anything.
+    Died,
+    /// The supervisor was asked to stop while it waited.
+    Interrupted,
     TimedOut,
 }
+
+/// How often [`ControlBlock::wait_ready`] asks its caller whether to stop
+/// waiting: the bound on how late a death during initialization is seen.
+pub const READY_POLL: Duration = Duration::from_millis(2);
 
 impl ControlBlock {
     /// Supervisor: lets standby `generation` run as incarnation `epoch`.
@@ -134,8 +143,17 @@ impl ControlBlock {
         futex::wake_all(&self.go);
     }
 
-    /// Supervisor: waits until `generation` reports ready or failed.
-    pub fn wait_ready(&self, generation: u32, timeout: Duration) -> Activation {
+    /// Supervisor: waits until `generation` reports ready or failed. Every
+    /// [`READY_POLL`] it asks `check`, which returns `Some` (e.g.
+    /// [`Activation::Died`] when the incarnation's pidfd is readable) to
+    /// stop waiting: a process that dies during initialization never
+    /// reports, and no futex wakes on its death.
+    pub fn wait_ready(
+        &self,
+        generation: u32,
+        timeout: Duration,
+        mut check: impl FnMut() -> Option<Activation>,
+    ) -> Activation {
         let deadline = Instant::now() + timeout;
         let _ = futex::spin_until(&self.ready, futex::spin_budget(), |v| v == generation);
         loop {
@@ -146,15 +164,18 @@ impl ControlBlock {
             if self.failed.load(Ordering::SeqCst) == generation {
                 return Activation::Failed;
             }
+            if let Some(outcome) = check() {
+                // It may have reported just before it died or we were stopped.
+                return match self.ready.load(Ordering::SeqCst) == generation {
+                    true => Activation::Ready,
+                    false => outcome,
+                };
+            }
             let now = Instant::now();
             if now >= deadline {
                 return Activation::TimedOut;
             }
-            futex::wait(
-                &self.ready,
-                r,
-                Some((deadline - now).min(Duration::from_millis(20))),
-            );
+            futex::wait(&self.ready, r, Some((deadline - now).min(READY_POLL)));
         }
     }
 
@@ -186,5 +207,47 @@ impl ControlBlock {
         let word = if ok { &self.ready } else { &self.failed };
         word.store(generation, Ordering::SeqCst);
         futex::wake_all(&self.ready);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::Region;
+
+    fn block() -> Region {
+        Region::create("boot-test", std::mem::size_of::<ControlBlock>()).unwrap()
+    }
+
+    #[test]
+    fn a_death_reported_by_the_check_ends_the_wait_at_once() {
+        let region = block();
+        let ctl: &ControlBlock = region.at(0);
+        ctl.activate(1, 1);
+        let t = Instant::now();
+        let mut polls = 0;
+        let outcome = ctl.wait_ready(1, Duration::from_secs(10), || {
+            polls += 1;
+            (polls == 3).then_some(Activation::Died)
+        });
+        assert_eq!(outcome, Activation::Died);
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn readiness_and_failure_are_reported_as_such() {
+        let region = std::sync::Arc::new(block());
+        let ctl: &ControlBlock = region.at(0);
+        let r = region.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            r.at::<ControlBlock>(0).report(1, true);
+        });
+        assert_eq!(ctl.wait_ready(1, Duration::from_secs(10), || None), Activation::Ready);
+        t.join().unwrap();
+        ctl.report(2, false);
+        assert_eq!(ctl.wait_ready(2, Duration::from_secs(10), || None), Activation::Failed);
+        // A generation that never reports times out.
+        assert_eq!(ctl.wait_ready(3, Duration::from_millis(20), || None), Activation::TimedOut);
     }
 }

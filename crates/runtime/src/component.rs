@@ -34,7 +34,7 @@ use serde::de::DeserializeOwned;
 use thiserror::Error;
 
 use crate::boot::{BootInfo, ControlBlock, BOOT_ENV, LIFELINES};
-use crate::counters::{Counter, CounterError};
+use crate::counters::{Counter, CounterError, WorkloadCounters};
 use crate::channel::Edge;
 use crate::client::Connection;
 use crate::durable::Durable;
@@ -202,6 +202,12 @@ impl Runtime {
     pub fn counter(&self, name: &str) -> Result<&Counter, CounterError> {
         let ctl: &ControlBlock = self.control.at(0);
         ctl.counters.get(name)
+    }
+
+    /// The counters a checking workload publishes (`ops`, `errors`, `corrupt`).
+    pub fn workload_counters(&self) -> Result<WorkloadCounters<'_>, CounterError> {
+        let ctl: &ControlBlock = self.control.at(0);
+        WorkloadCounters::new(&ctl.counters)
     }
 
     /// True once the supervisor asked this component to stop (SIGTERM).

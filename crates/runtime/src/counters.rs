@@ -135,6 +135,38 @@ impl CounterTable {
     }
 }
 
+/// The counters a checking workload publishes, which campaigns read:
+/// `ops` (operations done), `errors` (calls that failed: errors a client
+/// saw) and `corrupt` (answers its checker found wrong).
+pub struct WorkloadCounters<'a> {
+    ops: &'a Counter,
+    errors: &'a Counter,
+    corrupt: &'a Counter,
+}
+
+impl<'a> WorkloadCounters<'a> {
+    pub fn new(table: &'a CounterTable) -> Result<Self, CounterError> {
+        Ok(Self {
+            ops: table.get("ops")?,
+            errors: table.get("errors")?,
+            corrupt: table.get("corrupt")?,
+        })
+    }
+
+    pub fn op(&self) {
+        self.ops.add(1);
+    }
+
+    /// Publishes what a thread's running totals grew by since `seen`:
+    /// `failures` counts every failure, of which `corrupt` were wrong
+    /// answers (the rest are errors).
+    pub fn catch_up(&self, seen: &mut [u64; 2], failures: u64, corrupt: u64) {
+        self.errors.add((failures - corrupt).saturating_sub(seen[0]));
+        self.corrupt.add(corrupt.saturating_sub(seen[1]));
+        *seen = [failures - corrupt, corrupt];
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +191,21 @@ mod tests {
             table.get(&format!("c{i}")).unwrap();
         }
         assert!(matches!(table.get("one-too-many"), Err(CounterError::Full(_))));
+    }
+
+    #[test]
+    fn workload_counters_publish_growth_once() {
+        let region = Region::create("counters-test", std::mem::size_of::<CounterTable>()).unwrap();
+        let table: &CounterTable = region.at(0);
+        let w = WorkloadCounters::new(table).unwrap();
+        let mut seen = [0; 2];
+        w.op();
+        w.catch_up(&mut seen, 3, 1);
+        w.catch_up(&mut seen, 3, 1);
+        w.catch_up(&mut seen, 5, 2);
+        assert_eq!(
+            table.snapshot(),
+            vec![("ops".into(), 1), ("errors".into(), 3), ("corrupt".into(), 2)]
+        );
     }
 }

@@ -214,6 +214,20 @@ fn raw_fd(region: Option<&Region>) -> Option<RawFd> {
     region.map(|r| r.fd().as_raw_fd())
 }
 
+/// Consecutive failed activations after which a reboot gives up.
+const MAX_FAILED_ACTIVATIONS: u32 = 5;
+
+/// Why an incarnation did not become live.
+#[derive(Debug, Error)]
+enum ActivationFailure {
+    /// It failed, died or timed out during initialization.
+    #[error("{0}")]
+    Init(String),
+    /// A signal asked the supervisor to stop while it waited.
+    #[error("stopped by a signal during initialization")]
+    Interrupted,
+}
+
 /// How long the injector waits for its last victim to die and be replaced.
 const VICTIM_GRACE: Duration = Duration::from_secs(1);
 
@@ -450,14 +464,11 @@ impl<'a> Supervisor<'a> {
         });
         let inc = self.fork_now(idx)?;
         let pid = inc.proc.pid;
-        match self.activate(idx, inc) {
-            Ok(()) => {}
-            Err(detail) => {
-                return Err(SupervisorError::Boot {
-                    component: spec.name.clone(),
-                    detail,
-                })
-            }
+        if let Err(failure) = self.activate(idx, inc) {
+            return Err(SupervisorError::Boot {
+                component: spec.name.clone(),
+                detail: failure.to_string(),
+            });
         }
         self.watch_live(idx);
         self.emit(Event::Started {
@@ -620,31 +631,46 @@ impl<'a> Supervisor<'a> {
         self.take_fork_reply(idx)
     }
 
-    /// Lets `inc` run as the next epoch and waits until it is ready.
-    fn activate(&mut self, idx: usize, inc: Incarnation) -> Result<(), String> {
+    /// Lets `inc` run as the next epoch and waits until it is ready, until
+    /// it dies or fails, or until the supervisor is asked to stop; an
+    /// incarnation that does not become ready is killed and reaped.
+    fn activate(&mut self, idx: usize, inc: Incarnation) -> Result<(), ActivationFailure> {
         let timeout = self.options.ready_timeout;
         let m = &mut self.comps[idx];
         m.epoch += 1;
         let ctl: &ControlBlock = m.control.at(0);
         ctl.activate(inc.generation, m.epoch);
-        match ctl.wait_ready(inc.generation, timeout) {
-            Activation::Ready => {
-                for s in &m.served {
-                    s.edge.server_live(m.epoch, inc.proc.pid);
-                }
-                m.live_bank = inc.bank;
-                self.roster.set_live(&m.spec.name, Some(inc.proc.pid), m.epoch);
-                m.live = Some(inc);
-                Ok(())
+        let signal_pipe = &self.signal_pipe;
+        let outcome = ctl.wait_ready(inc.generation, timeout, || {
+            let mut fds = [
+                PollFd::new(&inc.proc.pidfd, PollFlags::IN),
+                PollFd::new(signal_pipe, PollFlags::IN),
+            ];
+            match poll(&mut fds, Some(&timespec(Duration::ZERO))) {
+                Ok(_) if !fds[0].revents().is_empty() => Some(Activation::Died),
+                Ok(_) if !fds[1].revents().is_empty() => Some(Activation::Interrupted),
+                _ => None,
             }
-            outcome => {
-                let exit = inc.proc.kill();
-                Err(match outcome {
-                    Activation::Failed => format!("initialization failed ({exit})"),
-                    _ => format!("not ready within {} ms ({exit})", timeout.as_millis()),
-                })
+        });
+        if outcome == Activation::Ready {
+            for s in &m.served {
+                s.edge.server_live(m.epoch, inc.proc.pid);
             }
+            m.live_bank = inc.bank;
+            self.roster.set_live(&m.spec.name, Some(inc.proc.pid), m.epoch);
+            m.live = Some(inc);
+            return Ok(());
         }
+        let exit = inc.proc.kill();
+        Err(match outcome {
+            Activation::Interrupted => ActivationFailure::Interrupted,
+            Activation::Failed => ActivationFailure::Init(format!("initialization failed ({exit})")),
+            Activation::Died => ActivationFailure::Init(format!("died during initialization ({exit})")),
+            _ => ActivationFailure::Init(format!(
+                "not ready within {} ms ({exit})",
+                timeout.as_millis()
+            )),
+        })
     }
 
     /// Starts watching the live incarnation's lifelines (after the reboot is
@@ -924,9 +950,13 @@ impl<'a> Supervisor<'a> {
             after_injection,
         }];
         pending.extend(self.recoveries(idx));
+        // Each activation counts against the restart policy, a failed one
+        // too; and a component whose every new incarnation fails is given up
+        // after a few, whatever its policy allows.
+        let mut failed = 0;
         loop {
             let m = &mut self.comps[idx];
-            if !m.restarts.allow(Instant::now()) {
+            if !m.restarts.allow(Instant::now()) || failed >= MAX_FAILED_ACTIVATIONS {
                 let (restarts, window) = (m.restarts.recent(), m.spec.restart.window);
                 m.retire();
                 pending.push(Event::GaveUp {
@@ -962,8 +992,13 @@ impl<'a> Supervisor<'a> {
                     }
                     return Ok(None);
                 }
-                Err(detail) => {
-                    tracing::warn!("{name}: new incarnation failed: {detail}");
+                Err(ActivationFailure::Interrupted) => {
+                    pending.into_iter().for_each(|e| self.emit(e));
+                    return Ok(Some(StopReason::Signal));
+                }
+                Err(failure) => {
+                    failed += 1;
+                    tracing::warn!("{name}: new incarnation {new_pid} failed: {failure}");
                 }
             }
         }

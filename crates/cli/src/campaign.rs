@@ -1,0 +1,672 @@
+//! `kintsugi campaign`: runs a system in process with checking workloads,
+//! injects faults one at a time into its services, and classifies what
+//! each one did (RMK's Tables 4–7, NewtOS's Tables III–IV, C3's register
+//! flips), with a table per service and in total, JSON and CSV.
+//!
+//! Each injection: wait until the target's workloads make progress; note
+//! every service's epoch and every workload's counters (`ops`, `errors`,
+//! `corrupt`); inject into the target's live incarnation; watch for the
+//! observation window and until the target's workloads progress again.
+//! A target that stops serving them for `--stall-ms` without being
+//! detected is "undetected": the campaign reports it through the roster,
+//! so that it is rebooted and the campaign goes on. An injection that left
+//! no visible trace is followed by a reboot of the target, so that every
+//! injection starts from a fresh incarnation and latent damage cannot be
+//! blamed on a later one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use kintsugi_inject::{InjectError, Injection};
+use kintsugi_supervisor::{Event, FaultReport, Options, Roster};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use crate::inject::{seed_or_clock, FaultArgs, Kind};
+
+const CAMPAIGN_SYSTEM: &str = include_str!("../../../systems/campaign.toml");
+
+#[derive(Args, Debug)]
+pub struct CampaignArgs {
+    /// The system (default: the built-in systems/campaign.toml).
+    #[arg(long)]
+    pub system: Option<PathBuf>,
+    /// The component to inject into, or `all`: every component that
+    /// provides an interface to a workload.
+    #[arg(long, default_value = "all")]
+    pub target: String,
+    /// Injections per target.
+    #[arg(long, default_value_t = 100)]
+    pub faults: u32,
+    #[command(flatten)]
+    pub fault: FaultArgs,
+    /// Seed of the plan and of every injection (default: from the clock; printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// How long to watch after each injection, in ms.
+    #[arg(long, default_value_t = 300)]
+    pub window_ms: u64,
+    /// No progress of the target's workloads for this long is a hang, in ms.
+    #[arg(long, default_value_t = 2000)]
+    pub stall_ms: u64,
+    /// No progress again within this long after a reboot: the system is lost, in ms.
+    #[arg(long, default_value_t = 10000)]
+    pub lost_ms: u64,
+    /// Write the results to OUT.json and OUT.csv (default: campaign-SEED).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Continue the campaign recorded in this JSON file (same plan and seed).
+    #[arg(long, conflicts_with = "seed")]
+    pub resume: Option<PathBuf>,
+}
+
+/// How an injection ended, worst first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// The restart policy gave up, a workload died, or the target's
+    /// workloads did not progress again within --lost-ms.
+    SystemLost,
+    /// A workload's checker found a wrong answer.
+    Corruption,
+    /// The target stopped serving or answered errors, and nothing detected
+    /// it (the campaign rebooted it).
+    Undetected,
+    /// The watchdog detected a hang and the target was rebooted.
+    HangDetected,
+    /// Detected (crash) and rebooted, and a client saw an error.
+    RecoveredWithError,
+    /// Detected and rebooted; no client saw anything.
+    RecoveredTransparently,
+    /// No visible effect within the window.
+    NotActivated,
+    /// No thread of the target was found executing user code.
+    NotInjected,
+}
+
+const OUTCOMES: [Outcome; 8] = [
+    Outcome::NotActivated,
+    Outcome::RecoveredTransparently,
+    Outcome::RecoveredWithError,
+    Outcome::HangDetected,
+    Outcome::Corruption,
+    Outcome::Undetected,
+    Outcome::SystemLost,
+    Outcome::NotInjected,
+];
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::NotActivated => "not activated",
+            Outcome::RecoveredTransparently => "recovered transparently",
+            Outcome::RecoveredWithError => "recovered, error seen by a client",
+            Outcome::HangDetected => "hang detected and recovered",
+            Outcome::Corruption => "silent corruption caught by the checker",
+            Outcome::Undetected => "undetected",
+            Outcome::SystemLost => "system lost",
+            Outcome::NotInjected => "not injected (no thread in user code)",
+        }
+    }
+
+    fn key(self) -> String {
+        serde_json::to_value(self).unwrap().as_str().unwrap().to_string()
+    }
+}
+
+/// One injection's record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub index: u32,
+    pub target: String,
+    pub pid: u32,
+    pub epoch: u64,
+    /// What was injected (thread, register, bit; or why nothing was).
+    pub injection: String,
+    pub outcome: Outcome,
+    /// The target was rebooted this many times while watched (the
+    /// campaign's own clearing reboot not counted).
+    pub reboots: u64,
+    /// Errors and wrong answers its workloads saw.
+    pub errors: u64,
+    pub corrupt: u64,
+    /// Other services rebooted, or their workloads saw errors: injection
+    /// must not disturb them.
+    pub collateral: Vec<String>,
+    /// From the injection to the workloads' progress after recovery, in ms.
+    pub recovery_ms: Option<f64>,
+    /// Fresh incarnations of the target that did not serve its workloads
+    /// within --stall-ms, and that the campaign rebooted again: a recovery
+    /// bug, counted apart from the injection's outcome.
+    #[serde(default)]
+    pub stalls_after_reboot: u32,
+}
+
+/// The campaign file: its plan and what is done.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Campaign {
+    pub seed: u64,
+    pub system: String,
+    pub kind: Kind,
+    pub fault: String,
+    pub targets: Vec<String>,
+    pub faults_per_target: u32,
+    pub window_ms: u64,
+    pub records: Vec<Record>,
+}
+
+impl Campaign {
+    /// The order of the injections: each target `faults` times, shuffled by the seed.
+    fn plan(&self) -> Vec<String> {
+        let mut plan: Vec<String> = (0..self.faults_per_target)
+            .flat_map(|_| self.targets.iter().cloned())
+            .collect();
+        plan.shuffle(&mut rand::rngs::StdRng::seed_from_u64(self.seed));
+        plan
+    }
+
+    fn save(&self, out: &Path) -> anyhow::Result<()> {
+        let json = out.with_extension("json");
+        let tmp = out.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)
+            .with_context(|| format!("{}", tmp.display()))?;
+        std::fs::rename(&tmp, &json)?;
+        let mut csv = String::from(
+            "index,target,pid,epoch,outcome,reboots,errors,corrupt,collateral,recovery_ms,injection\n",
+        );
+        for r in &self.records {
+            csv += &format!(
+                "{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
+                r.index,
+                r.target,
+                r.pid,
+                r.epoch,
+                r.outcome.key(),
+                r.reboots,
+                r.errors,
+                r.corrupt,
+                r.collateral.join(" "),
+                r.recovery_ms.map_or(String::new(), |v| format!("{v:.3}")),
+                r.injection.replace('"', "'")
+            );
+        }
+        std::fs::write(out.with_extension("csv"), csv)?;
+        Ok(())
+    }
+
+    /// The table per target and in total, as markdown.
+    pub fn table(&self) -> String {
+        let mut rows: Vec<(String, Vec<&Record>)> = self
+            .targets
+            .iter()
+            .map(|t| (t.clone(), self.records.iter().filter(|r| &r.target == t).collect()))
+            .collect();
+        rows.push(("**total**".into(), self.records.iter().collect()));
+        let mut s = String::from("| target | injected |");
+        for o in OUTCOMES {
+            s += &format!(" {} |", o.label());
+        }
+        s += " detected faults recovered | other services disturbed | incarnations that did not serve after a reboot |\n| --- | ---: |";
+        s += &" ---: |".repeat(OUTCOMES.len() + 3);
+        s += "\n";
+        for (name, recs) in rows {
+            let count = |o: Outcome| recs.iter().filter(|r| r.outcome == o).count();
+            let injected = recs.len() - count(Outcome::NotInjected);
+            s += &format!("| {name} | {injected} |");
+            for o in OUTCOMES {
+                s += &format!(" {} |", count(o));
+            }
+            let detected = recs.iter().filter(|r| r.reboots > 0 || r.outcome == Outcome::HangDetected).count();
+            let recovered = recs
+                .iter()
+                .filter(|r| (r.reboots > 0 || r.outcome == Outcome::HangDetected) && r.outcome != Outcome::SystemLost)
+                .count();
+            let pct = if detected == 0 { 100.0 } else { 100.0 * recovered as f64 / detected as f64 };
+            let disturbed = recs.iter().filter(|r| !r.collateral.is_empty()).count();
+            let stalls: u32 = recs.iter().map(|r| r.stalls_after_reboot).sum();
+            s += &format!(" {recovered} of {detected} ({pct:.1} %) | {disturbed} | {stalls} |\n");
+        }
+        s
+    }
+}
+
+/// The live system, as the campaign watches it.
+struct Watch {
+    roster: Arc<Roster>,
+    events: Arc<Mutex<Vec<Event>>>,
+    /// Each service's workload components.
+    clients: BTreeMap<String, Vec<String>>,
+}
+
+/// A service's workloads' counters at one instant.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    ops: u64,
+    errors: u64,
+    corrupt: u64,
+}
+
+impl Watch {
+    fn tally(&self, service: &str) -> Tally {
+        let mut t = Tally::default();
+        for c in &self.clients[service] {
+            t.ops += self.roster.counter(c, "ops");
+            t.errors += self.roster.counter(c, "errors");
+            t.corrupt += self.roster.counter(c, "corrupt");
+        }
+        t
+    }
+
+    /// Whether every workload of `service` did at least one op since `base`.
+    fn progressed(&self, service: &str, base: &BTreeMap<String, u64>) -> bool {
+        self.clients[service]
+            .iter()
+            .all(|c| self.roster.counter(c, "ops") > base[c])
+    }
+
+    fn ops_now(&self, service: &str) -> BTreeMap<String, u64> {
+        self.clients[service]
+            .iter()
+            .map(|c| (c.clone(), self.roster.counter(c, "ops")))
+            .collect()
+    }
+
+    fn epoch(&self, name: &str) -> u64 {
+        self.roster.member(name).map_or(0, |m| m.epoch)
+    }
+
+    fn events_since(&self, from: usize) -> Vec<Event> {
+        self.events.lock().unwrap()[from..].to_vec()
+    }
+
+    fn event_count(&self) -> usize {
+        self.events.lock().unwrap().len()
+    }
+
+    /// Waits until `service`'s workloads all progress, at most `limit`.
+    fn wait_progress(&self, service: &str, limit: Duration) -> bool {
+        let base = self.ops_now(service);
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            if self.progressed(service, &base) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        false
+    }
+
+    /// Asks the supervisor to reboot `name`'s live incarnation and waits
+    /// for the new one; false if none came within `limit`.
+    fn reboot(&self, name: &str, detail: &str, limit: Duration) -> bool {
+        let Some(m) = self.roster.member(name) else { return false };
+        let Some(pid) = m.pid else { return false };
+        self.roster.report_fault(FaultReport {
+            component: name.into(),
+            pid,
+            detail: detail.into(),
+        });
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            if self.roster.member(name).is_some_and(|n| n.epoch > m.epoch && n.pid.is_some()) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
+    /// Reboots `name` until an incarnation serves its workloads within
+    /// `limits.stall`, at most [`MAX_CLEARING_REBOOTS`] times; returns how
+    /// many reboots it took, or None if none served.
+    fn reboot_until_serving(&self, name: &str, detail: &str, limits: &Limits) -> Option<u32> {
+        (1..=MAX_CLEARING_REBOOTS)
+            .find(|_| self.reboot(name, detail, limits.lost) && self.wait_progress(name, limits.stall))
+    }
+
+    fn lost(&self, events: &[Event]) -> Option<String> {
+        events.iter().find_map(|e| match e {
+            Event::GaveUp { component, .. } => Some(format!("{component}: restart policy gave up")),
+            Event::Finished { component, exit } => Some(format!("{component} ended ({exit})")),
+            Event::Stopped { reason } => Some(format!("system stopped: {reason}")),
+            _ => None,
+        })
+    }
+}
+
+/// How many times in a row the campaign reboots a target whose fresh
+/// incarnations do not serve, before it calls the system lost.
+const MAX_CLEARING_REBOOTS: u32 = 3;
+
+/// Settings of one injection's observation.
+struct Limits {
+    window: Duration,
+    stall: Duration,
+    lost: Duration,
+}
+
+fn observe(
+    w: &Watch,
+    target: &str,
+    services: &[String],
+    fault: &FaultArgs,
+    seed: u64,
+    index: u32,
+    limits: &Limits,
+) -> Record {
+    let fault_kind = fault.fault();
+    let mut record = Record {
+        index,
+        target: target.into(),
+        pid: 0,
+        epoch: 0,
+        injection: String::new(),
+        outcome: Outcome::NotInjected,
+        reboots: 0,
+        errors: 0,
+        corrupt: 0,
+        collateral: Vec::new(),
+        recovery_ms: None,
+        stalls_after_reboot: 0,
+    };
+    // Start from a target that serves its workloads.
+    if !w.wait_progress(target, limits.lost) {
+        record.outcome = Outcome::SystemLost;
+        record.injection = "the target's workloads made no progress before the injection".into();
+        return record;
+    }
+    let epochs: BTreeMap<&str, u64> = services.iter().map(|s| (s.as_str(), w.epoch(s))).collect();
+    let tallies: BTreeMap<&str, Tally> = services.iter().map(|s| (s.as_str(), w.tally(s))).collect();
+    let first_event = w.event_count();
+    let Some(member) = w.roster.member(target) else {
+        record.injection = "not a component".into();
+        return record;
+    };
+    let Some(pid) = member.pid else {
+        record.injection = "no live incarnation".into();
+        return record;
+    };
+    (record.pid, record.epoch) = (pid, member.epoch);
+    // A seed per injection: a resumed campaign makes the same choices.
+    let mut injector = fault.injector(seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let injected_at = Instant::now();
+    let mut held = None;
+    match injector.inject(pid, &fault_kind) {
+        Ok(Injection::Hang(h)) => {
+            record.injection = format!("thread {} held stopped", h.tid());
+            held = Some(h);
+        }
+        Ok(i) => record.injection = i.to_string(),
+        Err(e @ InjectError::NoRunningThread { .. }) => {
+            record.injection = e.to_string();
+            return record;
+        }
+        Err(e) => {
+            record.injection = e.to_string();
+            if w.epoch(target) == member.epoch {
+                return record;
+            }
+        }
+    }
+    // Watch: the window, then until the workloads progress again.
+    let mut stalled_since = Instant::now();
+    let mut base = w.ops_now(target);
+    // Whether nothing detected the fault and the campaign rebooted the
+    // target, and how many reboots were the campaign's.
+    let mut campaign_rebooted = false;
+    let mut campaign_reboots = 0;
+    let mut last_epoch = member.epoch;
+    let mut outcome = None;
+    loop {
+        std::thread::sleep(Duration::from_millis(2));
+        if let Some(h) = held.as_mut() {
+            if h.reap_if_dead() {
+                held = None;
+            }
+        }
+        let events = w.events_since(first_event);
+        if let Some(why) = w.lost(&events) {
+            record.injection += &format!("; {why}");
+            outcome = Some(Outcome::SystemLost);
+            break;
+        }
+        let epoch = w.epoch(target);
+        if epoch != last_epoch {
+            // A reboot: progress is measured from the new incarnation.
+            last_epoch = epoch;
+            stalled_since = Instant::now();
+            base = w.ops_now(target);
+        }
+        if w.progressed(target, &base) {
+            stalled_since = Instant::now();
+            base = w.ops_now(target);
+            if injected_at.elapsed() >= limits.window {
+                break;
+            }
+        }
+        if stalled_since.elapsed() >= limits.stall {
+            // Not serving: undetected if the injected incarnation still
+            // runs; if it was rebooted, its successor does not serve.
+            let rebooted = w.epoch(target) != member.epoch;
+            match rebooted {
+                true => record.stalls_after_reboot += 1,
+                false => campaign_rebooted = true,
+            }
+            drop(held.take());
+            let Some(n) = w.reboot_until_serving(target, "campaign: no progress and no detection", limits) else {
+                record.injection += &format!("; no incarnation served after {MAX_CLEARING_REBOOTS} reboots");
+                outcome = Some(Outcome::SystemLost);
+                break;
+            };
+            campaign_reboots += n as u64;
+            record.stalls_after_reboot += n - 1;
+            last_epoch = w.epoch(target);
+            stalled_since = Instant::now();
+            base = w.ops_now(target);
+        }
+    }
+    drop(held);
+    let events = w.events_since(first_event);
+    let fault_reports: Vec<&String> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::FaultReported { component, detail, .. } if component == target => Some(detail),
+            _ => None,
+        })
+        .collect();
+    let hang_detected = fault_reports.iter().any(|d| d.starts_with("hang detected:"));
+    record.reboots = w.epoch(target) - member.epoch - campaign_reboots;
+    if outcome.is_none() && record.reboots == 0 && campaign_reboots == 0 {
+        // No visible effect: clear any latent damage with a fresh incarnation.
+        match w.reboot_until_serving(target, "campaign: a fresh incarnation for the next injection", limits) {
+            Some(n) => record.stalls_after_reboot += n - 1,
+            None => {
+                record.injection += &format!("; no incarnation served after {MAX_CLEARING_REBOOTS} reboots");
+                outcome = Some(Outcome::SystemLost);
+            }
+        }
+    }
+    let after = w.tally(target);
+    record.errors = after.errors - tallies[target].errors;
+    record.corrupt = after.corrupt - tallies[target].corrupt;
+    if record.reboots > 0 || campaign_reboots > 0 {
+        record.recovery_ms = Some(injected_at.elapsed().as_secs_f64() * 1e3);
+    }
+    for s in services.iter().filter(|s| *s != target) {
+        let t = w.tally(s);
+        if w.epoch(s) != epochs[s.as_str()] {
+            record.collateral.push(format!("{s}:rebooted"));
+        }
+        if t.errors != tallies[s.as_str()].errors || t.corrupt != tallies[s.as_str()].corrupt {
+            record.collateral.push(format!("{s}:errors"));
+        }
+    }
+    record.outcome = outcome.unwrap_or(if record.corrupt > 0 {
+        Outcome::Corruption
+    } else if campaign_rebooted || (record.reboots == 0 && record.errors > 0) {
+        Outcome::Undetected
+    } else if hang_detected {
+        Outcome::HangDetected
+    } else if record.reboots > 0 && record.errors > 0 {
+        Outcome::RecoveredWithError
+    } else if record.reboots > 0 {
+        Outcome::RecoveredTransparently
+    } else {
+        Outcome::NotActivated
+    });
+    record
+}
+
+fn load_system(path: Option<&Path>) -> anyhow::Result<kintsugi_system::System> {
+    let mut system = match path {
+        Some(p) => crate::run::load(p)?,
+        None => crate::bench::parse_system("systems/campaign.toml (built in)", CAMPAIGN_SYSTEM)?,
+    };
+    for c in &mut system.components {
+        c.set_restart(u32::MAX, Duration::from_secs(1));
+    }
+    Ok(system)
+}
+
+pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
+    let system = load_system(args.system.as_deref())?;
+    // Each service, and the workload components that use it.
+    let mut clients: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for c in &system.components {
+        for u in &c.uses {
+            clients.entry(u.server.clone()).or_default().push(c.name.clone());
+        }
+    }
+    let services: Vec<String> = system
+        .components
+        .iter()
+        .filter(|c| clients.contains_key(&c.name))
+        .map(|c| c.name.clone())
+        .collect();
+    let mut camp = match &args.resume {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+            serde_json::from_str::<Campaign>(&text).with_context(|| format!("{}", path.display()))?
+        }
+        None => {
+            let targets = match args.target.as_str() {
+                "all" => services.clone(),
+                t if services.iter().any(|s| s == t) => vec![t.to_string()],
+                t => anyhow::bail!("`{t}` is not a service of system `{}` (one of: {})", system.name, services.join(", ")),
+            };
+            Campaign {
+                seed: seed_or_clock(args.seed),
+                system: system.name.clone(),
+                kind: args.fault.kind,
+                fault: args.fault.fault().to_string(),
+                targets,
+                faults_per_target: args.faults,
+                window_ms: args.window_ms,
+                records: Vec::new(),
+            }
+        }
+    };
+    anyhow::ensure!(
+        camp.system == system.name && camp.kind == args.fault.kind,
+        "the campaign file is of system `{}` and kind {:?}; pass the same --system and --kind",
+        camp.system,
+        camp.kind
+    );
+    let out = args
+        .out
+        .clone()
+        .or_else(|| args.resume.clone())
+        .unwrap_or_else(|| PathBuf::from(format!("campaign-{}", camp.seed)));
+    let plan = camp.plan();
+    println!(
+        "kintsugi campaign: {} × {} into {} of system `{}`, window {} ms, seed {}",
+        camp.faults_per_target,
+        camp.fault,
+        camp.targets.join(", "),
+        camp.system,
+        camp.window_ms,
+        camp.seed
+    );
+    println!("results: {} and .csv", out.with_extension("json").display());
+
+    let roster = Roster::new();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let options = Options {
+        roster: Some(roster.clone()),
+        interfaces: kintsugi_interfaces::ALL.to_vec(),
+        stop_grace: Duration::from_secs(3),
+        ..Options::default()
+    };
+    let sup_system = system.clone();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = kintsugi_supervisor::run(&sup_system, options, &mut |e| sink.lock().unwrap().push(e.clone()));
+        let _ = done_tx.send(r);
+    });
+    let watch = Watch {
+        roster,
+        events,
+        clients,
+    };
+    let limits = Limits {
+        window: Duration::from_millis(camp.window_ms),
+        stall: Duration::from_millis(args.stall_ms),
+        lost: Duration::from_millis(args.lost_ms),
+    };
+    // Every service up and serving before the first injection.
+    let ready = services.iter().all(|s| watch.wait_progress(s, Duration::from_secs(30)));
+    let bar = indicatif::ProgressBar::new(plan.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed_precise}, eta {eta}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_position(camp.records.len() as u64);
+    let mut lost = !ready;
+    for (index, target) in plan.iter().enumerate().skip(camp.records.len()) {
+        if lost {
+            break;
+        }
+        let record = observe(&watch, target, &services, &args.fault, camp.seed, index as u32, &limits);
+        lost = record.outcome == Outcome::SystemLost;
+        bar.set_message(format!("{target}: {}", record.outcome.label()));
+        bar.inc(1);
+        camp.records.push(record);
+        if camp.records.len() % 25 == 0 || lost {
+            camp.save(&out)?;
+        }
+    }
+    bar.finish_and_clear();
+    camp.save(&out)?;
+    // Stop the system as Ctrl-C would.
+    rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::TERM)?;
+    // A lost system may keep the supervisor rebooting a component that
+    // never becomes ready: wait a bounded time, then leave (components die
+    // with this process).
+    let stopped = match done_rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(r) => format!("{:?}", r?.reason),
+        Err(_) => "did not stop within 60 s of SIGTERM".to_string(),
+    };
+    if !ready {
+        eprintln!("the system's workloads never all made progress; nothing was injected");
+    }
+    println!("\n{}", camp.table());
+    let corrupt: u64 = camp.records.iter().map(|r| r.corrupt).sum();
+    println!(
+        "{} injections; {} wrong answers caught by the checkers in all; system stopped: {}; seed {}",
+        camp.records.len(),
+        corrupt,
+        stopped,
+        camp.seed
+    );
+    for r in camp.records.iter().filter(|r| r.outcome == Outcome::SystemLost || !r.collateral.is_empty()) {
+        println!("#{} {} ({}): {:?} {:?}", r.index, r.target, r.injection, r.outcome, r.collateral);
+    }
+    let done = camp.records.len() == plan.len();
+    Ok(ready && done && !lost)
+}

@@ -4,7 +4,7 @@
 //! heard of yet, passing the [`RecoveryGate`],
 //! taking on the caller's priority and handing the request to the
 //! interface's server stub. A watched worker ([`crate::watchdog`]) marks
-//! each invocation it runs as a stretch.
+//! each invocation it runs as a stretch, and each request it holds.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -44,6 +44,9 @@ impl SlotWorker {
         let header = self.edge.header();
         let watch = crate::watchdog::this_worker();
         while self.wait_for_request() {
+            if let Some(w) = watch {
+                w.take();
+            }
             let req_epoch = s.epoch.load(Ordering::Relaxed);
             let caller_epoch = s.client_epoch.load(Ordering::Relaxed);
             if (req_epoch != 0 && req_epoch != epoch)
@@ -69,6 +72,9 @@ impl SlotWorker {
                 }
             }
             s.state.store(state::RESPONSE, Ordering::SeqCst);
+            if let Some(w) = watch {
+                w.release();
+            }
             if s.client_sleeping.load(Ordering::SeqCst) != 0 {
                 futex::wake(&s.state, 1);
             }

@@ -53,6 +53,11 @@ pub struct WorkerEntry {
     _pad: AtomicU32,
     /// Odd while the thread runs a stretch.
     pub seq: AtomicU64,
+    /// Requests the worker has taken from its slot; odd while it holds one
+    /// (from taking it until its response is published). A request that
+    /// waits in the slot while this stays even was never taken: the
+    /// worker lost track of its slot.
+    pub taken: AtomicU64,
     /// The thread's name: `interface:slot`.
     pub name: SharedName,
 }
@@ -71,6 +76,20 @@ impl WorkerEntry {
     pub fn end(&self) {
         let s = self.seq.load(Ordering::Relaxed);
         self.seq.store((s | 1) + 1, Ordering::Release);
+    }
+
+    /// The worker took the request in its slot.
+    #[inline]
+    pub fn take(&self) {
+        let t = self.taken.load(Ordering::Relaxed);
+        self.taken.store(t | 1, Ordering::Release);
+    }
+
+    /// The worker published the response to the request it held.
+    #[inline]
+    pub fn release(&self) {
+        let t = self.taken.load(Ordering::Relaxed);
+        self.taken.store((t | 1) + 1, Ordering::Release);
     }
 
     /// Whether the thread is inside a stretch.

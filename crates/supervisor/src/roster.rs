@@ -7,6 +7,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use kintsugi_runtime::boot::ControlBlock;
+use kintsugi_runtime::channel::Edge;
 use kintsugi_runtime::shm::Region;
 
 /// One component as the roster sees it.
@@ -32,6 +33,8 @@ pub struct FaultReport {
 struct Entry {
     member: Member,
     control: Arc<Region>,
+    /// The edges it serves, in the order its workers are numbered.
+    served: Vec<Arc<Edge>>,
 }
 
 /// Shared between the supervisor and its observers.
@@ -107,7 +110,17 @@ impl Roster {
         std::mem::take(&mut *self.faults.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    pub(crate) fn add(&self, name: &str, control: Arc<Region>) {
+    /// The edges component `name` serves, in the order its slot workers
+    /// are numbered.
+    pub fn served(&self, name: &str) -> Vec<Arc<Edge>> {
+        self.lock()
+            .iter()
+            .find(|e| e.member.name == name)
+            .map(|e| e.served.clone())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn add(&self, name: &str, control: Arc<Region>, served: Vec<Arc<Edge>>) {
         self.lock().push(Entry {
             member: Member {
                 name: name.to_string(),
@@ -115,6 +128,7 @@ impl Roster {
                 epoch: 0,
             },
             control,
+            served,
         });
     }
 

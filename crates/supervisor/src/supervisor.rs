@@ -438,7 +438,11 @@ impl<'a> Supervisor<'a> {
             &durable,
         )?;
         let idx = self.comps.len();
-        self.roster.add(&spec.name, control.clone());
+        self.roster.add(
+            &spec.name,
+            control.clone(),
+            served.iter().map(|s| s.edge.clone()).collect(),
+        );
         listen(&self.epoll, &zygote.pidfd, zygote.pid as u64)?;
         listen(&self.epoll, &zygote_sock, TOKEN_ZYGOTE_SOCK | idx as u64)?;
         self.comps.push(Managed {

@@ -24,22 +24,27 @@ pub struct VaultStore {
 }
 
 impl VaultStore {
-    /// Serves one component's socket until it is closed (the supervisor
-    /// holds one end, so this lasts as long as the system).
+    /// Serves one component's socket for as long as the system runs (the
+    /// supervisor holds the other end for every incarnation to come).
     pub fn serve(&self, component: String, sock: OwnedFd) -> std::thread::JoinHandle<()> {
         let store = self.clone();
         std::thread::Builder::new()
             .name(format!("vault:{component}"))
             .spawn(move || loop {
+                // Whatever a faulty incarnation sends (an empty record, a
+                // message cut short) costs that message only: the vault
+                // must outlive every incarnation of its component.
                 let (bytes, fds) = match fdpass::recv(&sock) {
                     Ok(m) => m,
                     Err(e) => {
                         tracing::warn!("vault socket of {component}: {e}");
-                        return;
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                        continue;
                     }
                 };
                 if bytes.is_empty() {
-                    return;
+                    tracing::warn!("vault socket of {component}: an empty message, ignored");
+                    continue;
                 }
                 let (reply, out_fds) = store.handle(&component, &bytes, fds);
                 let reply = serde_json::to_vec(&reply).expect("vault reply serializes");

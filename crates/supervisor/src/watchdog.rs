@@ -23,6 +23,10 @@
 //!   no wait was declared) is hung. The run-queue wait is schedstat's second
 //!   field: a thread starved by load keeps it moving, so load alone never
 //!   looks like a hang.
+//! - **Unserved requests**: a request that waits in a channel slot for
+//!   `stuck` while the slot's worker holds none (its `taken` count even and
+//!   unchanged) was never taken: the worker is lost (asleep on a wrong
+//!   address, say, after a bit flip in the pointer it waits on).
 //! - **AHD**: an active section instance whose thread has run longer than
 //!   the section's check value since it entered is hung. The check value is
 //!   `margin` × the largest run in the window of the exit with the largest
@@ -40,6 +44,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kintsugi_runtime::boot::ControlBlock;
+use kintsugi_runtime::channel::{state as slot_state, Edge};
 use kintsugi_runtime::stub::InterfaceInfo;
 use kintsugi_runtime::watchdog::{WatchTable, ACTIVE_IN, EXITS, WORKERS};
 use kintsugi_system::WatchdogSettings;
@@ -55,6 +60,10 @@ pub enum HangKind {
     Ahd,
     /// No CPU progress inside a stretch for the `stuck` time.
     Stuck,
+    /// A request waited in a slot for the `stuck` time while the slot's
+    /// worker held none: the worker lost track of its slot (e.g. it sleeps
+    /// on a wrong address after a corrupted pointer).
+    Unserved,
 }
 
 impl HangKind {
@@ -63,6 +72,7 @@ impl HangKind {
             HangKind::Shd => "shd",
             HangKind::Ahd => "ahd",
             HangKind::Stuck => "stuck",
+            HangKind::Unserved => "unserved",
         }
     }
 }
@@ -128,6 +138,7 @@ impl FromStr for Detection {
                 "shd" => HangKind::Shd,
                 "ahd" => HangKind::Ahd,
                 "stuck" => HangKind::Stuck,
+                "unserved" => HangKind::Unserved,
                 k => return Err(format!("unknown hang kind `{k}`")),
             },
             tid: num("tid")? as u32,
@@ -199,6 +210,9 @@ struct WorkerState {
     /// Run-queue wait at the latest read.
     last_waited: u64,
     moved_at: Option<Instant>,
+    /// The worker's `taken` count when its slot was first seen holding a
+    /// request it had not taken, and when.
+    unserved: Option<(u64, Instant)>,
 }
 
 impl WorkerState {
@@ -252,12 +266,15 @@ impl Sampler {
                     w.seq = 0;
                     w.sightings = 0;
                     w.moved_at = None;
+                    w.unserved = None;
                 }
             }
             if st.reported {
                 continue;
             }
+            let edges = roster.served(&member.name);
             let found = check(&self.settings, &ctl.watch, pid, st)
+                .or_else(|| unserved(&self.settings, &ctl.watch, &edges, pid, st))
                 .map(|d| name_call(&self.interfaces, d));
             if let Some(d) = found {
                 st.reported = true;
@@ -420,6 +437,53 @@ fn check(s: &WatchdogSettings, t: &WatchTable, pid: u32, st: &mut CompState) -> 
                 measured,
                 bound,
             });
+        }
+    }
+    None
+}
+
+/// The unserved-request check: worker `i` serves slot `i` of the served
+/// edges' slots, in order (as the runtime starts them).
+fn unserved(
+    s: &WatchdogSettings,
+    t: &WatchTable,
+    edges: &[Arc<Edge>],
+    pid: u32,
+    st: &mut CompState,
+) -> Option<Detection> {
+    let now = Instant::now();
+    let slots = edges
+        .iter()
+        .flat_map(|e| (0..e.slot_count()).map(move |slot| (e, slot)));
+    for ((i, e), (edge, slot)) in t.workers.iter().enumerate().zip(slots) {
+        let tid = e.tid.load(Ordering::Relaxed);
+        if tid == 0 || e.pid.load(Ordering::Relaxed) != pid {
+            continue;
+        }
+        let w = &mut st.workers[i];
+        let taken = e.taken.load(Ordering::Acquire);
+        let waiting = edge.slot(slot).state.load(Ordering::Acquire) == slot_state::REQUEST;
+        if !waiting || taken & 1 == 1 {
+            w.unserved = None;
+            continue;
+        }
+        match w.unserved {
+            Some((seen, since)) if seen == taken => {
+                let waited = now.duration_since(since);
+                if waited >= s.stuck {
+                    let name = e.name.get().unwrap_or_default();
+                    return Some(Detection {
+                        kind: HangKind::Unserved,
+                        tid,
+                        thread: name,
+                        call: None,
+                        section: None,
+                        measured: waited,
+                        bound: s.stuck,
+                    });
+                }
+            }
+            _ => w.unserved = Some((taken, now)),
         }
     }
     None

@@ -614,8 +614,14 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
         events,
         clients,
     };
+    // A hang the watchdog finds is found within its `stuck` time (plus a
+    // few samples): the window waits for that, or it would be missed.
+    let detection = match system.watchdog.enabled {
+        true => system.watchdog.stuck + system.watchdog.period * 5,
+        false => Duration::ZERO,
+    };
     let limits = Limits {
-        window: Duration::from_millis(camp.window_ms),
+        window: Duration::from_millis(camp.window_ms).max(detection),
         stall: Duration::from_millis(args.stall_ms),
         lost: Duration::from_millis(args.lost_ms),
     };

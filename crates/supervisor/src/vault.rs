@@ -43,6 +43,9 @@ impl VaultStore {
                     }
                 };
                 if bytes.is_empty() {
+                    if peer_closed(&sock) {
+                        return;
+                    }
                     tracing::warn!("vault socket of {component}: an empty message, ignored");
                     continue;
                 }
@@ -154,6 +157,14 @@ impl VaultStore {
 
 /// A record as sent back; a duplicate of its descriptor, if it has one
 /// (and it can be duplicated), joins `fds`.
+/// Whether the component's end of a seqpacket socket is closed (an empty
+/// read is either that or an empty message).
+fn peer_closed(sock: &OwnedFd) -> bool {
+    let mut fds = [rustix::event::PollFd::new(sock, rustix::event::PollFlags::IN)];
+    matches!(rustix::event::poll(&mut fds, Some(&rustix::time::Timespec::default())), Ok(n) if n > 0)
+        && fds[0].revents().contains(rustix::event::PollFlags::HUP)
+}
+
 fn header(key: &str, e: &Entry, fds: &mut Vec<OwnedFd>) -> RecordHeader {
     let dup = e.fd.as_ref().and_then(|fd| fd.try_clone().ok());
     let fd = dup.is_some();

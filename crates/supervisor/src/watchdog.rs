@@ -25,8 +25,9 @@
 //!   looks like a hang.
 //! - **Unserved requests**: a request that waits in a channel slot for
 //!   `stuck` while the slot's worker holds none (its `taken` count even and
-//!   unchanged) was never taken: the worker is lost (asleep on a wrong
-//!   address, say, after a bit flip in the pointer it waits on).
+//!   unchanged) and neither runs nor waits to run was never taken: the
+//!   worker is lost (asleep on a wrong address, say, after a bit flip in
+//!   the pointer it waits on).
 //! - **AHD**: an active section instance whose thread has run longer than
 //!   the section's check value since it entered is hung. The check value is
 //!   `margin` × the largest run in the window of the exit with the largest
@@ -210,9 +211,9 @@ struct WorkerState {
     /// Run-queue wait at the latest read.
     last_waited: u64,
     moved_at: Option<Instant>,
-    /// The worker's `taken` count when its slot was first seen holding a
-    /// request it had not taken, and when.
-    unserved: Option<(u64, Instant)>,
+    /// Since when the worker's slot has held a request it has not taken,
+    /// with the worker's `taken` count and CPU and run-queue times then.
+    unserved: Option<Unserved>,
 }
 
 impl WorkerState {
@@ -229,6 +230,15 @@ impl WorkerState {
         self.sightings = 0;
         self.moved_at = None;
     }
+}
+
+/// A request waiting in a slot its worker has not taken.
+#[derive(Clone, Copy)]
+struct Unserved {
+    since: Instant,
+    taken: u64,
+    cpu: u64,
+    waited: u64,
 }
 
 /// One component as the monitor sees it.
@@ -460,16 +470,22 @@ fn unserved(
         if tid == 0 || e.pid.load(Ordering::Relaxed) != pid {
             continue;
         }
-        let w = &mut st.workers[i];
         let taken = e.taken.load(Ordering::Acquire);
         let waiting = edge.slot(slot).state.load(Ordering::Acquire) == slot_state::REQUEST;
         if !waiting || taken & 1 == 1 {
-            w.unserved = None;
+            st.workers[i].unserved = None;
             continue;
         }
+        let Some((cpu, waited)) = sched_ns(&mut st.stats, pid, tid) else {
+            continue;
+        };
+        let w = &mut st.workers[i];
         match w.unserved {
-            Some((seen, since)) if seen == taken => {
-                let waited = now.duration_since(since);
+            // The worker neither ran nor waited to run since: it sleeps
+            // somewhere other than on its slot. (A worker starved by load
+            // keeps its run-queue wait moving.)
+            Some(u) if u.taken == taken && u.cpu == cpu && u.waited == waited => {
+                let waited = now.duration_since(u.since);
                 if waited >= s.stuck {
                     let name = e.name.get().unwrap_or_default();
                     return Some(Detection {
@@ -483,7 +499,14 @@ fn unserved(
                     });
                 }
             }
-            _ => w.unserved = Some((taken, now)),
+            _ => {
+                w.unserved = Some(Unserved {
+                    since: now,
+                    taken,
+                    cpu,
+                    waited,
+                })
+            }
         }
     }
     None

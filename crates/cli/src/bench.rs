@@ -67,6 +67,10 @@ pub enum Bench {
         #[arg(long, value_delimiter = ',', default_values_t = [10, 1000, 100_000])]
         descriptors: Vec<usize>,
     },
+    /// The SuperGlue web benchmark: kintsugi's web server (recovery tracking
+    /// on and off, then under a fault every 10 s) against nginx and Apache,
+    /// with ab and wrk; a markdown table and an SVG plot.
+    Web(crate::bench_web::WebArgs),
 }
 
 pub fn run(b: Bench) -> anyhow::Result<bool> {
@@ -89,6 +93,7 @@ pub fn run(b: Bench) -> anyhow::Result<bool> {
             rounds,
             descriptors,
         } => crate::bench_recovery::interference(rounds, &descriptors),
+        Bench::Web(args) => crate::bench_web::web(args),
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_recovery;
+mod bench_web;
 mod run;
 mod stats;
 

@@ -33,6 +33,11 @@ pub mod mm {
     include!(concat!(env!("OUT_DIR"), "/mm.rs"));
 }
 
+/// `interfaces/net.kidl`: TCP connections served by netd.
+pub mod net {
+    include!(concat!(env!("OUT_DIR"), "/net.rs"));
+}
+
 pub mod mm_map;
 
 /// Flags of `fs.open`.
@@ -51,4 +56,5 @@ pub static ALL: &[&kintsugi_runtime::stub::InterfaceInfo] = &[
     &evt::INFO,
     &timer::INFO,
     &mm::INFO,
+    &net::INFO,
 ];

@@ -83,6 +83,10 @@ pub enum Bench {
         #[arg(long, value_delimiter = ',', default_values_t = [10, 1000, 100_000])]
         descriptors: Vec<usize>,
     },
+    /// The SuperGlue web benchmark: kintsugi's web server (recovery tracking
+    /// on and off, then under a fault every 10 s) against nginx and Apache,
+    /// with ab and wrk; a markdown table and an SVG plot.
+    Web(crate::bench_web::WebArgs),
 }
 
 pub fn run(b: Bench) -> anyhow::Result<bool> {
@@ -111,6 +115,7 @@ pub fn run(b: Bench) -> anyhow::Result<bool> {
             overhead_calls,
             rounds,
         } => crate::bench_watchdog::watchdog(hangs, fp_calls, overhead_calls, rounds),
+        Bench::Web(args) => crate::bench_web::web(args),
     }
 }
 

@@ -6,6 +6,7 @@ mod bench_watchdog;
 mod freeze;
 mod campaign;
 mod inject;
+mod bench_web;
 mod run;
 mod stats;
 

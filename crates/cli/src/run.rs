@@ -52,6 +52,47 @@ pub struct RunArgs {
     /// Detect deaths only through pidfds, not lifelines (for comparison).
     #[arg(long)]
     pub no_lifelines: bool,
+    /// Web systems: the directory the server of `net`'s client serves
+    /// (copied into ramfs at start).
+    #[arg(long)]
+    pub docroot: Option<PathBuf>,
+    /// Web systems: the port on 127.0.0.1 the provider of `net` listens on.
+    #[arg(long)]
+    pub port: Option<u16>,
+}
+
+/// Points a web system at `docroot` and `port`: sets `port` in the config of
+/// the component that provides `net`, and `docroot` in that of its clients.
+pub fn serve_web(
+    system: &mut kintsugi_system::System,
+    docroot: Option<&Path>,
+    port: Option<u16>,
+) -> anyhow::Result<()> {
+    if let Some(port) = port {
+        let netd = system
+            .components
+            .iter_mut()
+            .find(|c| c.provides.iter().any(|p| p == "net"))
+            .with_context(|| format!("--port: no component of `{}` provides `net`", system.name))?;
+        netd.set_config("port", port.into());
+    }
+    if let Some(dir) = docroot {
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("--docroot {}", dir.display()))?;
+        anyhow::ensure!(dir.is_dir(), "--docroot {}: not a directory", dir.display());
+        let mut found = false;
+        for c in system
+            .components
+            .iter_mut()
+            .filter(|c| c.uses.iter().any(|u| u.interface == "net"))
+        {
+            c.set_config("docroot", dir.to_string_lossy().into_owned().into());
+            found = true;
+        }
+        anyhow::ensure!(found, "--docroot: no component of `{}` uses `net`", system.name);
+    }
+    Ok(())
 }
 
 #[derive(Args, Debug)]
@@ -208,7 +249,8 @@ fn execute(
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<bool> {
-    let system = load(&args.system)?;
+    let mut system = load(&args.system)?;
+    serve_web(&mut system, args.docroot.as_deref(), args.port)?;
     let options = Options {
         chaos: chaos_plan(&args.chaos)?,
         stop_after_chaos: args.chaos.stop_after_kills,

@@ -670,7 +670,15 @@ fn check_descriptors(iface: &Interface) -> Result<(), Fail> {
                     format!("`{}` changes field `{}` of global descriptor `{}` with `advance`/`set`; use `store`", c.name, field.name, d.name),
                 ));
             }
-            if let (Some(changer), None) = (changer, restorer) {
+            // A field a call passes back with `from` tells the server its
+            // value with that call: client bookkeeping, with nothing to
+            // restore (net's stream offsets).
+            let passed_back = iface.functions.iter().any(|f| {
+                f.args
+                    .iter()
+                    .any(|a| a.from.as_ref().is_some_and(|r| refers(r, f)))
+            });
+            if let (Some(changer), None, false) = (changer, restorer, passed_back) {
                 return Err(Fail::new(
                     field.span,
                     format!(

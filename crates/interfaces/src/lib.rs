@@ -38,6 +38,11 @@ pub mod spin {
     include!(concat!(env!("OUT_DIR"), "/spin.rs"));
 }
 
+/// `interfaces/net.kidl`: TCP connections served by netd.
+pub mod net {
+    include!(concat!(env!("OUT_DIR"), "/net.rs"));
+}
+
 pub mod mm_map;
 pub mod spin_work;
 
@@ -58,4 +63,5 @@ pub static ALL: &[&kintsugi_runtime::stub::InterfaceInfo] = &[
     &timer::INFO,
     &mm::INFO,
     &spin::INFO,
+    &net::INFO,
 ];

@@ -36,6 +36,10 @@ pub enum VaultRequest {
         id: u64,
         ops: Vec<VaultOp>,
     },
+    /// Applies `ops` like `Apply`, but sends no reply: a change the component
+    /// need not wait for (netd keeping an accepted socket). Requests on one
+    /// socket are applied in order, so a later round trip sees it done.
+    Post { ops: Vec<VaultOp> },
     /// Records with keys after `after`, in key order, a page at a time.
     List {
         id: u64,
@@ -117,18 +121,25 @@ impl Vault {
 
     /// Applies `ops` atomically; `fds` are the descriptors of the `Put { fd: true }` ops, in order.
     pub fn apply(&self, ops: Vec<VaultOp>, fds: &[BorrowedFd<'_>]) -> Result<(), VaultError> {
-        let wanted = ops
-            .iter()
-            .filter(|op| matches!(op, VaultOp::Put { fd: true, .. }))
-            .count();
-        if wanted != fds.len() {
-            return Err(VaultError::Protocol(format!(
-                "{wanted} descriptors announced, {} given",
-                fds.len()
-            )));
-        }
+        announced(&ops, fds)?;
         self.round_trip(|id| VaultRequest::Apply { id, ops }, fds)
             .map(|_| ())
+    }
+
+    /// Applies `ops` atomically without waiting for the vault: once this
+    /// returns, the request (and its descriptors) is queued on the vault's
+    /// socket and will be applied even if this incarnation dies now. A
+    /// refused request is only logged by the vault.
+    pub fn post(&self, ops: Vec<VaultOp>, fds: &[BorrowedFd<'_>]) -> Result<(), VaultError> {
+        announced(&ops, fds)?;
+        let message = VaultMessage {
+            priority: crate::priority::current().word(),
+            request: VaultRequest::Post { ops },
+        };
+        let bytes =
+            serde_json::to_vec(&message).map_err(|e| VaultError::Protocol(e.to_string()))?;
+        fdpass::send(self.sock.as_fd(), &bytes, fds)?;
+        Ok(())
     }
 
     pub fn put(
@@ -228,6 +239,21 @@ impl Vault {
             return Ok((reply, fds));
         }
     }
+}
+
+/// Checks that `fds` are the descriptors the `Put { fd: true }` ops announce.
+fn announced(ops: &[VaultOp], fds: &[BorrowedFd<'_>]) -> Result<(), VaultError> {
+    let wanted = ops
+        .iter()
+        .filter(|op| matches!(op, VaultOp::Put { fd: true, .. }))
+        .count();
+    if wanted != fds.len() {
+        return Err(VaultError::Protocol(format!(
+            "{wanted} descriptors announced, {} given",
+            fds.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Joins listed records with the descriptors that rode along, in order.

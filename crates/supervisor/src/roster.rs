@@ -42,7 +42,9 @@ struct Entry {
 pub struct Roster {
     entries: Mutex<Vec<Entry>>,
     faults: Mutex<Vec<FaultReport>>,
-    /// Written once per report; the supervisor's event loop listens.
+    /// Set by [`Roster::request_stop`].
+    stop: std::sync::atomic::AtomicBool,
+    /// Written once per report or stop request; the supervisor's event loop listens.
     notify: Mutex<Option<OwnedFd>>,
 }
 
@@ -93,6 +95,21 @@ impl Roster {
     /// failed: it logs the report, kills the process and reboots it.
     pub fn report_fault(&self, report: FaultReport) {
         self.faults.lock().unwrap_or_else(|p| p.into_inner()).push(report);
+        self.wake();
+    }
+
+    /// Asks the supervisor to stop the system, as SIGTERM would (for an
+    /// observer that runs a system in process, e.g. a benchmark).
+    pub fn request_stop(&self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.wake();
+    }
+
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stop.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn wake(&self) {
         if let Some(fd) = self.notify.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             let _ = rustix::io::write(fd, &[1]);
         }

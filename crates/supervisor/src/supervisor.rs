@@ -106,6 +106,8 @@ pub enum StopReason {
     Finished(String),
     Duration,
     GaveUp(String),
+    /// An observer asked through the roster ([`Roster::request_stop`]).
+    Requested,
 }
 
 impl Report {
@@ -698,6 +700,9 @@ impl<'a> Supervisor<'a> {
     fn event_loop(&mut self) -> Result<StopReason, SupervisorError> {
         let mut buf = [MaybeUninit::<epoll::Event>::uninit(); 32];
         loop {
+            if self.roster.stop_requested() {
+                return Ok(StopReason::Requested);
+            }
             let now = Instant::now();
             if let Some(d) = self.options.duration {
                 if now.duration_since(self.started) >= d {

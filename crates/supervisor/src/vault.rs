@@ -49,7 +49,9 @@ impl VaultStore {
                     tracing::warn!("vault socket of {component}: an empty message, ignored");
                     continue;
                 }
-                let (reply, out_fds) = store.handle(&component, &bytes, fds);
+                let Some((reply, out_fds)) = store.handle(&component, &bytes, fds) else {
+                    continue; // a posted request: no reply
+                };
                 let reply = serde_json::to_vec(&reply).expect("vault reply serializes");
                 let borrowed: Vec<BorrowedFd<'_>> = out_fds.iter().map(|f| f.as_fd()).collect();
                 // A send can fail only if the component died meanwhile; its
@@ -64,7 +66,7 @@ impl VaultStore {
         component: &str,
         bytes: &[u8],
         fds: Vec<OwnedFd>,
-    ) -> (VaultReply, Vec<OwnedFd>) {
+    ) -> Option<(VaultReply, Vec<OwnedFd>)> {
         let request = match serde_json::from_slice::<VaultMessage>(bytes) {
             Ok(VaultMessage { priority, request }) => {
                 // Served at the priority of the thread it is done for.
@@ -78,12 +80,18 @@ impl VaultStore {
                     records: vec![],
                     more: false,
                 };
-                return (reply, vec![]);
+                return Some((reply, vec![]));
             }
         };
         let mut all = self.inner.lock().unwrap();
         let records = all.entry(component.to_string()).or_default();
-        match request {
+        Some(match request {
+            VaultRequest::Post { ops } => {
+                if let Err(e) = apply(records, ops, fds) {
+                    tracing::warn!("vault of {component}: posted request refused: {e}");
+                }
+                return None;
+            }
             VaultRequest::Apply { id, ops } => {
                 let error = apply(records, ops, fds).err();
                 (
@@ -141,7 +149,7 @@ impl VaultStore {
                     out,
                 )
             }
-        }
+        })
     }
 
     /// Number of records kept for `component`.

@@ -1,0 +1,468 @@
+//! httpd: an HTTP/1.1 server of static files, built of components.
+//!
+//! Every request crosses several of them: netd (accept, adopt, recv, send,
+//! close: the connection itself), ramfs (`stat`, and open/read/close when a
+//! file is not cached), lock (the file cache is shared by the workers under
+//! a lock of the lock server), mm (cached files lie in pages granted by mm
+//! and mapped here), evt (the access log: a worker that queues the first
+//! line of a batch triggers an event the log writer waits on, which appends
+//! the batch to a log file in ramfs) and timer (a periodic timer drives the
+//! idle timeouts of keep-alive connections). Each worker thread serves one
+//! connection at a time; the system gives each edge a channel slot per
+//! thread. Requests served are counted in counter `requests`.
+//!
+//! With `docroot` set, the first incarnation copies that directory into
+//! ramfs under `/www` (and marks it done), so later incarnations and a crash
+//! during the copy find it complete.
+
+mod http;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kintsugi_interfaces::mm_map::Mapper;
+use kintsugi_interfaces::{evt, fs, fs_flags, lock, mm, net, timer};
+use kintsugi_runtime::{CallError, Incarnation, Runtime};
+use serde::Deserialize;
+
+use http::{Method, Parse};
+
+/// Where the document root lives in ramfs.
+const ROOT: &str = "/www";
+/// Written once the document root is complete in ramfs.
+const LOADED: &str = "/www.loaded";
+/// The access log in ramfs; emptied when it passes `LOG_MAX`.
+const LOG: &str = "/access.log";
+const LOG_MAX: u64 = 4 << 20;
+/// Largest chunk of a file read from ramfs or sent to netd at once.
+const CHUNK: usize = 65536;
+/// Largest file cached (what one grant of mm may hold: 256 pages).
+const CACHE_MAX: u64 = 256 * 4096;
+
+#[derive(Deserialize)]
+struct Config {
+    #[serde(default = "workers")]
+    workers: u32,
+    /// Keep-alive connections idle this long are closed.
+    #[serde(default = "idle_ms")]
+    idle_ms: u64,
+    /// A host directory copied into ramfs at the first start.
+    #[serde(default)]
+    docroot: Option<String>,
+    /// The name of the file cache's lock in the lock server.
+    #[serde(default = "cache_lock")]
+    cache_lock: u64,
+    /// The name of the access log's event in the event server.
+    #[serde(default = "log_event")]
+    log_event: u64,
+}
+
+fn workers() -> u32 {
+    16
+}
+
+fn idle_ms() -> u64 {
+    5000
+}
+
+fn cache_lock() -> u64 {
+    0x6874_7470
+}
+
+fn log_event() -> u64 {
+    0x6874_7470_6c6f_67
+}
+
+/// A cached file: in a page granted by mm and mapped here.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Cached {
+    page: mm::Page,
+    len: u64,
+}
+
+/// The connection a worker waits on for a new request, and since when.
+type Waiting = Mutex<Option<(net::Conn, Instant)>>;
+
+struct Httpd {
+    rt: Arc<Runtime>,
+    net: net::Client,
+    fs: fs::Client,
+    lock: lock::Client,
+    cache_lock: lock::Lock,
+    /// Files by ramfs path; filled and read under `cache_lock`.
+    cache: Mutex<HashMap<String, Cached>>,
+    mm: &'static mm::Client,
+    pages: Mapper<'static>,
+    events: evt::Client,
+    log_event: evt::Evt,
+    /// Access log lines not written yet.
+    log: Mutex<Vec<u8>>,
+    waiting: Vec<Waiting>,
+    idle: Duration,
+}
+
+impl Httpd {
+    fn serve_conn(&self, worker: usize, c: net::Conn) -> anyhow::Result<()> {
+        // What has arrived and is not answered yet, ending at stream offset `got`.
+        let mut buf: Vec<u8> = Vec::new();
+        let mut got = 0;
+        loop {
+            let req = loop {
+                match http::parse(&buf) {
+                    Parse::Partial => {
+                        if buf.is_empty() {
+                            *self.waiting[worker].lock().unwrap() = Some((c, Instant::now()));
+                        }
+                        let more = self.recv(c, &mut buf, &mut got);
+                        *self.waiting[worker].lock().unwrap() = None;
+                        if !more? {
+                            return Ok(());
+                        }
+                    }
+                    Parse::Done(r) => break r,
+                    Parse::Fail(status) => {
+                        let body = http::reason(status).as_bytes();
+                        self.respond(c, status, "text/plain", body, false, false)?;
+                        return Ok(());
+                    }
+                }
+            };
+            let total = req.head_len + req.body as usize;
+            while buf.len() < total {
+                if !self.recv(c, &mut buf, &mut got)? {
+                    return Ok(());
+                }
+            }
+            buf.drain(..total);
+            let head_only = req.method == Method::Head;
+            let status = match req.method {
+                Method::Other => {
+                    let body = http::reason(405).as_bytes();
+                    self.respond(c, 405, "text/plain", body, false, req.keep_alive)?;
+                    405
+                }
+                Method::Get | Method::Head => match self.file(&req.path)? {
+                    Some((path, data)) => {
+                        let ctype = http::content_type(&path);
+                        self.respond(c, 200, ctype, &data, head_only, req.keep_alive)?;
+                        200
+                    }
+                    None => {
+                        let body = http::reason(404).as_bytes();
+                        self.respond(c, 404, "text/plain", body, head_only, req.keep_alive)?;
+                        404
+                    }
+                },
+            };
+            self.log(&req, status);
+            if let Ok(n) = self.rt.counter("requests") {
+                n.add(1);
+            }
+            if !req.keep_alive {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Appends what arrives next to `buf`; false at end of stream. netd keeps
+    /// the bytes of `buf` (unanswered requests) for a successor of this
+    /// incarnation, should it die before answering them.
+    fn recv(&self, c: net::Conn, buf: &mut Vec<u8>, got: &mut u64) -> Result<bool, CallError<net::Error>> {
+        let data = self.net.recv(c, *got - buf.len() as u64, CHUNK as u32)?;
+        *got += data.len() as u64;
+        buf.extend_from_slice(&data);
+        Ok(!data.is_empty())
+    }
+
+    /// Sends a response: its head and, unless `head_only`, the body.
+    fn respond(
+        &self,
+        c: net::Conn,
+        status: u16,
+        ctype: &str,
+        body: &[u8],
+        head_only: bool,
+        keep_alive: bool,
+    ) -> Result<(), CallError<net::Error>> {
+        let mut first = http::head(status, ctype, body.len() as u64, keep_alive).into_bytes();
+        let body = if head_only { &[][..] } else { body };
+        let n = body.len().min(CHUNK - first.len());
+        first.extend_from_slice(&body[..n]);
+        self.net.send(c, &first)?;
+        for chunk in body[n..].chunks(CHUNK) {
+            self.net.send(c, chunk)?;
+        }
+        Ok(())
+    }
+
+    /// The file `path` names (its ramfs path and contents), or none.
+    fn file(&self, path: &str) -> anyhow::Result<Option<(String, Vec<u8>)>> {
+        let mut at = format!("{ROOT}{path}");
+        if at.ends_with('/') {
+            at.push_str("index.html");
+        }
+        let mut stat = match self.fs.stat(&at) {
+            Ok(s) => s,
+            Err(CallError::Server(fs::Error::NotFound | fs::Error::NotDir)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if stat.is_dir {
+            at.push_str("/index.html");
+            stat = match self.fs.stat(&at) {
+                Ok(s) if !s.is_dir => s,
+                Ok(_) | Err(CallError::Server(fs::Error::NotFound)) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+        }
+        self.lock.take(self.cache_lock)?;
+        let hit = self.cache.lock().unwrap().get(&at).copied();
+        let data = match hit {
+            Some(c) if c.len == stat.size => {
+                let mut data = vec![0; c.len as usize];
+                self.pages.read(c.page, 0, &mut data).map(|()| data).ok()
+            }
+            _ => None,
+        };
+        self.lock.release(self.cache_lock)?;
+        if let Some(data) = data {
+            return Ok(Some((at, data)));
+        }
+        let data = match self.read(&at) {
+            Ok(d) => d,
+            Err(CallError::Server(fs::Error::NotFound)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        self.lock.take(self.cache_lock)?;
+        let cached = self.cache(&at, &data, hit);
+        self.lock.release(self.cache_lock)?;
+        if let Err(e) = cached {
+            tracing::debug!("not cached: {at}: {e}");
+        }
+        Ok(Some((at, data)))
+    }
+
+    /// Puts `data` in a page of its own from mm, in place of `stale`.
+    /// Called under `cache_lock`.
+    fn cache(&self, at: &str, data: &[u8], stale: Option<Cached>) -> anyhow::Result<()> {
+        if self.cache.lock().unwrap().get(at).copied() != stale {
+            return Ok(()); // another worker cached it meanwhile
+        }
+        if let Some(old) = stale {
+            self.cache.lock().unwrap().remove(at);
+            self.mm.revoke(old.page)?;
+        }
+        if data.is_empty() || data.len() as u64 > CACHE_MAX {
+            return Ok(());
+        }
+        let page = self.mm.grant(data.len().div_ceil(4096) as u32)?;
+        self.pages.map(page)?;
+        self.pages.write(page, 0, data)?;
+        let len = data.len() as u64;
+        self.cache.lock().unwrap().insert(at.to_string(), Cached { page, len });
+        Ok(())
+    }
+
+    /// Queues an access log line; the first line of a batch wakes the
+    /// writer. A line the writer cannot keep up with is dropped.
+    fn log(&self, req: &http::Request, status: u16) {
+        let first = {
+            let mut log = self.log.lock().unwrap();
+            let first = log.is_empty();
+            if (log.len() as u64) < LOG_MAX {
+                let _ = writeln!(log, "\"{:?} {}\" {status}", req.method, req.path);
+            }
+            first
+        };
+        if first {
+            if let Err(e) = self.events.trigger(self.log_event) {
+                tracing::warn!("access log event: {e}");
+            }
+        }
+    }
+
+    /// Appends each batch of queued lines to the access log in ramfs.
+    fn write_log(&self) -> anyhow::Result<()> {
+        let f = self.fs.open(LOG, fs_flags::CREATE)?;
+        let mut size = self.fs.stat(LOG)?.size;
+        self.fs.seek(f, size)?;
+        loop {
+            self.events.wait(self.log_event)?;
+            let batch = std::mem::take(&mut *self.log.lock().unwrap());
+            if size + batch.len() as u64 > LOG_MAX {
+                self.fs.truncate(f, 0)?;
+                size = self.fs.seek(f, 0)?;
+            }
+            for chunk in batch.chunks(CHUNK) {
+                self.fs.write(f, chunk)?;
+            }
+            size += batch.len() as u64;
+        }
+    }
+
+    fn read(&self, path: &str) -> Result<Vec<u8>, CallError<fs::Error>> {
+        let f = self.fs.open(path, 0)?;
+        let mut out = Vec::new();
+        let read = loop {
+            match self.fs.read(f, CHUNK as u32) {
+                Ok(d) if d.is_empty() => break Ok(()),
+                Ok(d) => out.extend_from_slice(&d),
+                Err(e) => break Err(e),
+            }
+        };
+        let _ = self.fs.close(f);
+        read.map(|()| out)
+    }
+
+    /// A worker: takes connections from netd and serves them, one at a time.
+    fn work(&self, worker: usize) {
+        let acceptor = loop {
+            match self.net.acceptor(worker as u32) {
+                Ok(a) => break a,
+                Err(e) => {
+                    tracing::warn!("acceptor: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        };
+        loop {
+            let id = match self.net.accept(acceptor) {
+                Ok(id) => id,
+                Err(e) => {
+                    tracing::debug!("accept: {e}");
+                    continue;
+                }
+            };
+            let c = match self.net.adopt(id) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!("adopt {id}: {e}");
+                    continue;
+                }
+            };
+            if let Err(e) = self.serve_conn(worker, c) {
+                tracing::debug!("connection {id}: {e:#}");
+            }
+            let _ = self.net.close(c);
+        }
+    }
+
+    /// Ends keep-alive connections idle longer than `idle`, on a timer's ticks.
+    fn reap_idle(&self, timers: &timer::Client) -> anyhow::Result<()> {
+        let period = (self.idle.as_micros() as u64 / 4).max(1000);
+        let tm = timers.create(period)?;
+        timers.arm(tm, kintsugi_runtime::clock::monotonic_ns(), false)?;
+        loop {
+            timers.wait(tm)?;
+            for w in &self.waiting {
+                let w = w.lock().unwrap();
+                if let Some((c, since)) = *w {
+                    if since.elapsed() > self.idle {
+                        let _ = self.net.shutdown(c);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Copies the host directory `from` into ramfs at `to`.
+fn load(fsc: &fs::Client, from: &Path, to: &str) -> anyhow::Result<u64> {
+    fsc.mkdir(to).or_else(|e| match e {
+        CallError::Server(fs::Error::Exists) => Ok(()),
+        e => Err(e),
+    })?;
+    let mut files = 0;
+    let mut entries: Vec<_> = std::fs::read_dir(from)
+        .with_context(|| format!("docroot {}", from.display()))?
+        .collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let at = format!("{to}/{name}");
+        if e.file_type()?.is_dir() {
+            files += load(fsc, &e.path(), &at)?;
+        } else {
+            let data = std::fs::read(e.path()).with_context(|| e.path().display().to_string())?;
+            let f = fsc.open(&at, fs_flags::CREATE | fs_flags::TRUNCATE)?;
+            for chunk in data.chunks(CHUNK) {
+                fsc.write(f, chunk)?;
+            }
+            fsc.close(f)?;
+            files += 1;
+        }
+    }
+    Ok(files)
+}
+
+fn main() {
+    kintsugi_runtime::run(|rt| {
+        let config: Config = rt.config()?;
+        let rt = rt.clone();
+        Ok(Incarnation::main(move || {
+            let fsc = fs::Client::connect(&rt)?;
+            if let Some(dir) = &config.docroot {
+                if let Err(CallError::Server(fs::Error::NotFound)) = fsc.stat(LOADED) {
+                    let n = load(&fsc, Path::new(dir), ROOT)?;
+                    fsc.close(fsc.open(LOADED, fs_flags::CREATE)?)?;
+                    tracing::info!("loaded {n} files from {dir} into ramfs");
+                }
+            }
+            let lockc = lock::Client::connect(&rt)?;
+            let cache_lock = lockc.alloc(config.cache_lock)?;
+            // One mm client for the incarnation's life, which its mapper borrows.
+            let mm: &'static mm::Client = Box::leak(Box::new(mm::Client::connect(&rt)?));
+            let pool = rt
+                .server_pool(mm::INFO.name)
+                .context("mm has no pool: set its pool_kib")?;
+            let events = evt::Client::connect(&rt)?;
+            let log_event = events.create(config.log_event)?;
+            let httpd = Arc::new(Httpd {
+                net: net::Client::connect(&rt)?,
+                fs: fsc,
+                lock: lockc,
+                cache_lock,
+                cache: Mutex::new(HashMap::new()),
+                mm,
+                pages: Mapper::new(mm, pool),
+                events,
+                log_event,
+                log: Mutex::new(Vec::new()),
+                waiting: (0..config.workers).map(|_| Mutex::new(None)).collect(),
+                idle: Duration::from_millis(config.idle_ms),
+                rt: rt.clone(),
+            });
+            rt.counter("requests")?;
+            for w in 0..config.workers as usize {
+                let h = httpd.clone();
+                std::thread::Builder::new()
+                    .name(format!("worker:{w}"))
+                    .spawn(move || h.work(w))?;
+            }
+            let h = httpd.clone();
+            std::thread::Builder::new()
+                .name("log".into())
+                .spawn(move || {
+                    if let Err(e) = h.write_log() {
+                        tracing::error!("access log: {e:#}");
+                    }
+                })?;
+            let timers = timer::Client::connect(&rt)?;
+            let h = httpd.clone();
+            std::thread::Builder::new()
+                .name("idle".into())
+                .spawn(move || {
+                    if let Err(e) = h.reap_idle(&timers) {
+                        tracing::error!("idle timeouts: {e:#}");
+                    }
+                })?;
+            while !rt.stop_requested() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(())
+        }))
+    })
+}

@@ -25,7 +25,7 @@
 //! pool_kib = 0              # memory shared with its clients, also durable (default 0: none)
 //!
 //! [watchdog]               # optional: hang detection (see docs/reliability.md)
-//! period_us = 1000          # the monitor samples every period
+//! period_us = 5000          # the monitor samples every period
 //! window = 50               # stretches / section runs in the adaptive bound (1..=64)
 //! margin = 2.0              # bound = margin × the window's maximum
 //! default_bound_us = 100000 # while a window fills
@@ -98,7 +98,7 @@ impl Default for WatchdogSettings {
     fn default() -> Self {
         Self {
             enabled: false,
-            period: Duration::from_micros(1000),
+            period: Duration::from_micros(5000),
             window: 50,
             margin: 2.0,
             default_bound: Duration::from_millis(100),

@@ -146,45 +146,67 @@ fn rounds(env: &Env<'_>, shared: &Shared, report: &mut Report) -> anyhow::Result
             Err(_) if !env.mapper.is_mapped(control) => return Ok(End::OwnerGone),
             Err(e) => return Err(e),
         }
-        let n = env.mapper.load_u32(control, AT_COUNT)? as usize;
-        anyhow::ensure!(n <= MAX_GRANTS, "round {round}: {n} aliases published");
-        let aliases = (0..n)
-            .map(|i| env.load_u64(control, AT_ALIASES + 8 * i).map(Page))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let held: HashSet<u64> = env.client.held()?.into_iter().collect();
-        let mut mapped: Vec<(Page, Mapped)> = Vec::new();
-        for (i, &alias) in aliases.iter().enumerate() {
-            if !held.contains(&alias.0) {
-                report.tally.corrupt(format!(
-                    "round {round}: mm does not list alias {:#x} among the sink's pages",
-                    alias.0
-                ));
+        match serve_round(env, control, round, report) {
+            Ok(true) => {}
+            Ok(false) => return Ok(End::Stopped),
+            Err(_) if !env.mapper.is_mapped(control) => return Ok(End::OwnerGone),
+            Err(e) => {
+                // An error a client sees (say, an alias mm no longer knows
+                // after a faulty incarnation): counted; the round is
+                // acknowledged so that the owner goes on to the next.
+                report.tally.fail(format!("round {round}: {e:#}"));
+                let _ = env.mapper.store_u32(control, AT_ACKED, round);
+                let _ = env.mapper.store_u32(control, AT_CHECKED, round);
+                round += 1;
+                continue;
             }
-            let m = env.mapper.map(alias)?;
-            report.aliases_mapped += 1;
-            if env.verify(alias, m.len, u64::from(round), i as u64)? {
-                report.aliases_verified += 1;
-                report.bytes_verified += m.len as u64;
-            } else {
-                report.tally.corrupt(format!(
-                    "round {round}: alias {:#x} ({} bytes) does not hold the owner's bytes",
-                    alias.0, m.len
-                ));
-            }
-            mapped.push((alias, m));
         }
-        env.mapper.store_u32(control, AT_ACKED, round)?;
-        if !env.wait_for(control, AT_REVOKED, round)? {
-            return Ok(End::Stopped);
-        }
-        // Every revoke has returned: every mapping of these aliases must be gone.
-        for (alias, m) in mapped {
-            env.check_unmapped(alias, m, &mut report.tally)?;
-            report.revokes_checked += 1;
-        }
-        env.mapper.store_u32(control, AT_CHECKED, round)?;
         report.rounds += 1;
         env.publish(&report.tally, &mut seen, true);
         round += 1;
     }
+}
+
+/// One round after the owner published it: map and verify the aliases,
+/// acknowledge, then check that the owner's revokes unmapped them; false if
+/// told to stop meanwhile.
+fn serve_round(env: &Env<'_>, control: Page, round: u32, report: &mut Report) -> anyhow::Result<bool> {
+    let n = env.mapper.load_u32(control, AT_COUNT)? as usize;
+    anyhow::ensure!(n <= MAX_GRANTS, "round {round}: {n} aliases published");
+    let aliases = (0..n)
+        .map(|i| env.load_u64(control, AT_ALIASES + 8 * i).map(Page))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let held: HashSet<u64> = env.client.held()?.into_iter().collect();
+    let mut mapped: Vec<(Page, Mapped)> = Vec::new();
+    for (i, &alias) in aliases.iter().enumerate() {
+        if !held.contains(&alias.0) {
+            report.tally.corrupt(format!(
+                "round {round}: mm does not list alias {:#x} among the sink's pages",
+                alias.0
+            ));
+        }
+        let m = env.mapper.map(alias)?;
+        report.aliases_mapped += 1;
+        if env.verify(alias, m.len, u64::from(round), i as u64)? {
+            report.aliases_verified += 1;
+            report.bytes_verified += m.len as u64;
+        } else {
+            report.tally.corrupt(format!(
+                "round {round}: alias {:#x} ({} bytes) does not hold the owner's bytes",
+                alias.0, m.len
+            ));
+        }
+        mapped.push((alias, m));
+    }
+    env.mapper.store_u32(control, AT_ACKED, round)?;
+    if !env.wait_for(control, AT_REVOKED, round)? {
+        return Ok(false);
+    }
+    // Every revoke has returned: every mapping of these aliases must be gone.
+    for (alias, m) in mapped {
+        env.check_unmapped(alias, m, &mut report.tally)?;
+        report.revokes_checked += 1;
+    }
+    env.mapper.store_u32(control, AT_CHECKED, round)?;
+    Ok(true)
 }

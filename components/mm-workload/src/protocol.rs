@@ -38,7 +38,7 @@ pub const MAX_GRANTS: usize = 64;
 pub const KEEPER_ROUND: u64 = u64::MAX;
 
 /// How long a side sleeps between looks at a control word.
-const POLL: Duration = Duration::from_micros(100);
+pub const POLL: Duration = Duration::from_micros(100);
 
 /// What every role works with.
 pub struct Env<'a> {

@@ -91,6 +91,11 @@ fn a_changed_register_is_written_back_when_the_thread_resumes() {
     let s = Stopped::seize(t.pid(), sleeper, Duration::from_secs(5)).unwrap();
     assert_eq!(s.regs().r12, r12 ^ (1 << 37));
     drop(s);
+    // Let go, it restarts its sleep (running for an instant) and sleeps on.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while threads(t.pid()).unwrap()[0].state != 'S' && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert_eq!(threads(t.pid()).unwrap()[0].state, 'S', "let go, it sleeps on");
 }
 

@@ -2,17 +2,17 @@
 //!
 //! ```text
 //! arena:  lock slots (arena_slots, 32 bytes each)          | release records
-//! slot payload:  owner: u32 | seq: u32 | stamp: u64        | u64 per (client, channel slot)
+//! slot payload:  owner: u32 | seq: u32                      | u64 per (client, channel slot)
 //! ```
 //!
 //! - `owner` is the holder's code, `(component + 1) << 8 | channel slot`
 //!   (one channel slot per client thread), or 0 when the lock is free.
 //! - `seq` is the futex word waiters sleep on: raised by every release, by
 //!   `free` and by a client's death, so that no wake-up is ever missed.
-//! - `stamp` is the epoch of the server incarnation in which the owner took
-//!   the lock. A `take` that finds the lock already held by its caller was
-//!   re-issued by the client stub after a reboot if the stamp is older than
-//!   this incarnation (its first attempt had taken the lock): it succeeds.
+//! - A `take` by the thread the lock already names as its owner succeeds: it
+//!   was re-issued by the client stub after a reboot whose first attempt had
+//!   taken the lock, or the owner was written wrong under it (a thread
+//!   blocked in `take` is not inside its critical section either way).
 //! - The release record of a client thread is the id of the last lock it
 //!   released (cleared when it takes that lock again). A `release` by a
 //!   thread that does not own the lock succeeds if its record names that
@@ -20,6 +20,14 @@
 //!   released it, perhaps to another thread since. So a double release by
 //!   the same thread is harmless too; any other release by a non-owner is
 //!   refused with `NotOwner`.
+//!
+//! The arena outlives every incarnation, so a faulty one (a flipped bit in
+//! a register that held an owner code) can leave an owner that no thread
+//! is: every reboot would inherit the lock held for ever. An owner code
+//! that names no channel slot of any client ([`Callers`]) is therefore
+//! cleared: by each new incarnation before it serves, by a `take` that
+//! finds it (it checks again every [`OWNER_CHECK`] while it waits), and by
+//! a `release` that finds it in place of its caller.
 //!
 //! When a client component dies, its locks are released and every waiter
 //! is woken; a `take` that started before the death gives up (the
@@ -33,16 +41,19 @@
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::time::Duration;
 
 use arena_slots::{Deaths, Slot, Slots, SLOT_BYTES};
 use kintsugi_interfaces::lock::{Error, Server};
 use kintsugi_runtime::{futex, watchdog};
 use kintsugi_runtime::shm::Region;
-use kintsugi_runtime::Caller;
+use kintsugi_runtime::{Caller, Callers};
 
 const OWNER: usize = 0;
 const SEQ: usize = 4;
-const STAMP: usize = 8;
+
+/// How often a waiting `take` checks that the lock's owner could exist.
+const OWNER_CHECK: Duration = Duration::from_millis(50);
 
 /// Client components with release records (component ids below this).
 pub const CLIENTS: usize = 256;
@@ -56,8 +67,8 @@ pub struct Locks<A> {
     /// Where the release records start in the arena.
     records: usize,
     deaths: Deaths,
-    /// This incarnation's epoch.
-    epoch: u64,
+    /// Every client thread that could own a lock.
+    callers: Callers,
 }
 
 /// The caller's owner code and its release record's index.
@@ -67,6 +78,15 @@ struct Owner {
 }
 
 impl Owner {
+    /// The client thread an owner code names.
+    fn caller(code: u32) -> Option<Caller> {
+        let component = (code >> 8).checked_sub(1)?;
+        Some(Caller {
+            component,
+            slot: code & 0xff,
+        })
+    }
+
     fn of(caller: &Caller) -> Result<Self, Error> {
         let (component, slot) = (caller.component as usize, caller.slot as usize);
         if component >= CLIENTS || slot >= THREADS {
@@ -85,8 +105,9 @@ impl Owner {
 }
 
 impl<A: Deref<Target = Region>> Locks<A> {
-    /// The lock table of incarnation `epoch` in `arena` (zero at first boot).
-    pub fn new(arena: A, epoch: u64) -> anyhow::Result<Self> {
+    /// The lock table in `arena` (zero at first boot), whose locks only
+    /// `callers` can own; owners that name none of them are cleared.
+    pub fn new(arena: A, callers: Callers) -> anyhow::Result<Self> {
         let len = arena.len();
         anyhow::ensure!(
             len >= RECORD_BYTES + 16 * SLOT_BYTES,
@@ -94,12 +115,27 @@ impl<A: Deref<Target = Region>> Locks<A> {
             (RECORD_BYTES + 16 * SLOT_BYTES).div_ceil(1024)
         );
         let records = len - RECORD_BYTES;
-        Ok(Self {
+        let locks = Self {
             slots: Slots::new(arena, 0, records),
             records,
             deaths: Deaths::default(),
-            epoch,
-        })
+            callers,
+        };
+        for slot in locks.slots.live() {
+            locks.clear_impossible_owner(&slot);
+        }
+        Ok(locks)
+    }
+
+    /// Frees `slot` if its owner code names no client thread; true if it did.
+    fn clear_impossible_owner(&self, slot: &Slot<'_>) -> bool {
+        let held = slot.u32(OWNER).load(SeqCst);
+        let possible = Owner::caller(held).is_some_and(|c| self.callers.contains(c));
+        if held == 0 || possible {
+            return false;
+        }
+        tracing::warn!(owner = format_args!("{held:#x}"), "cleared a lock owner that is no client thread");
+        self.unlock(slot, held)
     }
 
     /// Release record `index` (a client thread's, see [`Owner`]).
@@ -133,10 +169,7 @@ fn ring(seq: &AtomicU32) {
 impl<A: Deref<Target = Region> + Send + Sync + 'static> Server for Locks<A> {
     fn alloc(&self, caller: &Caller, reuse: Option<u64>, name: u64) -> Result<u64, Error> {
         self.slots
-            .create(name, reuse, |s| {
-                s.u32(OWNER).store(0, SeqCst);
-                s.u64(STAMP).store(0, SeqCst);
-            })
+            .create(name, reuse, |s| s.u32(OWNER).store(0, SeqCst))
             .map_err(|e| {
                 tracing::warn!(client = caller.component, name, "alloc: {e}");
                 Error::NotFound
@@ -146,7 +179,7 @@ impl<A: Deref<Target = Region> + Send + Sync + 'static> Server for Locks<A> {
     fn take(&self, caller: &Caller, l: u64) -> Result<(), Error> {
         let me = Owner::of(caller)?;
         let slot = self.lock(l)?;
-        let (owner, seq, stamp) = (slot.u32(OWNER), slot.u32(SEQ), slot.u64(STAMP));
+        let (owner, seq) = (slot.u32(OWNER), slot.u32(SEQ));
         let deaths = self.deaths.of(caller.component);
         loop {
             let rung = seq.load(SeqCst);
@@ -163,7 +196,6 @@ impl<A: Deref<Target = Region> + Send + Sync + 'static> Server for Locks<A> {
             }
             match owner.compare_exchange(0, me.code, SeqCst, SeqCst) {
                 Ok(_) => {
-                    stamp.store(self.epoch, SeqCst);
                     let _ = self
                         .record(me.record)
                         .compare_exchange(l, 0, SeqCst, SeqCst);
@@ -175,9 +207,9 @@ impl<A: Deref<Target = Region> + Send + Sync + 'static> Server for Locks<A> {
                     }
                     return Ok(());
                 }
-                // Re-issued after a reboot: the first attempt took it.
-                Err(held) if held == me.code && stamp.load(SeqCst) < self.epoch => return Ok(()),
-                Err(_) => watchdog::blocking(|| futex::wait(seq, rung, None)),
+                Err(held) if held == me.code => return Ok(()),
+                Err(_) if self.clear_impossible_owner(&slot) => {}
+                Err(_) => watchdog::blocking(|| futex::wait(seq, rung, Some(OWNER_CHECK))),
             }
         }
     }
@@ -187,8 +219,10 @@ impl<A: Deref<Target = Region> + Send + Sync + 'static> Server for Locks<A> {
         let slot = self.lock(l)?;
         let record = self.record(me.record);
         if slot.u32(OWNER).load(SeqCst) != me.code {
-            return match record.load(SeqCst) == l {
-                true => Ok(()), // re-issued: the first attempt released it
+            // Re-issued (the first attempt released it), or its owner had
+            // been written wrong.
+            return match record.load(SeqCst) == l || self.clear_impossible_owner(&slot) {
+                true => Ok(()),
                 false => Err(Error::NotOwner),
             };
         }
@@ -252,8 +286,13 @@ mod tests {
         Arc::new(Region::create("locks-test", RECORD_BYTES + 64 * 1024).unwrap())
     }
 
-    fn boot(arena: &Arc<Region>, epoch: u64) -> Arc<Locks<Arc<Region>>> {
-        Arc::new(Locks::new(arena.clone(), epoch).unwrap())
+    /// A and B's components, with four threads each.
+    fn callers() -> Callers {
+        Callers(vec![(A.component, 4), (B.component, 4)])
+    }
+
+    fn boot(arena: &Arc<Region>) -> Arc<Locks<Arc<Region>>> {
+        Arc::new(Locks::new(arena.clone(), callers()).unwrap())
     }
 
     /// Runs `take` for `who` on a thread; the receiver hears its result.
@@ -274,7 +313,7 @@ mod tests {
     #[test]
     fn a_name_is_one_lock_and_take_waits_for_release() {
         let arena = arena();
-        let locks = boot(&arena, 1);
+        let locks = boot(&arena);
         let l = locks.alloc(&A, None, 7).unwrap();
         assert_eq!(locks.alloc(&B, None, 7).unwrap(), l);
         assert_ne!(locks.alloc(&B, None, 8).unwrap(), l);
@@ -289,14 +328,14 @@ mod tests {
     #[test]
     fn a_reboot_forgets_no_owner_and_re_issued_calls_succeed() {
         let arena = arena();
-        let first = boot(&arena, 1);
+        let first = boot(&arena);
         let l = first.alloc(&A, None, 7).unwrap();
         first.take(&A, l).unwrap();
         drop(first);
 
         // Incarnation 2: the stub rebuilds the lock; A's re-issued take succeeds
         // once, B still has to wait.
-        let second = boot(&arena, 2);
+        let second = boot(&arena);
         assert_eq!(second.alloc(&A, Some(l), 7).unwrap(), l);
         assert_eq!(
             second.take(&A, l),
@@ -313,7 +352,7 @@ mod tests {
 
         // A's release is re-issued after another reboot while B holds the lock:
         // it succeeds and leaves B the owner.
-        let third = boot(&arena, 3);
+        let third = boot(&arena);
         assert_eq!(third.release(&A, l), Ok(()));
         assert_eq!(
             third.release(
@@ -334,7 +373,7 @@ mod tests {
     #[test]
     fn a_dead_clients_locks_are_released_and_its_takes_give_up() {
         let arena = arena();
-        let locks = boot(&arena, 1);
+        let locks = boot(&arena);
         let (l, m) = (
             locks.alloc(&A, None, 1).unwrap(),
             locks.alloc(&A, None, 2).unwrap(),
@@ -355,7 +394,7 @@ mod tests {
     #[test]
     fn free_wakes_waiters_and_the_name_gets_a_new_lock() {
         let arena = arena();
-        let locks = boot(&arena, 1);
+        let locks = boot(&arena);
         let l = locks.alloc(&A, None, 7).unwrap();
         locks.take(&A, l).unwrap();
         let b = take_async(&locks, B, l);
@@ -370,5 +409,48 @@ mod tests {
         let again = locks.alloc(&A, None, 7).unwrap();
         assert_ne!(again, l);
         locks.take(&B, again).unwrap();
+    }
+
+    /// Writes an owner code into lock `l`, as a faulty incarnation could.
+    fn corrupt_owner(locks: &Locks<Arc<Region>>, l: u64, code: u32) {
+        locks.slots.get(l).unwrap().u32(OWNER).store(code, SeqCst);
+    }
+
+    #[test]
+    fn an_owner_that_is_no_client_thread_is_cleared() {
+        let arena = arena();
+        let locks = boot(&arena);
+        let (l, m, n) = (
+            locks.alloc(&A, None, 1).unwrap(),
+            locks.alloc(&A, None, 2).unwrap(),
+            locks.alloc(&A, None, 3).unwrap(),
+        );
+        // Component 9 is no client; A has no slot 4; 0x2000_0000 names no one.
+        for (lock, code) in [(l, 10 << 8), (m, (2 << 8) | 4), (n, 0x2000_0000)] {
+            corrupt_owner(&locks, lock, code);
+        }
+        drop(locks);
+        let locks = boot(&arena);
+        for lock in [l, m, n] {
+            assert_eq!(locks.slots.get(lock).unwrap().u32(OWNER).load(SeqCst), 0);
+        }
+
+        // Written while B waits: B's take finds it within an owner check.
+        locks.take(&A, l).unwrap();
+        let b = take_async(&locks, B, l);
+        assert!(b.recv_timeout(BLOCKED).is_err(), "B waits while A holds it");
+        corrupt_owner(&locks, l, (2 << 8) | 63);
+        assert_eq!(b.recv_timeout(SOON).unwrap(), Ok(()));
+
+        // Written under its owner: the owner's release frees it.
+        corrupt_owner(&locks, l, 0x0100_0000 | (3 << 8));
+        assert_eq!(locks.release(&B, l), Ok(()));
+        locks.take(&A, l).unwrap();
+
+        // A possible owner is left alone: another client thread may hold it.
+        corrupt_owner(&locks, l, (3 << 8) | 1);
+        assert_eq!(locks.release(&A, l), Err(Error::NotOwner));
+        let b = take_async(&locks, B, l);
+        assert!(b.recv_timeout(BLOCKED).is_err(), "B's slot 1 holds it");
     }
 }

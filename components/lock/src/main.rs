@@ -17,7 +17,7 @@ use kintsugi_runtime::Incarnation;
 
 fn main() {
     kintsugi_runtime::run(|rt| {
-        let locks = locks::Locks::new(Arena::of(rt)?, rt.epoch())?;
+        let locks = locks::Locks::new(Arena::of(rt)?, rt.callers())?;
         Ok(Incarnation::serve(vec![lock::service(
             Arc::new(locks),
             rt.records(),

@@ -63,6 +63,15 @@ pub struct CampaignArgs {
     /// Continue the campaign recorded in this JSON file (same plan and seed).
     #[arg(long, conflicts_with = "seed")]
     pub resume: Option<PathBuf>,
+    /// Run only the targets, their workloads and what those use, not the
+    /// rest of the system: a campaign into one service then runs at its
+    /// speed on a small machine. Other services disturbed: none run.
+    #[arg(long)]
+    pub alone: bool,
+    /// When the system is lost, keep it running for inspection (a
+    /// debugger, `/proc`) until Ctrl-C, instead of stopping it.
+    #[arg(long)]
+    pub hold_on_loss: bool,
 }
 
 /// How an injection ended, worst first.
@@ -145,6 +154,10 @@ pub struct Record {
     /// bug, counted apart from the injection's outcome.
     #[serde(default)]
     pub stalls_after_reboot: u32,
+    /// When the system was lost: where every thread of the target and of
+    /// its workloads was (`tid name state wchan syscall`, per process).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub diagnosis: Vec<String>,
 }
 
 /// The campaign file: its plan and what is done.
@@ -157,6 +170,9 @@ pub struct Campaign {
     pub targets: Vec<String>,
     pub faults_per_target: u32,
     pub window_ms: u64,
+    /// Only the targets, their workloads and what those use ran (`--alone`).
+    #[serde(default)]
+    pub alone: bool,
     pub records: Vec<Record>,
 }
 
@@ -329,6 +345,26 @@ impl Watch {
             .find(|_| self.reboot(name, detail, limits.lost) && self.wait_progress(name, limits.stall))
     }
 
+    /// Where the threads of `service` and of its workloads are.
+    fn diagnose(&self, service: &str) -> Vec<String> {
+        std::iter::once(service)
+            .chain(self.clients[service].iter().map(String::as_str))
+            .flat_map(|name| match self.roster.member(name).and_then(|m| m.pid) {
+                Some(pid) => kintsugi_inject::describe_threads(pid)
+                    .into_iter()
+                    .map(|t| format!("{name}[{pid}]: {t}"))
+                    .collect(),
+                None => vec![format!("{name}: no live incarnation")],
+            })
+            .collect()
+    }
+
+    /// Whether the system was stopped by a signal (Ctrl-C), not lost.
+    fn interrupted(&self) -> bool {
+        let events = self.events.lock().unwrap();
+        matches!(events.last(), Some(Event::Stopped { reason }) if reason == "Signal")
+    }
+
     fn lost(&self, events: &[Event]) -> Option<String> {
         events.iter().find_map(|e| match e {
             Event::GaveUp { component, .. } => Some(format!("{component}: restart policy gave up")),
@@ -373,11 +409,13 @@ fn observe(
         collateral: Vec::new(),
         recovery_ms: None,
         stalls_after_reboot: 0,
+        diagnosis: Vec::new(),
     };
     // Start from a target that serves its workloads.
     if !w.wait_progress(target, limits.lost) {
         record.outcome = Outcome::SystemLost;
         record.injection = "the target's workloads made no progress before the injection".into();
+        record.diagnosis = w.diagnose(target);
         return record;
     }
     let epochs: BTreeMap<&str, u64> = services.iter().map(|s| (s.as_str(), w.epoch(s))).collect();
@@ -471,6 +509,9 @@ fn observe(
         }
     }
     drop(held);
+    if outcome == Some(Outcome::SystemLost) {
+        record.diagnosis = w.diagnose(target);
+    }
     let events = w.events_since(first_event);
     let fault_reports: Vec<&String> = events
         .iter()
@@ -487,6 +528,7 @@ fn observe(
             Some(n) => record.stalls_after_reboot += n - 1,
             None => {
                 record.injection += &format!("; no incarnation served after {MAX_CLEARING_REBOOTS} reboots");
+                record.diagnosis = w.diagnose(target);
                 outcome = Some(Outcome::SystemLost);
             }
         }
@@ -533,21 +575,43 @@ fn load_system(path: Option<&Path>) -> anyhow::Result<kintsugi_system::System> {
     Ok(system)
 }
 
-pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
-    let system = load_system(args.system.as_deref())?;
-    // Each service, and the workload components that use it.
+/// Each service of `system` (a component something uses), in start order,
+/// and the components that use it.
+fn services_of(system: &kintsugi_system::System) -> (Vec<String>, BTreeMap<String, Vec<String>>) {
     let mut clients: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for c in &system.components {
         for u in &c.uses {
             clients.entry(u.server.clone()).or_default().push(c.name.clone());
         }
     }
-    let services: Vec<String> = system
+    let services = system
         .components
         .iter()
         .filter(|c| clients.contains_key(&c.name))
         .map(|c| c.name.clone())
         .collect();
+    (services, clients)
+}
+
+/// Keeps of `system` only `targets`, their clients and every component
+/// those use; each keeps its id (configurations name components by id).
+fn only_targets(system: &mut kintsugi_system::System, targets: &[String], clients: &BTreeMap<String, Vec<String>>) {
+    let mut keep: Vec<String> = targets.to_vec();
+    keep.extend(targets.iter().flat_map(|t| clients[t].iter().cloned()));
+    let mut i = 0;
+    while i < keep.len() {
+        if let Some(c) = system.components.iter().find(|c| c.name == keep[i]) {
+            let used: Vec<String> = c.uses.iter().map(|u| u.server.clone()).collect();
+            keep.extend(used.into_iter().filter(|s| !keep.contains(s)).collect::<Vec<_>>());
+        }
+        i += 1;
+    }
+    system.components.retain(|c| keep.contains(&c.name));
+}
+
+pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
+    let mut system = load_system(args.system.as_deref())?;
+    let (mut services, mut clients) = services_of(&system);
     let mut camp = match &args.resume {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
@@ -567,6 +631,7 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
                 targets,
                 faults_per_target: args.faults,
                 window_ms: args.window_ms,
+                alone: args.alone,
                 records: Vec::new(),
             }
         }
@@ -577,6 +642,10 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
         camp.system,
         camp.kind
     );
+    if camp.alone {
+        only_targets(&mut system, &camp.targets, &clients);
+        (services, clients) = services_of(&system);
+    }
     let out = args
         .out
         .clone()
@@ -584,11 +653,15 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
         .unwrap_or_else(|| PathBuf::from(format!("campaign-{}", camp.seed)));
     let plan = camp.plan();
     println!(
-        "kintsugi campaign: {} × {} into {} of system `{}`, window {} ms, seed {}",
+        "kintsugi campaign: {} × {} into {} of system `{}`{}, window {} ms, seed {}",
         camp.faults_per_target,
         camp.fault,
         camp.targets.join(", "),
         camp.system,
+        match camp.alone {
+            true => format!(" (alone: {})", services.join(", ")),
+            false => String::new(),
+        },
         camp.window_ms,
         camp.seed
     );
@@ -639,6 +712,9 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
             break;
         }
         let record = observe(&watch, target, &services, &args.fault, camp.seed, index as u32, &limits);
+        if watch.interrupted() {
+            break; // Ctrl-C: this injection is not counted, --resume redoes it
+        }
         lost = record.outcome == Outcome::SystemLost;
         bar.set_message(format!("{target}: {}", record.outcome.label()));
         bar.inc(1);
@@ -649,12 +725,21 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
     }
     bar.finish_and_clear();
     camp.save(&out)?;
-    // Stop the system as Ctrl-C would.
-    rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::TERM)?;
+    if lost && args.hold_on_loss {
+        let last = camp.records.last().map_or(String::new(), |r| r.diagnosis.join("\n  "));
+        println!("system lost; kept running for inspection until Ctrl-C:\n  {last}");
+    } else {
+        // Stop the system as Ctrl-C would.
+        rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::TERM)?;
+    }
     // A lost system may keep the supervisor rebooting a component that
     // never becomes ready: wait a bounded time, then leave (components die
     // with this process).
-    let stopped = match done_rx.recv_timeout(Duration::from_secs(60)) {
+    let wait = match lost && args.hold_on_loss {
+        true => Duration::MAX,
+        false => Duration::from_secs(60),
+    };
+    let stopped = match done_rx.recv_timeout(wait) {
         Ok(r) => format!("{:?}", r?.reason),
         Err(_) => "did not stop within 60 s of SIGTERM".to_string(),
     };
@@ -672,6 +757,9 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
     );
     for r in camp.records.iter().filter(|r| r.outcome == Outcome::SystemLost || !r.collateral.is_empty()) {
         println!("#{} {} ({}): {:?} {:?}", r.index, r.target, r.injection, r.outcome, r.collateral);
+        for line in &r.diagnosis {
+            println!("  {line}");
+        }
     }
     let done = camp.records.len() == plan.len();
     Ok(ready && done && !lost)

@@ -13,7 +13,7 @@ mod procfs;
 mod stop;
 
 pub use fault::{Fault, Flip, Injection, Injector, GPRS};
-pub use procfs::{threads, Area, ThreadInfo};
+pub use procfs::{describe_threads, threads, Area, ThreadInfo};
 pub use stop::{Held, Stopped};
 
 use thiserror::Error;

@@ -50,6 +50,36 @@ pub fn threads(pid: u32) -> Result<Vec<ThreadInfo>, InjectError> {
     Ok(out)
 }
 
+/// Where each thread of process `pid` is, leader included, one line per
+/// thread: `tid name state wchan syscall` (what `/proc` shows; for telling
+/// why a system stopped serving).
+pub fn describe_threads(pid: u32) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return vec![format!("{pid}: gone")];
+    };
+    let mut tids: Vec<u32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    let read = |tid: u32, what: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/{what}"))
+            .map_or_else(|_| "?".to_string(), |s| s.trim().to_string())
+    };
+    tids.into_iter()
+        .map(|tid| {
+            let state = thread_state(pid, tid).unwrap_or('?');
+            // The system call number and its first argument.
+            let syscall: Vec<String> = read(tid, "syscall").split(' ').take(2).map(String::from).collect();
+            format!(
+                "{tid} {} {state} wchan={} syscall={}",
+                read(tid, "comm"),
+                read(tid, "wchan"),
+                syscall.join(",")
+            )
+        })
+        .collect()
+}
+
 /// Where a memory bit flip lands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Area {

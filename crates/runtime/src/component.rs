@@ -44,7 +44,7 @@ use crate::priority::{self, Priority};
 use crate::process;
 use crate::server::{RecoveryGate, SlotWorker};
 use crate::shm::Region;
-use crate::stub::{InterfaceInfo, Service};
+use crate::stub::{Callers, InterfaceInfo, Service};
 use crate::records::{RecordStore, VaultRecords};
 use crate::upcall::{self, Listener, Mailbox, UpcallError};
 use crate::vault::Vault;
@@ -195,6 +195,20 @@ impl Runtime {
     /// if it has one; map the pages it grants with [`Region::map_range`].
     pub fn server_pool(&self, interface: &str) -> Option<Arc<Region>> {
         self.durable.server_pools.get(interface).cloned()
+    }
+
+    /// Every caller this component may hear from: each client component's
+    /// id with its channel slots (one per client thread). A server checks
+    /// state that names a caller (an owner kept in its arena) against it.
+    pub fn callers(&self) -> Callers {
+        Callers(
+            self.boot
+                .provides
+                .iter()
+                .zip(&self.provided)
+                .map(|(edge, mailbox)| (edge.client_id, mailbox.slot_count()))
+                .collect(),
+        )
     }
 
     /// The counter called `name`, which the supervisor and tools watching

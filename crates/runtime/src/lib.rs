@@ -29,4 +29,4 @@ pub mod wire;
 
 pub use client::{Connection, RecoveryScope};
 pub use component::{run, ConnectError, Incarnation, Runtime};
-pub use stub::{CallError, Caller, Fault};
+pub use stub::{CallError, Caller, Callers, Fault};

@@ -35,6 +35,20 @@ pub struct Caller {
     pub slot: u32,
 }
 
+/// The callers a component may hear from: client component ids with their
+/// channel slot counts ([`crate::Runtime::callers`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Callers(pub Vec<(u32, u32)>);
+
+impl Callers {
+    /// Whether `caller` could have made an invocation of this component.
+    pub fn contains(&self, caller: Caller) -> bool {
+        self.0
+            .iter()
+            .any(|&(component, slots)| component == caller.component && caller.slot < slots)
+    }
+}
+
 /// Why a server stub refused an invocation without running it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum Refusal {

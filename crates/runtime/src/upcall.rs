@@ -246,6 +246,11 @@ impl Mailbox {
         }
     }
 
+    /// The edge's channel slots: one per thread of the client.
+    pub fn slot_count(&self) -> u32 {
+        self.edge.slot_count()
+    }
+
     /// Whether an incarnation of the client listens for upcalls now.
     pub fn listening(&self) -> bool {
         let h = self.edge.header();

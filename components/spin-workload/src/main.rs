@@ -1,16 +1,20 @@
 //! spin-workload: calls `spin.work` with sizes drawn from a seeded
 //! distribution (mostly small, one large in `large_every`), checks every
 //! result against its own computation, calls `spin.hang` at the calls its
-//! config names, and prints a JSON report when done (and leaves it in its
-//! counters, for in-process benchmarks):
+//! config names (and, if asked, one call of a function spin lacks), and
+//! prints a JSON report when done (and leaves it in its counters, for
+//! in-process benchmarks):
 //!
 //! ```json
-//! {"ops":10000,"errors":0,"mismatches":0,"hangs":2,"elapsed_ns":123456789}
+//! {"ops":10000,"errors":0,"mismatches":0,"hangs":2,"refused":0,"elapsed_ns":123456789}
 //! ```
 
 use kintsugi_interfaces::spin;
 use kintsugi_interfaces::spin_work::checksum;
-use kintsugi_runtime::Incarnation;
+use kintsugi_runtime::{Fault, Incarnation};
+
+/// A function number the spin interface does not have.
+const BOGUS_FUNCTION: u32 = 0x7fff;
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
@@ -35,6 +39,11 @@ struct Config {
     hangs: Vec<Hang>,
     /// A declared blocking wait before the first call (ms; 0: none).
     nap_ms: u32,
+    /// Before this call, one invocation of a function spin does not have,
+    /// which must come back refused (after the watchdog rebooted spinner
+    /// once on the client's suspicion: the client cannot tell its own bad
+    /// request from a faulty server until the reboot).
+    bogus_at_op: Option<u64>,
     /// Print the report on stdout (it is always in the counters too).
     print: bool,
 }
@@ -49,6 +58,7 @@ impl Default for Config {
             large_every: 0,
             hangs: Vec::new(),
             nap_ms: 0,
+            bogus_at_op: None,
             print: true,
         }
     }
@@ -57,14 +67,15 @@ impl Default for Config {
 fn main() {
     kintsugi_runtime::run(|rt| {
         let cfg: Config = rt.config()?;
-        let client = spin::Client::from_connection(rt.connect(&spin::INFO)?);
+        let conn = rt.connect(&spin::INFO)?;
+        let client = spin::Client::from_connection(conn.clone());
         let rt = rt.clone();
         Ok(Incarnation::main(move || {
             let start = std::time::Instant::now();
             if cfg.nap_ms > 0 {
                 client.nap(cfg.nap_ms)?;
             }
-            let (mut errors, mut mismatches, mut hangs) = (0u64, 0u64, 0u64);
+            let (mut errors, mut mismatches, mut hangs, mut refused) = (0u64, 0u64, 0u64, 0u64);
             let mut x = cfg.seed | 1;
             let [lo, hi] = cfg.small_units;
             for op in 0..cfg.ops {
@@ -73,6 +84,17 @@ fn main() {
                     if let Err(e) = client.hang(h.kind, hangs) {
                         eprintln!("spin-workload: hang({}) failed: {e}", h.kind);
                         errors += 1;
+                    }
+                }
+                if cfg.bogus_at_op == Some(op) {
+                    // Re-issued after a reboot, as a generated stub does.
+                    let bogus = || conn.call(BOGUS_FUNCTION, None, |_| Ok(()), |_| Ok(()));
+                    match bogus().or_else(|e| if e == Fault::Stale { bogus() } else { Err(e) }) {
+                        Err(Fault::Refused(_)) => refused += 1,
+                        other => {
+                            eprintln!("spin-workload: bogus call: {other:?}, expected a refusal");
+                            errors += 1;
+                        }
                     }
                 }
                 x ^= x << 13;
@@ -100,6 +122,7 @@ fn main() {
                 "errors": errors,
                 "mismatches": mismatches,
                 "hangs": hangs,
+                "refused": refused,
                 "elapsed_ns": start.elapsed().as_nanos() as u64,
             });
             for (name, v) in report.as_object().expect("an object") {

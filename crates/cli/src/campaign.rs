@@ -154,6 +154,10 @@ pub struct Record {
     /// bug, counted apart from the injection's outcome.
     #[serde(default)]
     pub stalls_after_reboot: u32,
+    /// What reported the target faulty, other than a crash: the watchdog's
+    /// hang detections and clients' suspicions (`faulty reply: …`), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reports: Vec<String>,
     /// When the system was lost: where every thread of the target and of
     /// its workloads was (`tid name state wchan syscall`, per process).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -345,9 +349,13 @@ impl Watch {
             .find(|_| self.reboot(name, detail, limits.lost) && self.wait_progress(name, limits.stall))
     }
 
-    /// Where the threads of `service` and of its workloads are.
-    fn diagnose(&self, service: &str) -> Vec<String> {
-        std::iter::once(service)
+    /// The supervisor's events since `from` (the last [`DIAGNOSIS_EVENTS`]),
+    /// then where the threads of `service` and of its workloads are.
+    fn diagnose(&self, service: &str, from: usize) -> Vec<String> {
+        let events = self.events_since(from);
+        let skip = events.len().saturating_sub(DIAGNOSIS_EVENTS);
+        let events = events.into_iter().skip(skip).map(|e| format!("event: {e}"));
+        events.chain(std::iter::once(service)
             .chain(self.clients[service].iter().map(String::as_str))
             .flat_map(|name| match self.roster.member(name).and_then(|m| m.pid) {
                 Some(pid) => kintsugi_inject::describe_threads(pid)
@@ -355,7 +363,7 @@ impl Watch {
                     .map(|t| format!("{name}[{pid}]: {t}"))
                     .collect(),
                 None => vec![format!("{name}: no live incarnation")],
-            })
+            }))
             .collect()
     }
 
@@ -374,6 +382,9 @@ impl Watch {
         })
     }
 }
+
+/// How many of the supervisor's last events a lost system's diagnosis shows.
+const DIAGNOSIS_EVENTS: usize = 40;
 
 /// How many times in a row the campaign reboots a target whose fresh
 /// incarnations do not serve, before it calls the system lost.
@@ -409,13 +420,14 @@ fn observe(
         collateral: Vec::new(),
         recovery_ms: None,
         stalls_after_reboot: 0,
+        reports: Vec::new(),
         diagnosis: Vec::new(),
     };
     // Start from a target that serves its workloads.
     if !w.wait_progress(target, limits.lost) {
         record.outcome = Outcome::SystemLost;
         record.injection = "the target's workloads made no progress before the injection".into();
-        record.diagnosis = w.diagnose(target);
+        record.diagnosis = w.diagnose(target, w.event_count().saturating_sub(DIAGNOSIS_EVENTS));
         return record;
     }
     let epochs: BTreeMap<&str, u64> = services.iter().map(|s| (s.as_str(), w.epoch(s))).collect();
@@ -510,17 +522,19 @@ fn observe(
     }
     drop(held);
     if outcome == Some(Outcome::SystemLost) {
-        record.diagnosis = w.diagnose(target);
+        record.diagnosis = w.diagnose(target, first_event);
     }
     let events = w.events_since(first_event);
-    let fault_reports: Vec<&String> = events
+    record.reports = events
         .iter()
         .filter_map(|e| match e {
-            Event::FaultReported { component, detail, .. } if component == target => Some(detail),
+            Event::FaultReported { component, detail, .. } if component == target && !detail.starts_with("campaign:") => {
+                Some(detail.clone())
+            }
             _ => None,
         })
         .collect();
-    let hang_detected = fault_reports.iter().any(|d| d.starts_with("hang detected:"));
+    let hang_detected = record.reports.iter().any(|d| d.starts_with("hang detected:"));
     record.reboots = w.epoch(target) - member.epoch - campaign_reboots;
     if outcome.is_none() && record.reboots == 0 && campaign_reboots == 0 {
         // No visible effect: clear any latent damage with a fresh incarnation.
@@ -528,7 +542,7 @@ fn observe(
             Some(n) => record.stalls_after_reboot += n - 1,
             None => {
                 record.injection += &format!("; no incarnation served after {MAX_CLEARING_REBOOTS} reboots");
-                record.diagnosis = w.diagnose(target);
+                record.diagnosis = w.diagnose(target, first_event);
                 outcome = Some(Outcome::SystemLost);
             }
         }

@@ -155,6 +155,20 @@ fn a_stopped_thread_is_caught_by_the_timestamp_check() {
 }
 
 #[test]
+fn a_client_suspecting_a_faulty_reply_has_the_server_rebooted_once() {
+    let test = "suspected_reply";
+    let seed = seed(test);
+    let sys = system(test, "", &format!("seed = {seed}\nops = 600\nbogus_at_op = 200"));
+    let stdout = run(test, &sys, 600, |_| {});
+    let reports: Vec<&str> = stdout.lines().filter(|l| l.contains("spinner: fault reported in pid")).collect();
+    assert_eq!(reports.len(), 1, "one suspicion, one report:\n{stdout}");
+    assert!(reports[0].contains("faulty reply: interface=spin epoch=1"), "{}", reports[0]);
+    assert_eq!(reboots(&stdout, "spinner"), 1, "spinner rebooted once:\n{stdout}");
+    let report = json_lines(&stdout).into_iter().find(|v| v.get("refused").is_some()).unwrap();
+    assert_eq!(report["refused"], 1, "the bad call came back refused after the reboot: {report}");
+}
+
+#[test]
 fn a_section_overrun_is_caught_by_its_check_value() {
     // 400 ms of declared blocking wait first (longer than `stuck`, and no
     // hang): the batch thread meanwhile fills its history.

@@ -108,6 +108,10 @@ pub struct EdgeHeader {
     /// their service of: a death during a server's reboot is told by the
     /// next incarnation (at least once).
     pub client_deaths_told: AtomicU64,
+    /// The server epoch of a reply the client found impossible (a refusal
+    /// of a call its generated stub made, a reply that does not decode):
+    /// the supervisor's watchdog reboots that incarnation.
+    pub suspected: AtomicU64,
 }
 // SAFETY: repr(C), atomics only, all-zero is a valid (unset) header.
 unsafe impl SharedPod for EdgeHeader {}

@@ -3,12 +3,19 @@
 //! outlives the server. Each call carries the calling thread's priority and
 //! whether it rebuilds descriptors ([`RecoveryScope`]); a connection also
 //! takes the server's upcalls ([`crate::upcall`]).
+//!
+//! A reply no correct server gives to a generated stub's call (a refusal
+//! of a function id or encoding the stub made, a reply that does not
+//! decode) means the server is faulty though alive: in a watched system the
+//! client marks the incarnation suspected in the edge header, the
+//! supervisor's watchdog reboots it, and the call fails as a reboot makes
+//! it fail, so that the stub rebuilds and re-issues it.
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::channel::{flags, liveness, state, status, Edge};
 use crate::futex;
@@ -21,6 +28,16 @@ use crate::wire::{Reader, WireError, Writer};
 /// server's clients are woken by the supervisor long before this.
 const RECHECK: Duration = Duration::from_millis(100);
 
+/// How long a client waits for the reboot of a server it suspected.
+const SUSPECT_WAIT: Duration = Duration::from_secs(1);
+
+thread_local! {
+    /// Whether this thread's last call ended with a suspicion that had its
+    /// server rebooted. An impossible reply to the re-issued call is then
+    /// the request's own doing, and is returned rather than suspected.
+    static SUSPECTED: Cell<bool> = const { Cell::new(false) };
+}
+
 /// A client's connection to one interface of one server component.
 #[derive(Clone)]
 pub struct Connection {
@@ -32,6 +49,8 @@ struct Inner {
     upcalls: Arc<Listener>,
     server: String,
     info: &'static InterfaceInfo,
+    /// Whether a supervisor's watchdog acts on suspicions ([`EdgeHeader::suspected`](crate::channel::EdgeHeader)).
+    watched: bool,
 }
 
 impl std::fmt::Debug for Connection {
@@ -45,11 +64,13 @@ impl std::fmt::Debug for Connection {
 
 impl Connection {
     /// A connection on the edge `upcalls` listens on; starts its upcall
-    /// thread if this is the edge's first connection.
+    /// thread if this is the edge's first connection. `watched`: a
+    /// watchdog reboots a server this client suspects.
     pub(crate) fn new(
         upcalls: Arc<Listener>,
         server: String,
         info: &'static InterfaceInfo,
+        watched: bool,
     ) -> std::io::Result<Self> {
         upcalls.start()?;
         Ok(Self {
@@ -58,6 +79,7 @@ impl Connection {
                 upcalls,
                 server,
                 info,
+                watched,
             }),
         })
     }
@@ -122,6 +144,7 @@ impl Connection {
     ) -> Result<T, Fault> {
         let edge = &self.inner.edge;
         self.wait_until_up()?;
+        let server_epoch = edge.header().epoch.load(Ordering::SeqCst);
         let slot = claimed_slot(edge);
         let s = edge.slot(slot);
         {
@@ -151,39 +174,79 @@ impl Connection {
         }
 
         let outcome = self.wait_for_reply(slot);
+        // Whether the reply is one no correct server gives.
+        let mut impossible = false;
         let result = match outcome {
             state::RESPONSE => {
                 let len = (s.response_len.load(Ordering::Relaxed) as usize)
                     .min(crate::channel::BUFFER_SIZE);
                 // SAFETY: in RESPONSE the client owns the response buffer.
                 let response = unsafe { &edge.response_buffer(slot)[..len] };
-                match s.status.load(Ordering::Relaxed) {
-                    status::OK => {
-                        decode(ReplyStatus::Ok(Reader::new(response))).map_err(Fault::Decode)
-                    }
-                    status::APP_ERROR => {
-                        decode(ReplyStatus::AppError(s.code.load(Ordering::Relaxed)))
-                            .map_err(Fault::Decode)
-                    }
-                    status::STALE => Err(Fault::Stale),
+                let reply = match s.status.load(Ordering::Relaxed) {
+                    status::OK => ReplyStatus::Ok(Reader::new(response)),
+                    status::APP_ERROR => ReplyStatus::AppError(s.code.load(Ordering::Relaxed)),
+                    status::STALE => return self.finish(slot, Err(Fault::Stale)),
                     _ => {
                         let why = String::from_utf8_lossy(response).into_owned();
                         let code = s.code.load(Ordering::Relaxed);
-                        if code == Refusal::UnknownDescriptor(0).code() {
-                            Err(Fault::NoDescriptor(why))
-                        } else {
-                            Err(Fault::Refused(why))
-                        }
+                        impossible = Refusal::is_server_fault(code);
+                        let fault = match code == Refusal::UnknownDescriptor(0).code() {
+                            true => Fault::NoDescriptor(why),
+                            false => Fault::Refused(why),
+                        };
+                        return self.finish_suspecting(slot, server_epoch, impossible, fault);
                     }
-                }
+                };
+                decode(reply).map_err(|e| {
+                    impossible = true;
+                    Fault::Decode(e)
+                })
             }
             _ => match edge.header().liveness.load(Ordering::SeqCst) {
                 liveness::GONE => Err(self.lost()),
                 _ => Err(Fault::Interrupted),
             },
         };
-        s.state.store(state::IDLE, Ordering::Release);
+        match result {
+            Err(fault) => self.finish_suspecting(slot, server_epoch, impossible, fault),
+            ok => self.finish(slot, ok),
+        }
+    }
+
+    /// Frees the slot and returns `result`.
+    fn finish<T>(&self, slot: u32, result: Result<T, Fault>) -> Result<T, Fault> {
+        self.inner.edge.slot(slot).state.store(state::IDLE, Ordering::Release);
+        SUSPECTED.set(false);
         result
+    }
+
+    /// Frees the slot; for an `impossible` reply of incarnation `epoch`,
+    /// has the watchdog reboot it (see the module's doc) and fails as a
+    /// reboot does: [`Fault::Stale`] for a refusal (the call did not run),
+    /// [`Fault::Interrupted`] for a reply that does not decode (it may
+    /// have). Otherwise, or if no reboot comes within [`SUSPECT_WAIT`],
+    /// returns `fault`.
+    fn finish_suspecting<T>(&self, slot: u32, epoch: u64, impossible: bool, fault: Fault) -> Result<T, Fault> {
+        self.inner.edge.slot(slot).state.store(state::IDLE, Ordering::Release);
+        let again = SUSPECTED.replace(false);
+        if !impossible || !self.inner.watched || again {
+            return Err(fault);
+        }
+        let h = self.inner.edge.header();
+        tracing::warn!(server = %self.inner.server, epoch, "{fault}: a faulty server, asking for its reboot");
+        h.suspected.store(epoch, Ordering::SeqCst);
+        let until = Instant::now() + SUSPECT_WAIT;
+        while h.epoch.load(Ordering::SeqCst) == epoch {
+            if Instant::now() >= until {
+                return Err(fault);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        SUSPECTED.set(true);
+        Err(match fault {
+            Fault::Decode(_) => Fault::Interrupted,
+            _ => Fault::Stale,
+        })
     }
 
     fn lost(&self) -> Fault {

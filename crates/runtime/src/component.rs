@@ -254,7 +254,7 @@ impl Runtime {
                 found,
             });
         }
-        Connection::new(listener.clone(), used.server.clone(), info).map_err(|source| {
+        Connection::new(listener.clone(), used.server.clone(), info, self.boot.watchdog).map_err(|source| {
             ConnectError::UpcallThread {
                 interface: info.name.to_string(),
                 source,

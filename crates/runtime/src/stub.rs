@@ -78,6 +78,17 @@ impl Refusal {
             Refusal::Records => 6,
         }
     }
+
+    /// Whether a refusal with this code shows a fault of the server when a
+    /// generated client stub made the call: its function ids and encodings
+    /// are right by construction, and the server's creation records are the
+    /// server's own. (An argument out of range, or a descriptor unknown,
+    /// may be the caller's doing.)
+    pub fn is_server_fault(code: u32) -> bool {
+        code == Refusal::UnknownFunction(0).code()
+            || code == Refusal::Malformed(WireError::Truncated).code()
+            || code == Refusal::Records.code()
+    }
 }
 
 impl From<WireError> for Refusal {

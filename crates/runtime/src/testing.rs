@@ -76,8 +76,23 @@ impl Loopback {
 
     /// A client connection; the first one starts the client's upcall thread.
     pub fn connection(&self) -> Connection {
-        Connection::new(self.upcalls.clone(), "loopback".into(), self.info)
+        Connection::new(self.upcalls.clone(), "loopback".into(), self.info, false)
             .expect("start the loopback upcall thread")
+    }
+
+    /// A connection whose client suspects the server of an impossible reply
+    /// (as in a system with a watchdog); the test plays the watchdog.
+    pub fn watched_connection(&self) -> Connection {
+        Connection::new(self.upcalls.clone(), "loopback".into(), self.info, true)
+            .expect("start the loopback upcall thread")
+    }
+
+    /// The epoch a watched client suspected ([`crate::channel::EdgeHeader::suspected`]).
+    pub fn suspected(&self) -> u64 {
+        self.edge
+            .header()
+            .suspected
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Simulates a micro-reboot: new calls wait, the old incarnation's
@@ -138,6 +153,7 @@ pub fn connection_for_tests(edge: Arc<Edge>, info: &'static InterfaceInfo) -> Co
         Arc::new(Listener::new(edge, info.name, None)),
         "test-server".into(),
         info,
+        false,
     )
     .expect("start the upcall thread")
 }

@@ -29,6 +29,48 @@ fn loopback_round_trip_and_refusal() {
     );
 }
 
+/// Function 9 is no function of the echo interface: the server stub refuses
+/// it as a correct server refuses no generated stub's call.
+fn unknown_function(conn: &Connection) -> Result<(), Fault> {
+    conn.call(9, None, |_| Ok(()), |_| Ok(()))
+}
+
+#[test]
+fn an_impossible_reply_has_a_watched_server_rebooted_once() {
+    let lb = Arc::new(Loopback::new(Arc::new(EchoService::default())));
+    // Unwatched: the refusal is returned, nothing is suspected.
+    assert!(matches!(unknown_function(&lb.connection()), Err(Fault::Refused(_))));
+    assert_eq!(lb.suspected(), 0);
+
+    // Watched: the client marks epoch 1 and waits; the test plays the
+    // watchdog and reboots it; the call fails as after a reboot (unrun).
+    let conn = lb.watched_connection();
+    let watchdog = {
+        let lb = lb.clone();
+        std::thread::spawn(move || {
+            while lb.suspected() != 1 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            lb.reboot(Arc::new(EchoService::default()));
+        })
+    };
+    assert_eq!(unknown_function(&conn), Err(Fault::Stale));
+    watchdog.join().unwrap();
+    assert_eq!(lb.epoch(), 2);
+    // Refused again after the reboot: the request was at fault, not the
+    // server; it is returned, and epoch 2 is not suspected.
+    assert!(matches!(unknown_function(&conn), Err(Fault::Refused(_))));
+    assert_eq!(lb.suspected(), 1);
+    assert_eq!(echo(&conn, b"ok", None).unwrap(), b"ok");
+
+    // No watchdog acts: the refusal comes back after the wait.
+    let started = std::time::Instant::now();
+    assert!(matches!(unknown_function(&conn), Err(Fault::Refused(_))));
+    assert_eq!(lb.suspected(), 2);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(900));
+    assert_eq!(lb.epoch(), 2);
+}
+
 #[test]
 fn reboot_raises_epoch_and_stale_calls_are_refused_unrun() {
     let lb = Loopback::new(Arc::new(EchoService::default()));

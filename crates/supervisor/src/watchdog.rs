@@ -33,6 +33,10 @@
 //!   `margin` × the largest run in the window of the exit with the largest
 //!   runs (or of the exit the code said it expects), at least `min_section`,
 //!   and `default_bound` until that history holds a full window.
+//! - **Suspected incarnations**: a client that got a reply no correct
+//!   server gives marks the server's epoch in the edge header
+//!   (`EdgeHeader::suspected`); the live incarnation named there is
+//!   reported as faulty, not hung, and rebooted like the rest.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -283,21 +287,38 @@ impl Sampler {
                 continue;
             }
             let edges = roster.served(&member.name);
-            let found = check(&self.settings, &ctl.watch, pid, st)
-                .or_else(|| unserved(&self.settings, &ctl.watch, &edges, pid, st))
-                .map(|d| name_call(&self.interfaces, d));
-            if let Some(d) = found {
+            let found = suspected(&self.interfaces, &edges).or_else(|| {
+                check(&self.settings, &ctl.watch, pid, st)
+                    .or_else(|| unserved(&self.settings, &ctl.watch, &edges, pid, st))
+                    .map(|d| name_call(&self.interfaces, d).to_string())
+            });
+            if let Some(detail) = found {
                 st.reported = true;
-                tracing::warn!(component = %member.name, "{d}");
+                tracing::warn!(component = %member.name, "{detail}");
                 roster.report_fault(FaultReport {
                     component: member.name.clone(),
                     pid,
-                    detail: d.to_string(),
+                    detail,
                 });
             }
         }
     }
 
+}
+
+/// A client's suspicion of the live incarnation on one of `edges` (an
+/// impossible reply, see [`kintsugi_runtime::client`]), as a fault report's
+/// detail: `faulty reply: interface=… epoch=…`.
+fn suspected(interfaces: &[&'static InterfaceInfo], edges: &[Arc<Edge>]) -> Option<String> {
+    edges.iter().find_map(|edge| {
+        let h = edge.header();
+        let epoch = h.epoch.load(Ordering::SeqCst);
+        (epoch != 0 && h.suspected.load(Ordering::SeqCst) == epoch).then(|| {
+            let hash = h.interface_hash.load(Ordering::SeqCst);
+            let interface = interfaces.iter().find(|i| i.hash == hash).map_or("?", |i| i.name);
+            format!("faulty reply: interface={interface} epoch={epoch} (a client found a reply no correct server gives)")
+        })
+    })
 }
 
 /// Replaces a function number (`call` = "interface#func") by its name.

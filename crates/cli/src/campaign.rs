@@ -322,15 +322,17 @@ impl Watch {
     }
 
     /// Asks the supervisor to reboot `name`'s live incarnation and waits
-    /// for the new one; false if none came within `limit`.
+    /// for the new one; false if none came within `limit`. With no live
+    /// incarnation (the supervisor is rebooting it), waits for the next.
     fn reboot(&self, name: &str, detail: &str, limit: Duration) -> bool {
         let Some(m) = self.roster.member(name) else { return false };
-        let Some(pid) = m.pid else { return false };
-        self.roster.report_fault(FaultReport {
-            component: name.into(),
-            pid,
-            detail: detail.into(),
-        });
+        if let Some(pid) = m.pid {
+            self.roster.report_fault(FaultReport {
+                component: name.into(),
+                pid,
+                detail: detail.into(),
+            });
+        }
         let until = Instant::now() + limit;
         while Instant::now() < until {
             if self.roster.member(name).is_some_and(|n| n.epoch > m.epoch && n.pid.is_some()) {
@@ -688,6 +690,9 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
         roster: Some(roster.clone()),
         interfaces: kintsugi_interfaces::ALL.to_vec(),
         stop_grace: Duration::from_secs(3),
+        // An incarnation whose initialization hangs is replaced within the
+        // campaign's patience (its --lost-ms), not after the default 10 s.
+        ready_timeout: Duration::from_millis(args.lost_ms / 4),
         ..Options::default()
     };
     let sup_system = system.clone();

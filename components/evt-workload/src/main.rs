@@ -21,7 +21,7 @@
 use std::time::Duration;
 
 use kintsugi_interfaces::evt;
-use kintsugi_runtime::counters::WorkloadCounters;
+use kintsugi_runtime::counters::{Failures, WorkloadCounters};
 use kintsugi_runtime::Incarnation;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -52,7 +52,7 @@ struct Report {
     #[serde(flatten)]
     outcome: Outcome,
     #[serde(flatten)]
-    errors: Errors,
+    errors: Failures,
 }
 
 #[derive(Debug, Serialize)]
@@ -72,14 +72,6 @@ enum Outcome {
     },
 }
 
-#[derive(Debug, Default, Serialize)]
-struct Errors {
-    errors: u64,
-    /// Of the errors, waits that returned a count not past the last.
-    corrupt: u64,
-    first_errors: Vec<String>,
-}
-
 /// Where a run publishes its counts, and whether it was asked to stop.
 struct Env<'a> {
     counters: WorkloadCounters<'a>,
@@ -88,30 +80,20 @@ struct Env<'a> {
 }
 
 impl Env<'_> {
-    fn op(&mut self, errors: &Errors) {
+    fn op(&mut self, errors: &Failures) {
         self.counters.op();
         self.publish(errors);
     }
 
-    fn publish(&mut self, errors: &Errors) {
-        self.counters.catch_up(&mut self.seen, errors.errors, errors.corrupt);
-    }
-}
-
-impl Errors {
-    fn fail(&mut self, what: String) {
-        self.errors += 1;
-        if self.first_errors.len() < 10 {
-            tracing::error!("{what}");
-            self.first_errors.push(what);
-        }
+    fn publish(&mut self, errors: &Failures) {
+        self.counters.publish(&mut self.seen, errors);
     }
 }
 
 fn trigger(
     client: &evt::Client,
     env: &mut Env,
-    errors: &mut Errors,
+    errors: &mut Failures,
     seed: u64,
     event: u64,
     triggers: u64,
@@ -120,7 +102,7 @@ fn trigger(
     let (mut acknowledged, mut max_count) = (0, 0);
     let mut rng = StdRng::seed_from_u64(seed);
     match client.create(event) {
-        Err(e) => errors.fail(format!("create({event}): {e}")),
+        Err(e) => errors.error(format!("create({event}): {e}")),
         Ok(ev) => {
             let mut i = 0;
             while i < triggers || (triggers == 0 && !(env.stop)()) {
@@ -133,7 +115,7 @@ fn trigger(
                         env.op(errors);
                     }
                     Err(e) => {
-                        errors.fail(format!("trigger {i}: {e}"));
+                        errors.error(format!("trigger {i}: {e}"));
                         env.publish(errors);
                     }
                 }
@@ -149,27 +131,26 @@ fn trigger(
 fn wait(
     client: &evt::Client,
     env: &mut Env,
-    errors: &mut Errors,
+    errors: &mut Failures,
     event: u64,
     expected: u64,
 ) -> Outcome {
     let (mut waits, mut last) = (0, 0);
     match client.create(event) {
-        Err(e) => errors.fail(format!("create({event}): {e}")),
+        Err(e) => errors.error(format!("create({event}): {e}")),
         Ok(ev) => {
             while last < expected || (expected == 0 && !(env.stop)()) {
                 match client.wait(ev) {
                     Ok(count) => {
                         waits += 1;
                         if count <= last {
-                            errors.corrupt += 1;
-                            errors.fail(format!("wait returned {count} after {last}"));
+                            errors.corrupt(format!("wait returned {count} after {last}"));
                         }
                         last = last.max(count);
                         env.op(errors);
                     }
                     Err(e) => {
-                        errors.fail(format!("wait after {last}: {e}"));
+                        errors.error(format!("wait after {last}: {e}"));
                         env.publish(errors);
                         break;
                     }
@@ -197,7 +178,7 @@ fn main() {
                 seen: [0; 2],
                 stop: &stop,
             };
-            let mut errors = Errors::default();
+            let mut errors = Failures::default();
             let outcome = match config {
                 Config::Trigger {
                     seed,
@@ -215,14 +196,7 @@ fn main() {
                 errors,
             };
             println!("{}", serde_json::to_string(&report)?);
-            if report.errors.errors > 0 {
-                anyhow::bail!(
-                    "{} errors; first: {:?}",
-                    report.errors.errors,
-                    report.errors.first_errors.first()
-                );
-            }
-            Ok(())
+            Ok(report.errors.check()?)
         }))
     })
 }

@@ -68,8 +68,7 @@ fn main() {
                             while !rt.stop_requested() && (config.ops == 0 || n < config.ops) {
                                 w.step();
                                 counters.op();
-                                let (failures, corrupt) = w.failures();
-                                counters.catch_up(&mut seen, failures, corrupt);
+                                counters.publish(&mut seen, w.failures());
                                 n += 1;
                             }
                             Ok(w.finish())
@@ -89,14 +88,7 @@ fn main() {
             }
             report.descriptors_open_at_end = client.tracked_files();
             println!("{}", serde_json::to_string(&report)?);
-            if report.errors > 0 {
-                anyhow::bail!(
-                    "{} errors; first: {:?}",
-                    report.errors,
-                    report.first_errors.first()
-                );
-            }
-            Ok(())
+            Ok(report.failures.check()?)
         }))
     })
 }

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kintsugi_interfaces::fs::{self, Client, File};
 use kintsugi_interfaces::fs_flags::CREATE;
+use kintsugi_runtime::counters::Failures;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -21,11 +22,9 @@ pub struct Report {
     pub threads: usize,
     pub seed: u64,
     pub ops: u64,
-    /// Every failure: calls that failed, and answers that were wrong.
-    pub errors: u64,
-    /// Of the errors, answers the model found wrong.
-    pub corrupt: u64,
-    pub first_errors: Vec<String>,
+    /// Calls that failed, and answers the model found wrong.
+    #[serde(flatten)]
+    pub failures: Failures,
     pub bytes_written: u64,
     pub bytes_read: u64,
     pub verified_files: u64,
@@ -75,22 +74,17 @@ impl<'a> Workload<'a> {
     }
 
     fn fail(&mut self, what: String) {
-        self.report.errors += 1;
-        if self.report.first_errors.len() < 10 {
-            tracing::error!("{what}");
-            self.report.first_errors.push(what);
-        }
+        self.report.failures.error(what);
     }
 
     /// A call answered, wrongly.
     fn corrupt(&mut self, what: String) {
-        self.report.corrupt += 1;
-        self.fail(what);
+        self.report.failures.corrupt(what);
     }
 
-    /// Failures so far, and how many of them were wrong answers.
-    pub fn failures(&self) -> (u64, u64) {
-        (self.report.errors, self.report.corrupt)
+    /// Failures so far.
+    pub fn failures(&self) -> &Failures {
+        &self.report.failures
     }
 
     fn is_open(&self, path: &str) -> bool {
@@ -336,15 +330,11 @@ impl Report {
     pub fn merge(&mut self, other: Report) {
         self.threads += 1;
         self.ops += other.ops;
-        self.errors += other.errors;
-        self.corrupt += other.corrupt;
+        self.failures.merge(other.failures);
         self.bytes_written += other.bytes_written;
         self.bytes_read += other.bytes_read;
         self.verified_files += other.verified_files;
         self.verified_bytes += other.verified_bytes;
-        let room = 10usize.saturating_sub(self.first_errors.len());
-        self.first_errors
-            .extend(other.first_errors.into_iter().take(room));
     }
 }
 

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use kintsugi_interfaces::lock;
-use kintsugi_runtime::counters::WorkloadCounters;
+use kintsugi_runtime::counters::{Failures, WorkloadCounters};
 use kintsugi_runtime::Incarnation;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -65,11 +65,10 @@ struct Report {
     rounds: u64,
     /// Rounds each thread completed: the lock taken and released.
     completed: Vec<u64>,
-    errors: u64,
-    /// Of the errors, critical sections entered while another thread of
-    /// this component was inside.
-    corrupt: u64,
-    first_errors: Vec<String>,
+    /// Calls that failed, and (`corrupt`) critical sections entered while
+    /// another thread of this component was inside.
+    #[serde(flatten)]
+    failures: Failures,
     /// Critical sections, all threads together.
     sections: usize,
 }
@@ -78,20 +77,8 @@ struct Report {
 #[derive(Default)]
 struct Run {
     completed: u64,
-    errors: u64,
-    corrupt: u64,
-    first_errors: Vec<String>,
+    failures: Failures,
     sections: Vec<[u64; 2]>,
-}
-
-impl Run {
-    fn fail(&mut self, what: String) {
-        self.errors += 1;
-        if self.first_errors.len() < 10 {
-            tracing::error!("{what}");
-            self.first_errors.push(what);
-        }
-    }
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: one clock for every process.
@@ -119,7 +106,7 @@ fn contend(client: &lock::Client, config: &Config, thread: usize, shared: &Share
     let l = match client.alloc(config.lock) {
         Ok(l) => l,
         Err(e) => {
-            run.fail(format!("thread {thread}: alloc({}): {e}", config.lock));
+            run.failures.error(format!("thread {thread}: alloc({}): {e}", config.lock));
             return run;
         }
     };
@@ -127,14 +114,13 @@ fn contend(client: &lock::Client, config: &Config, thread: usize, shared: &Share
     let mut round = 0;
     while round < config.rounds || (config.rounds == 0 && !(shared.stop)()) {
         round += 1;
-        shared.counters.catch_up(&mut seen, run.errors, run.corrupt);
+        shared.counters.publish(&mut seen, &run.failures);
         if let Err(e) = client.take(l) {
-            run.fail(format!("thread {thread} round {round}: take: {e}"));
+            run.failures.error(format!("thread {thread} round {round}: take: {e}"));
             continue;
         }
         if shared.inside.fetch_add(1, Ordering::SeqCst) != 0 {
-            run.corrupt += 1;
-            run.fail(format!("thread {thread} round {round}: took the lock while another thread held it"));
+            run.failures.corrupt(format!("thread {thread} round {round}: took the lock while another thread held it"));
         }
         let enter = now_ns();
         let until = enter + rng.gen_range(0..=config.busy_us) * 1000;
@@ -148,13 +134,13 @@ fn contend(client: &lock::Client, config: &Config, thread: usize, shared: &Share
                 run.completed += 1;
                 shared.counters.op();
             }
-            Err(e) => run.fail(format!("thread {thread} round {round}: release: {e}")),
+            Err(e) => run.failures.error(format!("thread {thread} round {round}: release: {e}")),
         }
         if config.think_us > 0 {
             std::thread::sleep(Duration::from_micros(rng.gen_range(0..=config.think_us)));
         }
     }
-    shared.counters.catch_up(&mut seen, run.errors, run.corrupt);
+    shared.counters.publish(&mut seen, &run.failures);
     run
 }
 
@@ -209,12 +195,7 @@ fn main() {
             let mut sections = Vec::new();
             for run in runs {
                 report.completed.push(run.completed);
-                report.errors += run.errors;
-                report.corrupt += run.corrupt;
-                let room = 10usize.saturating_sub(report.first_errors.len());
-                report
-                    .first_errors
-                    .extend(run.first_errors.into_iter().take(room));
+                report.failures.merge(run.failures);
                 sections.extend(run.sections);
             }
             report.sections = sections.len();
@@ -222,14 +203,7 @@ fn main() {
                 write_sections(path, &sections)?;
             }
             println!("{}", serde_json::to_string(&report)?);
-            if report.errors > 0 {
-                anyhow::bail!(
-                    "{} errors; first: {:?}",
-                    report.errors,
-                    report.first_errors.first()
-                );
-            }
-            Ok(())
+            Ok(report.failures.check()?)
         }))
     })
 }

@@ -4,8 +4,9 @@
 //! The **owner** grants a few pages, fills each with seeded bytes through
 //! its own mapping, aliases each into the **sink** (whose component id its
 //! config names) and publishes the aliases' ids on a control page it shares
-//! with the sink (itself a page the owner granted and aliased to the sink
-//! first, so the sink finds it as the oldest page it holds). The sink maps
+//! with the sink (itself a page the owner granted and aliased to the sink;
+//! the sink finds it as the newest page it holds that carries the magic
+//! word and names another of its pages as the keeper). The sink maps
 //! every alias, checks its bytes against the same seeded stream, and
 //! acknowledges; the owner then revokes its grants, checks that its own
 //! mappings are gone (mapper table and `/proc/self/maps`), and says so; the
@@ -13,6 +14,12 @@
 //! must have unmapped by upcall before returning. A long-lived page (the
 //! keeper), mapped once by both at the start, is checked every round and at
 //! the end: mappings outlive mm's crashes.
+//!
+//! Neither gives up: a failed round is counted and the next one starts.
+//! If the sink stops answering (a faulty mm lost or garbled the shared
+//! pages), the owner starts over with a new control page and keeper after
+//! a few failed rounds, and marks the old control page so that a sink
+//! still watching it looks for the new one.
 //!
 //! On SIGTERM (or after `rounds` rounds) each prints a JSON report on
 //! stdout and exits 0 only if nothing differed and no call failed.
@@ -96,19 +103,18 @@ fn main() {
                 maps,
                 config: &config,
             };
-            let (report, errors) = match config.role {
+            let (report, failures) = match config.role {
                 Role::Owner => {
                     let r = owner::run(&env);
-                    (serde_json::to_string(&r)?, r.tally.errors)
+                    (serde_json::to_string(&r)?, r.tally)
                 }
                 Role::Sink => {
                     let r = sink::run(&env);
-                    (serde_json::to_string(&r)?, r.tally.errors)
+                    (serde_json::to_string(&r)?, r.tally)
                 }
             };
             println!("{report}");
-            anyhow::ensure!(errors == 0, "{errors} errors: {report}");
-            Ok(())
+            Ok(failures.check()?)
         }))
     })
 }

@@ -27,11 +27,13 @@ pub struct Report {
     /// Pages held but never returned to this owner (a creation re-issued
     /// after a crash, whose first attempt had taken effect): revoked.
     pub duplicates_revoked: u64,
+    /// Times the owner started over after the sink stopped answering.
+    pub restarts: u64,
     pub keeper_checks: u64,
     /// The keeper, mapped at the start, held its bytes at the very end.
     pub keeper_intact_at_end: bool,
     #[serde(flatten)]
-    pub tally: Tally,
+    pub tally: Failures,
 }
 
 /// A page granted this round, as mapped here.
@@ -46,6 +48,9 @@ struct Owner<'e, 'a> {
     control: Page,
     keeper: Page,
     keeper_len: usize,
+    /// Control pages and keepers left when the owner started over: kept
+    /// (revoking them would look to the sink like this owner's end).
+    retired: Vec<Page>,
     report: Report,
 }
 
@@ -64,15 +69,17 @@ pub fn run(env: &Env<'_>) -> Report {
         Ok(o) => o,
         Err(e) => {
             let mut report = Report::new(env.config.seed);
-            report.tally.fail(format!("setting up: {e:#}"));
+            report.tally.error(format!("setting up: {e:#}"));
             return report;
         }
     };
     let mut round = 1u64;
     let mut seen = [0; 2];
+    let mut failed_in_a_row = 0;
     while !env.stopping() && (env.config.rounds == 0 || round <= env.config.rounds) {
         match owner.round(round) {
             Ok(true) => {
+                failed_in_a_row = 0;
                 owner.report.rounds += 1;
                 env.publish(&owner.report.tally, &mut seen, true);
             }
@@ -81,8 +88,15 @@ pub fn run(env: &Env<'_>) -> Report {
                 // An error a client sees (say, a descriptor whose creation
                 // record a faulty mm corrupted): counted, and the next
                 // round starts afresh; the sink follows the published round.
-                owner.report.tally.fail(format!("round {round}: {e:#}"));
+                owner.report.tally.error(format!("round {round}: {e:#}"));
                 env.publish(&owner.report.tally, &mut seen, false);
+                failed_in_a_row += 1;
+                if failed_in_a_row >= START_OVER_AFTER {
+                    failed_in_a_row = 0;
+                    if let Err(e) = owner.start_over() {
+                        owner.report.tally.error(format!("starting over: {e:#}"));
+                    }
+                }
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
@@ -95,7 +109,7 @@ pub fn run(env: &Env<'_>) -> Report {
         Err(e) => owner
             .report
             .tally
-            .fail(format!("checking the keeper: {e:#}")),
+            .error(format!("checking the keeper: {e:#}")),
     }
     owner.report.keeper_checks += 1;
     owner.report.unmapped_by_upcall = env.mapper.unmapped_by_upcall();
@@ -125,8 +139,21 @@ impl<'e, 'a> Owner<'e, 'a> {
             control,
             keeper,
             keeper_len,
+            retired: Vec::new(),
             report: Report::new(env.config.seed),
         })
+    }
+
+    /// A new control page and keeper, after the sink stopped answering; a
+    /// sink that still sees the old control page is told to look for them.
+    fn start_over(&mut self) -> anyhow::Result<()> {
+        let _ = self.env.mapper.store_u32(self.control, AT_MOVED, 1);
+        let fresh = Owner::start(self.env)?;
+        self.retired.extend([self.control, self.keeper]);
+        (self.control, self.keeper, self.keeper_len) = (fresh.control, fresh.keeper, fresh.keeper_len);
+        self.report.restarts += 1;
+        tracing::warn!(restarts = self.report.restarts, "the sink stopped answering: started over");
+        Ok(())
     }
 
     /// One round; false if told to stop before it completed.
@@ -158,7 +185,7 @@ impl<'e, 'a> Owner<'e, 'a> {
         env.mapper
             .store_u32(self.control, AT_COUNT, granted.len() as u32)?;
         env.mapper.store_u32(self.control, AT_PUBLISHED, r)?;
-        if !env.wait_for(self.control, AT_ACKED, r)? {
+        if !env.wait_for(self.control, AT_ACKED, r, Some(SINK_PATIENCE))? {
             return Ok(false);
         }
         for g in &granted {
@@ -169,7 +196,7 @@ impl<'e, 'a> Owner<'e, 'a> {
             self.report.unmaps_checked += 1;
         }
         env.mapper.store_u32(self.control, AT_REVOKED, r)?;
-        if !env.wait_for(self.control, AT_CHECKED, r)? {
+        if !env.wait_for(self.control, AT_CHECKED, r, Some(SINK_PATIENCE))? {
             return Ok(false);
         }
         env.check_keeper(self.keeper, self.keeper_len, &mut self.report.tally)?;
@@ -178,9 +205,13 @@ impl<'e, 'a> Owner<'e, 'a> {
     }
 
     /// Revokes the pages mm says this owner holds that it never got back
-    /// (between rounds it holds only the control page and the keeper).
+    /// (between rounds it holds only the control pages and the keepers).
     fn revoke_duplicates(&mut self) -> anyhow::Result<()> {
-        let mine: HashSet<u64> = [self.control.0, self.keeper.0].into();
+        let mine: HashSet<u64> = [self.control, self.keeper]
+            .iter()
+            .chain(&self.retired)
+            .map(|p| p.0)
+            .collect();
         for id in self.env.client.held()? {
             if !mine.contains(&id) {
                 self.env.client.revoke(Page(id))?;

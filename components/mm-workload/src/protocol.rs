@@ -8,10 +8,10 @@ use std::time::Duration;
 use kintsugi_interfaces::mm::{self, Page};
 use kintsugi_interfaces::mm_map::{Mapped, Mapper};
 use kintsugi_runtime::shm::Region;
+pub use kintsugi_runtime::counters::Failures;
 use kintsugi_runtime::Runtime;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
-use serde::Serialize;
 
 use crate::Config;
 
@@ -31,6 +31,9 @@ pub const AT_ACKED: usize = 24;
 pub const AT_REVOKED: usize = 28;
 /// The last round whose unmapping the sink has checked.
 pub const AT_CHECKED: usize = 32;
+/// Set (to 1) once the owner has started over with a new control page and
+/// keeper: a sink that still sees this page looks for them.
+pub const AT_MOVED: usize = 36;
 /// u64 each: the round's alias ids, in grant order.
 pub const AT_ALIASES: usize = 64;
 pub const MAX_GRANTS: usize = 64;
@@ -39,6 +42,13 @@ pub const KEEPER_ROUND: u64 = u64::MAX;
 
 /// How long a side sleeps between looks at a control word.
 pub const POLL: Duration = Duration::from_micros(100);
+/// How long the owner waits for the sink to answer a round before it
+/// counts the round failed.
+pub const SINK_PATIENCE: Duration = Duration::from_secs(2);
+/// Failed rounds in a row after which the owner starts over with a new
+/// control page and keeper (a faulty mm may have lost or garbled the old
+/// ones, so that the sink cannot answer).
+pub const START_OVER_AFTER: u32 = 3;
 
 /// What every role works with.
 pub struct Env<'a> {
@@ -47,30 +57,6 @@ pub struct Env<'a> {
     pub mapper: &'a Mapper<'a>,
     pub maps: KernelMaps,
     pub config: &'a Config,
-}
-
-/// Errors seen, with the first few spelled out.
-#[derive(Debug, Default, Serialize)]
-pub struct Tally {
-    pub errors: u64,
-    /// Of the errors, what the checks found wrong (rather than calls that failed).
-    pub corrupt: u64,
-    pub first_errors: Vec<String>,
-}
-
-impl Tally {
-    pub fn corrupt(&mut self, what: String) {
-        self.corrupt += 1;
-        self.fail(what);
-    }
-
-    pub fn fail(&mut self, what: String) {
-        self.errors += 1;
-        if self.first_errors.len() < 10 {
-            tracing::error!("{what}");
-            self.first_errors.push(what);
-        }
-    }
 }
 
 /// The bytes page `index` of `round` holds.
@@ -86,12 +72,12 @@ pub fn pattern(seed: u64, round: u64, index: u64, len: usize) -> Vec<u8> {
 impl Env<'_> {
     /// Publishes a finished round and what `tally` grew by since `seen`
     /// as the counters `ops`, `errors` and `corrupt`.
-    pub fn publish(&self, tally: &Tally, seen: &mut [u64; 2], round_done: bool) {
+    pub fn publish(&self, tally: &Failures, seen: &mut [u64; 2], round_done: bool) {
         if let Ok(c) = self.rt.workload_counters() {
             if round_done {
                 c.op();
             }
-            c.catch_up(seen, tally.errors, tally.corrupt);
+            c.publish(seen, tally);
         }
     }
 
@@ -100,15 +86,27 @@ impl Env<'_> {
         self.rt.stop_requested()
     }
 
-    /// Waits until the control word at `at` reaches `want`; false if told to stop first.
-    pub fn wait_for(&self, control: Page, at: usize, want: u32) -> anyhow::Result<bool> {
+    /// Waits until the control word at `at` reaches `want`; false if told
+    /// to stop first. Fails if the page is gone, if the owner moved from it
+    /// ([`AT_MOVED`]), or after `patience`.
+    pub fn wait_for(&self, control: Page, at: usize, want: u32, patience: Option<Duration>) -> anyhow::Result<bool> {
+        let started = std::time::Instant::now();
         while self.mapper.load_u32(control, at)? < want {
             if self.stopping() {
                 return Ok(false);
             }
+            anyhow::ensure!(!self.moved(control), "the owner started over");
+            if let Some(p) = patience {
+                anyhow::ensure!(started.elapsed() < p, "no answer within {} ms", p.as_millis());
+            }
             std::thread::sleep(POLL);
         }
         Ok(true)
+    }
+
+    /// Whether the owner started over and left `control` ([`AT_MOVED`]).
+    pub fn moved(&self, control: Page) -> bool {
+        self.mapper.load_u32(control, AT_MOVED).is_ok_and(|m| m != 0)
     }
 
     /// Waits until `page` is no longer mapped here (an UNMAP upcall), at most
@@ -143,7 +141,7 @@ impl Env<'_> {
         &self,
         keeper: Page,
         len: usize,
-        tally: &mut Tally,
+        tally: &mut Failures,
     ) -> anyhow::Result<bool> {
         if !self.mapper.is_mapped(keeper) {
             tally.corrupt(format!("the keeper {:#x} is no longer mapped", keeper.0));
@@ -165,7 +163,7 @@ impl Env<'_> {
         &self,
         page: Page,
         mapped: Mapped,
-        tally: &mut Tally,
+        tally: &mut Failures,
     ) -> anyhow::Result<()> {
         if self.mapper.is_mapped(page) {
             tally.corrupt(format!(

@@ -30,8 +30,10 @@ pub struct Report {
     /// The owner ended, and mm reclaimed its pages: the control page and
     /// the keeper were unmapped here by upcall (mapper and kernel agree).
     pub owner_pages_reclaimed: bool,
+    /// Times the owner started over and the sink found its new pages.
+    pub owner_restarts_followed: u64,
     #[serde(flatten)]
-    pub tally: Tally,
+    pub tally: Failures,
 }
 
 /// The pages the owner shares with the sink for the whole run, as mapped here.
@@ -50,6 +52,8 @@ enum End {
     /// The control page was unmapped under the sink: the owner ended and mm
     /// reclaimed its pages.
     OwnerGone,
+    /// The owner started over with a new control page ([`AT_MOVED`]).
+    Moved,
 }
 
 /// How long the sink waits for mm to unmap all of an owner's pages once the
@@ -62,13 +66,24 @@ pub fn run(env: &Env<'_>) -> Report {
         seed: env.config.seed,
         ..Default::default()
     };
-    match find_shared(env) {
-        Ok(Some(shared)) => match rounds(env, &shared, &mut report) {
+    // The owner's pages, and how the rounds with them ended.
+    let mut ended = None;
+    while let Some(shared) = find_shared(env, &mut report) {
+        match rounds(env, &shared, &mut report) {
+            Ok(End::Moved) => report.owner_restarts_followed += 1,
+            end => {
+                ended = Some((shared, end));
+                break;
+            }
+        }
+    }
+    if let Some((shared, end)) = ended {
+        match end {
             Ok(End::Stopped) => {
                 // After every crash of mm: the first mapping still holds the first bytes.
                 match env.check_keeper(shared.keeper, shared.keeper_len, &mut report.tally) {
                     Ok(intact) => report.keeper_intact_at_end = intact,
-                    Err(e) => report.tally.fail(format!("checking the keeper: {e:#}")),
+                    Err(e) => report.tally.error(format!("checking the keeper: {e:#}")),
                 }
                 report.keeper_checks += 1;
             }
@@ -86,15 +101,12 @@ pub fn run(env: &Env<'_>) -> Report {
                     Ok(()) => report.owner_pages_reclaimed = report.tally.errors == before,
                     Err(e) => report
                         .tally
-                        .fail(format!("checking the owner's pages: {e:#}")),
+                        .error(format!("checking the owner's pages: {e:#}")),
                 }
             }
-            Err(e) => report.tally.fail(format!("{e:#}")),
-        },
-        Ok(None) => {}
-        Err(e) => report
-            .tally
-            .fail(format!("finding the owner's pages: {e:#}")),
+            Ok(End::Moved) => {} // followed above
+            Err(e) => report.tally.error(format!("{e:#}")),
+        }
     }
     report.unmapped_by_upcall = env.mapper.unmapped_by_upcall();
     report
@@ -103,21 +115,55 @@ pub fn run(env: &Env<'_>) -> Report {
 /// The control page (the oldest page the sink holds: the owner aliases it
 /// before anything else) and the keeper it names, mapped; `None` if told to
 /// stop before the owner made them.
-fn find_shared(env: &Env<'_>) -> anyhow::Result<Option<Shared>> {
-    let control = loop {
-        if let Some(&oldest) = env.client.held()?.first() {
-            break Page(oldest);
+/// The control page and the keeper: the newest page this sink holds that
+/// carries [`MAGIC`], has not been left by the owner, and names as keeper
+/// another page the sink holds (a page of round data may carry anything).
+/// Waits until the owner has made them; a failed look is counted once.
+fn find_shared(env: &Env<'_>, report: &mut Report) -> Option<Shared> {
+    let mut counted = false;
+    loop {
+        match look_for_shared(env) {
+            Ok(Some(shared)) => return Some(shared),
+            Ok(None) => {}
+            Err(e) if !counted => {
+                report.tally.error(format!("finding the owner's pages: {e:#}"));
+                counted = true;
+            }
+            Err(_) => {}
         }
         if env.stopping() {
-            return Ok(None);
+            return None;
         }
         std::thread::sleep(Duration::from_millis(1));
-    };
+    }
+}
+
+/// One look through the held pages, newest first; a page that cannot be
+/// looked at is passed over, and the first such failure returned if no
+/// page qualified.
+fn look_for_shared(env: &Env<'_>) -> anyhow::Result<Option<Shared>> {
+    let held = env.client.held()?;
+    let mut failed = None;
+    for &id in held.iter().rev() {
+        match shared_at(env, Page(id), &held) {
+            Ok(Some(shared)) => return Ok(Some(shared)),
+            Ok(None) => {}
+            Err(e) => failed = failed.or(Some(e)),
+        }
+    }
+    failed.map_or(Ok(None), Err)
+}
+
+/// The shared pages if `control` is the owner's current control page.
+fn shared_at(env: &Env<'_>, control: Page, held: &[u64]) -> anyhow::Result<Option<Shared>> {
     let control_at = env.mapper.map(control)?;
-    if !env.wait_for(control, AT_MAGIC, MAGIC)? {
+    if env.mapper.load_u32(control, AT_MAGIC)? != MAGIC || env.moved(control) {
         return Ok(None);
     }
     let keeper = Page(env.load_u64(control, AT_KEEPER)?);
+    if keeper == control || !held.contains(&keeper.0) {
+        return Ok(None);
+    }
     let keeper_at = env.mapper.map(keeper)?;
     Ok(Some(Shared {
         control,
@@ -139,22 +185,24 @@ fn rounds(env: &Env<'_>, shared: &Shared, report: &mut Report) -> anyhow::Result
         if env.config.rounds != 0 && u64::from(round) > env.config.rounds {
             return Ok(End::Stopped);
         }
-        match env.wait_for(control, AT_PUBLISHED, round) {
+        match env.wait_for(control, AT_PUBLISHED, round, None) {
             // The owner skips the rounds it could not finish.
             Ok(true) => round = env.mapper.load_u32(control, AT_PUBLISHED)?,
             Ok(false) => return Ok(End::Stopped),
             Err(_) if !env.mapper.is_mapped(control) => return Ok(End::OwnerGone),
+            Err(_) if env.moved(control) => return Ok(End::Moved),
             Err(e) => return Err(e),
         }
         match serve_round(env, control, round, report) {
             Ok(true) => {}
             Ok(false) => return Ok(End::Stopped),
             Err(_) if !env.mapper.is_mapped(control) => return Ok(End::OwnerGone),
+            Err(_) if env.moved(control) => return Ok(End::Moved),
             Err(e) => {
                 // An error a client sees (say, an alias mm no longer knows
                 // after a faulty incarnation): counted; the round is
                 // acknowledged so that the owner goes on to the next.
-                report.tally.fail(format!("round {round}: {e:#}"));
+                report.tally.error(format!("round {round}: {e:#}"));
                 let _ = env.mapper.store_u32(control, AT_ACKED, round);
                 let _ = env.mapper.store_u32(control, AT_CHECKED, round);
                 round += 1;
@@ -211,6 +259,7 @@ fn serve_round(env: &Env<'_>, control: Page, round: u32, report: &mut Report) ->
         if env.stopping() {
             return Ok(false);
         }
+        anyhow::ensure!(!env.moved(control), "the owner started over");
         std::thread::sleep(POLL);
     }
     // Every revoke has returned: every mapping of these aliases must be gone.

@@ -165,6 +165,70 @@ impl<'a> WorkloadCounters<'a> {
         self.corrupt.add(corrupt.saturating_sub(seen[1]));
         *seen = [failures - corrupt, corrupt];
     }
+
+    /// [`catch_up`](Self::catch_up) with a thread's [`Failures`].
+    pub fn publish(&self, seen: &mut [u64; 2], failures: &Failures) {
+        self.catch_up(seen, failures.errors, failures.corrupt);
+    }
+}
+
+/// How many failures a workload's report spells out.
+const FIRST_ERRORS: usize = 10;
+
+/// What a checking workload saw go wrong: every failure in `errors`, of
+/// which `corrupt` were wrong answers (the rest, calls that failed), and
+/// the first few spelled out. A workload's report carries it flattened:
+/// `"errors"`, `"corrupt"`, `"first_errors"`.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Failures {
+    pub errors: u64,
+    pub corrupt: u64,
+    pub first_errors: Vec<String>,
+}
+
+impl Failures {
+    /// A call that failed.
+    pub fn error(&mut self, what: String) {
+        self.errors += 1;
+        if self.first_errors.len() < FIRST_ERRORS {
+            tracing::error!("{what}");
+            self.first_errors.push(what);
+        }
+    }
+
+    /// A wrong answer the checker found.
+    pub fn corrupt(&mut self, what: String) {
+        self.corrupt += 1;
+        self.error(what);
+    }
+
+    /// Adds another thread's failures.
+    pub fn merge(&mut self, other: Failures) {
+        self.errors += other.errors;
+        self.corrupt += other.corrupt;
+        let room = FIRST_ERRORS.saturating_sub(self.first_errors.len());
+        self.first_errors.extend(other.first_errors.into_iter().take(room));
+    }
+
+    /// Whether nothing failed; else the count and the first failure, for a
+    /// workload to end with after printing its report.
+    pub fn check(&self) -> Result<(), WorkloadFailed> {
+        match self.errors {
+            0 => Ok(()),
+            errors => Err(WorkloadFailed {
+                errors,
+                first: self.first_errors.first().cloned().unwrap_or_default(),
+            }),
+        }
+    }
+}
+
+/// A checking workload that saw failures ([`Failures::check`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{errors} errors; first: {first}")]
+pub struct WorkloadFailed {
+    pub errors: u64,
+    pub first: String,
 }
 
 #[cfg(test)]
@@ -191,6 +255,26 @@ mod tests {
             table.get(&format!("c{i}")).unwrap();
         }
         assert!(matches!(table.get("one-too-many"), Err(CounterError::Full(_))));
+    }
+
+    #[test]
+    fn failures_count_wrong_answers_among_errors_and_keep_the_first_ten() {
+        let mut a = Failures::default();
+        assert!(a.check().is_ok());
+        a.error("call 1 failed".into());
+        a.corrupt("answer 2 wrong".into());
+        let mut b = Failures::default();
+        for i in 0..12 {
+            b.error(format!("b{i}"));
+        }
+        a.merge(b);
+        assert_eq!((a.errors, a.corrupt), (14, 1));
+        assert_eq!(a.first_errors.len(), 10);
+        assert_eq!(a.first_errors[..3], ["call 1 failed", "answer 2 wrong", "b0"]);
+        let failed = a.check().unwrap_err();
+        assert_eq!(failed.to_string(), "14 errors; first: call 1 failed");
+        let json = serde_json::to_value(&a).unwrap();
+        assert_eq!((json["errors"].as_u64(), json["corrupt"].as_u64()), (Some(14), Some(1)));
     }
 
     #[test]

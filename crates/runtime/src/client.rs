@@ -9,7 +9,9 @@
 //! decode) means the server is faulty though alive: in a watched system the
 //! client marks the incarnation suspected in the edge header, the
 //! supervisor's watchdog reboots it, and the call fails as a reboot makes
-//! it fail, so that the stub rebuilds and re-issues it.
+//! it fail, so that the stub rebuilds and re-issues it. A thread suspects
+//! at most once per [`SUSPICION_HOLDOFF`], so a client whose own requests
+//! are wrong costs its server one reboot, not one per retry.
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
@@ -31,11 +33,14 @@ const RECHECK: Duration = Duration::from_millis(100);
 /// How long a client waits for the reboot of a server it suspected.
 const SUSPECT_WAIT: Duration = Duration::from_secs(1);
 
+/// How long after a suspicion that had its server rebooted a thread
+/// suspects no server again: an impossible reply to the re-issued call is
+/// the request's own doing (a faulty client), and is returned.
+pub const SUSPICION_HOLDOFF: Duration = Duration::from_secs(1);
+
 thread_local! {
-    /// Whether this thread's last call ended with a suspicion that had its
-    /// server rebooted. An impossible reply to the re-issued call is then
-    /// the request's own doing, and is returned rather than suspected.
-    static SUSPECTED: Cell<bool> = const { Cell::new(false) };
+    /// When this thread's last suspicion had its server rebooted.
+    static LAST_SUSPICION: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
 /// A client's connection to one interface of one server component.
@@ -216,7 +221,6 @@ impl Connection {
     /// Frees the slot and returns `result`.
     fn finish<T>(&self, slot: u32, result: Result<T, Fault>) -> Result<T, Fault> {
         self.inner.edge.slot(slot).state.store(state::IDLE, Ordering::Release);
-        SUSPECTED.set(false);
         result
     }
 
@@ -225,11 +229,12 @@ impl Connection {
     /// reboot does: [`Fault::Stale`] for a refusal (the call did not run),
     /// [`Fault::Interrupted`] for a reply that does not decode (it may
     /// have). Otherwise, or if no reboot comes within [`SUSPECT_WAIT`],
-    /// returns `fault`.
+    /// returns `fault`; so does a thread within [`SUSPICION_HOLDOFF`] of
+    /// its last suspicion.
     fn finish_suspecting<T>(&self, slot: u32, epoch: u64, impossible: bool, fault: Fault) -> Result<T, Fault> {
         self.inner.edge.slot(slot).state.store(state::IDLE, Ordering::Release);
-        let again = SUSPECTED.replace(false);
-        if !impossible || !self.inner.watched || again {
+        let held_off = LAST_SUSPICION.get().is_some_and(|t| t.elapsed() < SUSPICION_HOLDOFF);
+        if !impossible || !self.inner.watched || held_off {
             return Err(fault);
         }
         let h = self.inner.edge.header();
@@ -242,7 +247,7 @@ impl Connection {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        SUSPECTED.set(true);
+        LAST_SUSPICION.set(Some(Instant::now()));
         Err(match fault {
             Fault::Decode(_) => Fault::Interrupted,
             _ => Fault::Stale,

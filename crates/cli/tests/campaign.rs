@@ -1,9 +1,8 @@
 //! `kintsugi campaign` at CI size: register bit flips into every system
 //! service of systems/campaign.toml while checking workloads run; every
 //! detected fault is recovered, no other service is disturbed, corruption
-//! is counted and printed, and a loss of the system (an open bug) is printed
-//! and happens at most twice. And a campaign
-//! resumed from its file continues the same seeded plan.
+//! is counted and printed, and the system is not lost (see `MAX_LOSSES`).
+//! And a campaign resumed from its file continues the same seeded plan.
 
 mod common;
 
@@ -17,8 +16,11 @@ fn records(path: &std::path::Path) -> (Value, Vec<Value>) {
 }
 
 /// A campaign stops at its first "system lost"; the test then resumes it in
-/// a fresh system (as a user would) until the plan is done.
-const MAX_LOSSES: usize = 2;
+/// a fresh system (as a user would) until the plan is done. The final
+/// campaigns of docs/reliability.md (6,767 flips) lost nothing; one loss is
+/// printed with its diagnosis and tolerated, so that a rare cause not yet
+/// found does not fail the build while it is taken apart.
+const MAX_LOSSES: usize = 1;
 
 #[test]
 fn fifty_register_flips_into_each_service_are_all_recovered() {
@@ -49,9 +51,7 @@ fn fifty_register_flips_into_each_service_are_all_recovered() {
     assert_eq!(recs.len(), 5 * 55, "the plan was not completed");
     let csv = std::fs::read_to_string(out.with_extension("csv")).unwrap();
     assert_eq!(csv.lines().count(), recs.len() + 1);
-    // An open bug (docs/reliability.md, "Open: system lost"): now and then
-    // a flip leaves a service that no reboot brings back. Each loss is
-    // printed; more than two in a run fail the test.
+    // Each loss is printed with its diagnosis; more than one fails the test.
     let lost: Vec<&Value> = recs.iter().filter(|r| r["outcome"] == "system-lost").collect();
     for r in &lost {
         println!("SYSTEM LOST: {r}");

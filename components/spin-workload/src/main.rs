@@ -39,6 +39,10 @@ struct Config {
     hangs: Vec<Hang>,
     /// A declared blocking wait before the first call (ms; 0: none).
     nap_ms: u32,
+    /// A declared blocking wait after each hang call (ms; 0: none): time
+    /// for the watchdog to find a hang the call left on another thread
+    /// (`hang(4)`, a batch section that loops) before the workload ends.
+    nap_after_hang_ms: u32,
     /// Before this call, one invocation of a function spin does not have,
     /// which must come back refused (after the watchdog rebooted spinner
     /// once on the client's suspicion: the client cannot tell its own bad
@@ -58,6 +62,7 @@ impl Default for Config {
             large_every: 0,
             hangs: Vec::new(),
             nap_ms: 0,
+            nap_after_hang_ms: 0,
             bogus_at_op: None,
             print: true,
         }
@@ -84,6 +89,9 @@ fn main() {
                     if let Err(e) = client.hang(h.kind, hangs) {
                         eprintln!("spin-workload: hang({}) failed: {e}", h.kind);
                         errors += 1;
+                    }
+                    if cfg.nap_after_hang_ms > 0 {
+                        client.nap(cfg.nap_after_hang_ms)?;
                     }
                 }
                 if cfg.bogus_at_op == Some(op) {

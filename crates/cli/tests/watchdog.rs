@@ -172,7 +172,15 @@ fn a_client_suspecting_a_faulty_reply_has_the_server_rebooted_once() {
 fn a_section_overrun_is_caught_by_its_check_value() {
     // 400 ms of declared blocking wait first (longer than `stuck`, and no
     // hang): the batch thread meanwhile fills its history.
-    let d = one_hang("watchdog-section", 4, "batch_every_ms = 2", "nap_ms = 400", |_| {});
+    // After the hang call, 300 ms more of it: the loop runs on the batch
+    // thread, and must be found before the workload ends.
+    let d = one_hang(
+        "watchdog-section",
+        4,
+        "batch_every_ms = 2",
+        "nap_ms = 400\nnap_after_hang_ms = 300",
+        |_| {},
+    );
     assert_eq!(d.kind, HangKind::Ahd, "{d}");
     assert_eq!(d.section.as_deref(), Some("batch"), "{d}");
     assert_eq!(d.thread, "batch", "{d}");

@@ -612,15 +612,17 @@ fn services_of(system: &kintsugi_system::System) -> (Vec<String>, BTreeMap<Strin
 /// Keeps of `system` only `targets`, their clients and every component
 /// those use; each keeps its id (configurations name components by id).
 fn only_targets(system: &mut kintsugi_system::System, targets: &[String], clients: &BTreeMap<String, Vec<String>>) {
-    let mut keep: Vec<String> = targets.to_vec();
-    keep.extend(targets.iter().flat_map(|t| clients[t].iter().cloned()));
-    let mut i = 0;
-    while i < keep.len() {
-        if let Some(c) = system.components.iter().find(|c| c.name == keep[i]) {
-            let used: Vec<String> = c.uses.iter().map(|u| u.server.clone()).collect();
-            keep.extend(used.into_iter().filter(|s| !keep.contains(s)).collect::<Vec<_>>());
+    let mut keep = std::collections::BTreeSet::new();
+    let mut next: Vec<String> = targets
+        .iter()
+        .flat_map(|t| std::iter::once(t).chain(&clients[t]))
+        .cloned()
+        .collect();
+    while let Some(name) = next.pop() {
+        if keep.insert(name.clone()) {
+            let used = system.components.iter().filter(|c| c.name == name).flat_map(|c| &c.uses);
+            next.extend(used.map(|u| u.server.clone()));
         }
-        i += 1;
     }
     system.components.retain(|c| keep.contains(&c.name));
 }
@@ -782,4 +784,22 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
     }
     let done = camp.records.len() == plan.len();
     Ok(ready && done && !lost)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alone_keeps_the_target_its_workloads_and_their_ids() {
+        let mut system = load_system(None).unwrap();
+        let ids: BTreeMap<String, u32> = system.components.iter().map(|c| (c.name.clone(), c.id)).collect();
+        let (_, clients) = services_of(&system);
+        only_targets(&mut system, &["mm".to_string()], &clients);
+        let kept: Vec<&str> = system.components.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(kept, ["mm", "mm-sink", "mm-owner"]);
+        // The owner names its sink by id: every component keeps its own.
+        assert!(system.components.iter().all(|c| ids[&c.name] == c.id));
+        assert_eq!(services_of(&system).0, ["mm"]);
+    }
 }

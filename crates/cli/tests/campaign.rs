@@ -107,3 +107,25 @@ fn a_resumed_campaign_continues_the_same_plan() {
         assert_eq!((&a["index"], &a["target"]), (&b["index"], &b["target"]));
     }
 }
+
+#[test]
+fn a_campaign_alone_runs_only_the_target_and_its_workloads() {
+    let seed = seed("campaign-alone");
+    let out = scratch("campaign-alone").join("alone");
+    let run = kintsugi(&unique_tag("campaign-alone"))
+        .args(["campaign", "--target", "evt", "--alone", "--faults", "5", "--window-ms", "50", "--seed"])
+        .arg(seed.to_string())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&run);
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    // The services of the system that ran: evt alone (the other services'
+    // workloads went with them, as nothing they use was left).
+    assert!(stdout.contains("into evt of system `campaign` (alone: evt)"), "{stdout}");
+    let (campaign, recs) = records(&out.with_extension("json"));
+    assert_eq!(campaign["alone"], true);
+    assert_eq!(recs.len(), 5);
+    assert!(recs.iter().all(|r| r["target"] == "evt" && r["outcome"] != "system-lost"), "{recs:?}");
+}

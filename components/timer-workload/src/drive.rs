@@ -23,6 +23,20 @@ fn armed(client: &Client, m: &mut Measured, start_ns: u64, once: bool) -> Option
     }
 }
 
+/// A fresh periodic timer in place of one the server refused: armed at
+/// `start_ns` again (its ticks go on from the same start), retried every
+/// 10 ms until it works or the run is told to stop (None).
+fn rearmed(client: &Client, m: &mut Measured, start_ns: u64, stop: &dyn Fn() -> bool) -> Option<Timer> {
+    while !stop() {
+        if let Some(tm) = armed(client, m, start_ns, false) {
+            m.replaced();
+            return Some(tm);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    None
+}
+
 /// A `wait` that must answer `NotArmed`: on a disarmed timer, or a one-shot
 /// timer past its tick.
 fn expect_not_armed(client: &Client, tm: Timer, m: &mut Measured, when: &str) {
@@ -34,8 +48,8 @@ fn expect_not_armed(client: &Client, tm: Timer, m: &mut Measured, when: &str) {
 
 /// Waits on a periodic timer of `period_us` armed at `start_ns` until it
 /// reaches tick `ticks` (0: until stopped), publishing each tick and
-/// failure in `counters`; then disarms it, checks that a wait now answers
-/// `NotArmed`, and frees it.
+/// failure in `counters` (a timer the server refuses is replaced); then
+/// disarms it, checks that a wait now answers `NotArmed`, and frees it.
 pub fn periodic(
     client: &Client,
     period_us: u64,
@@ -45,24 +59,31 @@ pub fn periodic(
     counters: &WorkloadCounters,
 ) -> TimerReport {
     let mut m = Measured::new(period_us, false, ticks, start_ns);
-    let Some(tm) = armed(client, &mut m, start_ns, false) else {
+    let Some(mut tm) = armed(client, &mut m, start_ns, false) else {
         return m.finish();
     };
     let mut seen = [0; 2];
     while (ticks == 0 || m.final_tick < ticks) && !stop() {
-        let waited = client.wait(tm);
-        match waited {
+        match client.wait(tm) {
             Ok(k) => {
                 m.tick(k, now_ns());
                 counters.op();
             }
-            Err(ref e) => m.fail(format!("wait after tick {}: {e}", m.final_tick)),
+            Err(e) => {
+                // Counted; then the timer is replaced by a fresh one armed
+                // at the same start (a faulty server may have left a state
+                // it refuses for ever, such as a tick its client stub
+                // stored from a faulty reply), and the run goes on.
+                m.fail(format!("wait after tick {}: {e}", m.final_tick));
+                let _ = client.free(tm);
+                match rearmed(client, &mut m, start_ns, stop) {
+                    Some(fresh) => tm = fresh,
+                    None => return m.finish(),
+                }
+            }
         }
         let (failures, corrupt) = m.failures();
         counters.catch_up(&mut seen, failures, corrupt);
-        if waited.is_err() {
-            break;
-        }
     }
     if let Err(e) = client.disarm(tm) {
         m.fail(format!("disarm: {e}"));

@@ -4,7 +4,9 @@
 //! in turn on one more thread. For every tick `wait` returns it measures the
 //! lateness, now − (start + k·period) on CLOCK_MONOTONIC, and counts the
 //! ticks it skipped; it publishes the counters `ops` (ticks), `errors` and
-//! `corrupt` (early ticks, ticks out of order). It then checks the documented endings: a disarmed timer
+//! `corrupt` (early ticks, ticks out of order). A periodic timer whose `wait`
+//! fails is counted and replaced by a fresh one, so a run never gives up.
+//! It then checks the documented endings: a disarmed timer
 //! and a one-shot timer past its tick answer `NotArmed`. At the end (or on
 //! SIGTERM) it prints a JSON report on stdout and exits 0 only if no call
 //! failed and no tick came early.

@@ -523,9 +523,6 @@ fn observe(
         }
     }
     drop(held);
-    if outcome == Some(Outcome::SystemLost) {
-        record.diagnosis = w.diagnose(target, first_event);
-    }
     let events = w.events_since(first_event);
     record.reports = events
         .iter()
@@ -544,10 +541,12 @@ fn observe(
             Some(n) => record.stalls_after_reboot += n - 1,
             None => {
                 record.injection += &format!("; no incarnation served after {MAX_CLEARING_REBOOTS} reboots");
-                record.diagnosis = w.diagnose(target, first_event);
                 outcome = Some(Outcome::SystemLost);
             }
         }
+    }
+    if outcome == Some(Outcome::SystemLost) {
+        record.diagnosis = w.diagnose(target, first_event);
     }
     let after = w.tally(target);
     record.errors = after.errors - tallies[target].errors;
@@ -746,7 +745,8 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
     }
     bar.finish_and_clear();
     camp.save(&out)?;
-    if lost && args.hold_on_loss {
+    let hold = lost && args.hold_on_loss;
+    if hold {
         let last = camp.records.last().map_or(String::new(), |r| r.diagnosis.join("\n  "));
         println!("system lost; kept running for inspection until Ctrl-C:\n  {last}");
     } else {
@@ -756,7 +756,7 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
     // A lost system may keep the supervisor rebooting a component that
     // never becomes ready: wait a bounded time, then leave (components die
     // with this process).
-    let wait = match lost && args.hold_on_loss {
+    let wait = match hold {
         true => Duration::MAX,
         false => Duration::from_secs(60),
     };

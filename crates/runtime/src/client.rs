@@ -149,7 +149,6 @@ impl Connection {
     ) -> Result<T, Fault> {
         let edge = &self.inner.edge;
         self.wait_until_up()?;
-        let server_epoch = edge.header().epoch.load(Ordering::SeqCst);
         let slot = claimed_slot(edge);
         let s = edge.slot(slot);
         {
@@ -188,23 +187,24 @@ impl Connection {
                 // SAFETY: in RESPONSE the client owns the response buffer.
                 let response = unsafe { &edge.response_buffer(slot)[..len] };
                 let reply = match s.status.load(Ordering::Relaxed) {
-                    status::OK => ReplyStatus::Ok(Reader::new(response)),
-                    status::APP_ERROR => ReplyStatus::AppError(s.code.load(Ordering::Relaxed)),
-                    status::STALE => return self.finish(slot, Err(Fault::Stale)),
+                    status::OK => Ok(ReplyStatus::Ok(Reader::new(response))),
+                    status::APP_ERROR => Ok(ReplyStatus::AppError(s.code.load(Ordering::Relaxed))),
+                    status::STALE => Err(Fault::Stale),
                     _ => {
                         let why = String::from_utf8_lossy(response).into_owned();
                         let code = s.code.load(Ordering::Relaxed);
                         impossible = Refusal::is_server_fault(code);
-                        let fault = match code == Refusal::UnknownDescriptor(0).code() {
+                        Err(match code == Refusal::UnknownDescriptor(0).code() {
                             true => Fault::NoDescriptor(why),
                             false => Fault::Refused(why),
-                        };
-                        return self.finish_suspecting(slot, server_epoch, impossible, fault);
+                        })
                     }
                 };
-                decode(reply).map_err(|e| {
-                    impossible = true;
-                    Fault::Decode(e)
+                reply.and_then(|r| {
+                    decode(r).map_err(|e| {
+                        impossible = true;
+                        Fault::Decode(e)
+                    })
                 })
             }
             _ => match edge.header().liveness.load(Ordering::SeqCst) {
@@ -212,46 +212,41 @@ impl Connection {
                 _ => Err(Fault::Interrupted),
             },
         };
+        s.state.store(state::IDLE, Ordering::Release);
         match result {
-            Err(fault) => self.finish_suspecting(slot, server_epoch, impossible, fault),
-            ok => self.finish(slot, ok),
+            Err(fault) if impossible => Err(self.suspect(fault)),
+            other => other,
         }
     }
 
-    /// Frees the slot and returns `result`.
-    fn finish<T>(&self, slot: u32, result: Result<T, Fault>) -> Result<T, Fault> {
-        self.inner.edge.slot(slot).state.store(state::IDLE, Ordering::Release);
-        result
-    }
-
-    /// Frees the slot; for an `impossible` reply of incarnation `epoch`,
-    /// has the watchdog reboot it (see the module's doc) and fails as a
-    /// reboot does: [`Fault::Stale`] for a refusal (the call did not run),
-    /// [`Fault::Interrupted`] for a reply that does not decode (it may
-    /// have). Otherwise, or if no reboot comes within [`SUSPECT_WAIT`],
-    /// returns `fault`; so does a thread within [`SUSPICION_HOLDOFF`] of
-    /// its last suspicion.
-    fn finish_suspecting<T>(&self, slot: u32, epoch: u64, impossible: bool, fault: Fault) -> Result<T, Fault> {
-        self.inner.edge.slot(slot).state.store(state::IDLE, Ordering::Release);
+    /// After a reply no correct server gives (`fault`): has the watchdog
+    /// reboot the live incarnation (see the module's doc) and returns the
+    /// fault of a reboot, [`Fault::Stale`] for a refusal (the call did not
+    /// run) or [`Fault::Interrupted`] for a reply that does not decode (it
+    /// may have). Returns `fault` itself in an unwatched system, within
+    /// [`SUSPICION_HOLDOFF`] of this thread's last suspicion, or if no
+    /// reboot comes within [`SUSPECT_WAIT`].
+    fn suspect(&self, fault: Fault) -> Fault {
         let held_off = LAST_SUSPICION.get().is_some_and(|t| t.elapsed() < SUSPICION_HOLDOFF);
-        if !impossible || !self.inner.watched || held_off {
-            return Err(fault);
+        if !self.inner.watched || held_off {
+            return fault;
         }
         let h = self.inner.edge.header();
+        let epoch = h.epoch.load(Ordering::SeqCst);
         tracing::warn!(server = %self.inner.server, epoch, "{fault}: a faulty server, asking for its reboot");
         h.suspected.store(epoch, Ordering::SeqCst);
         let until = Instant::now() + SUSPECT_WAIT;
         while h.epoch.load(Ordering::SeqCst) == epoch {
             if Instant::now() >= until {
-                return Err(fault);
+                return fault;
             }
             std::thread::sleep(Duration::from_millis(1));
         }
         LAST_SUSPICION.set(Some(Instant::now()));
-        Err(match fault {
+        match fault {
             Fault::Decode(_) => Fault::Interrupted,
             _ => Fault::Stale,
-        })
+        }
     }
 
     fn lost(&self) -> Fault {

@@ -249,13 +249,20 @@ fn a_process_with_no_running_thread_is_reported_not_waited_on_forever() {
 #[test]
 fn every_thread_is_described_with_its_state_and_system_call() {
     let target = Target::start(1, 2);
-    let lines = kintsugi_inject::describe_threads(target.pid());
+    // The sleepers may not have reached their sleep when the target says ready.
+    let sleeping = |lines: &[String]| lines.iter().filter(|l| l.contains(" S ")).count();
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut lines = kintsugi_inject::describe_threads(target.pid());
+    while sleeping(&lines) < 3 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+        lines = kintsugi_inject::describe_threads(target.pid());
+    }
     assert_eq!(lines.len(), 4, "the leader, a spinner and two sleepers: {lines:?}");
     assert!(lines[0].starts_with(&format!("{} ", target.pid())), "{lines:?}");
     assert!(lines.iter().all(|l| l.contains(" wchan=") && l.contains(" syscall=")), "{lines:?}");
     // The spinner runs (R) in user code; the sleepers wait in a system call.
     assert!(lines.iter().any(|l| l.contains(" R ")), "{lines:?}");
-    assert!(lines.iter().filter(|l| l.contains(" S ")).count() >= 2, "{lines:?}");
+    assert_eq!(sleeping(&lines), 3, "the leader and the two sleepers: {lines:?}");
     drop(target);
     assert_eq!(kintsugi_inject::describe_threads(u32::MAX), [format!("{}: gone", u32::MAX)]);
 }

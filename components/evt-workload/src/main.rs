@@ -185,7 +185,15 @@ fn main() {
                     event,
                     triggers,
                     gap_us,
-                } => trigger(&client, &mut env, &mut errors, seed, event, triggers, gap_us),
+                } => trigger(
+                    &client,
+                    &mut env,
+                    &mut errors,
+                    seed,
+                    event,
+                    triggers,
+                    gap_us,
+                ),
                 Config::Wait { event, expected } => {
                     wait(&client, &mut env, &mut errors, event, expected)
                 }

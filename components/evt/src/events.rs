@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
 use arena_slots::{Deaths, Slot, Slots};
 use kintsugi_interfaces::evt::{Error, Server};
-use kintsugi_runtime::{futex, watchdog};
 use kintsugi_runtime::shm::Region;
 use kintsugi_runtime::Caller;
+use kintsugi_runtime::{futex, watchdog};
 
 const COUNT: usize = 0;
 const BELL: usize = 8;

@@ -36,7 +36,11 @@ pub enum Parse {
 /// Parses the request head at the start of `buf`.
 pub fn parse(buf: &[u8]) -> Parse {
     let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return if buf.len() > MAX_HEAD { Parse::Fail(413) } else { Parse::Partial };
+        return if buf.len() > MAX_HEAD {
+            Parse::Fail(413)
+        } else {
+            Parse::Partial
+        };
     };
     if end > MAX_HEAD {
         return Parse::Fail(413);
@@ -51,7 +55,11 @@ pub fn parse(buf: &[u8]) -> Parse {
     else {
         return Parse::Fail(400);
     };
-    let token = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
     if !token(method) {
         return Parse::Fail(400);
     }
@@ -160,7 +168,11 @@ pub fn content_type(path: &str) -> &'static str {
 /// A response head.
 pub fn head(status: u16, ctype: &str, len: u64, keep_alive: bool) -> String {
     let conn = if keep_alive { "keep-alive" } else { "close" };
-    let allow = if status == 405 { "Allow: GET, HEAD\r\n" } else { "" };
+    let allow = if status == 405 {
+        "Allow: GET, HEAD\r\n"
+    } else {
+        ""
+    };
     format!(
         "HTTP/1.1 {status} {}\r\nServer: kintsugi\r\nContent-Type: {ctype}\r\nContent-Length: {len}\r\n{allow}Connection: {conn}\r\n\r\n",
         reason(status)
@@ -181,11 +193,17 @@ mod tests {
     #[test]
     fn requests_parse() {
         let r = done("GET /a%20b.txt?x=1 HTTP/1.1\r\nHost: x\r\n\r\nrest");
-        assert_eq!((r.method, r.path.as_str(), r.keep_alive, r.head_len), (Method::Get, "/a b.txt", true, 40));
+        assert_eq!(
+            (r.method, r.path.as_str(), r.keep_alive, r.head_len),
+            (Method::Get, "/a b.txt", true, 40)
+        );
         assert!(!done("HEAD / HTTP/1.0\r\n\r\n").keep_alive);
         assert!(done("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").keep_alive);
         assert!(!done("GET / HTTP/1.1\r\nConnection: close\r\n\r\n").keep_alive);
-        assert_eq!(done("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n").method, Method::Other);
+        assert_eq!(
+            done("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n").method,
+            Method::Other
+        );
         assert_eq!(parse(b"GET / HTTP/1.1\r\nHost: x\r\n"), Parse::Partial);
     }
 
@@ -202,7 +220,10 @@ mod tests {
         ] {
             assert_eq!(parse(bad.as_bytes()), Parse::Fail(400), "{bad:?}");
         }
-        assert_eq!(parse(b"POST / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n"), Parse::Fail(413));
+        assert_eq!(
+            parse(b"POST / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n"),
+            Parse::Fail(413)
+        );
         assert_eq!(parse(&vec![b'a'; MAX_HEAD + 1]), Parse::Fail(413));
     }
 }

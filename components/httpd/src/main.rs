@@ -171,7 +171,12 @@ impl Httpd {
     /// Appends what arrives next to `buf`; false at end of stream. netd keeps
     /// the bytes of `buf` (unanswered requests) for a successor of this
     /// incarnation, should it die before answering them.
-    fn recv(&self, c: net::Conn, buf: &mut Vec<u8>, got: &mut u64) -> Result<bool, CallError<net::Error>> {
+    fn recv(
+        &self,
+        c: net::Conn,
+        buf: &mut Vec<u8>,
+        got: &mut u64,
+    ) -> Result<bool, CallError<net::Error>> {
         let data = self.net.recv(c, *got - buf.len() as u64, CHUNK as u32)?;
         *got += data.len() as u64;
         buf.extend_from_slice(&data);
@@ -262,7 +267,10 @@ impl Httpd {
         self.pages.map(page)?;
         self.pages.write(page, 0, data)?;
         let len = data.len() as u64;
-        self.cache.lock().unwrap().insert(at.to_string(), Cached { page, len });
+        self.cache
+            .lock()
+            .unwrap()
+            .insert(at.to_string(), Cached { page, len });
         Ok(())
     }
 

@@ -106,7 +106,8 @@ fn contend(client: &lock::Client, config: &Config, thread: usize, shared: &Share
     let l = match client.alloc(config.lock) {
         Ok(l) => l,
         Err(e) => {
-            run.failures.error(format!("thread {thread}: alloc({}): {e}", config.lock));
+            run.failures
+                .error(format!("thread {thread}: alloc({}): {e}", config.lock));
             return run;
         }
     };
@@ -116,11 +117,14 @@ fn contend(client: &lock::Client, config: &Config, thread: usize, shared: &Share
         round += 1;
         shared.counters.publish(&mut seen, &run.failures);
         if let Err(e) = client.take(l) {
-            run.failures.error(format!("thread {thread} round {round}: take: {e}"));
+            run.failures
+                .error(format!("thread {thread} round {round}: take: {e}"));
             continue;
         }
         if shared.inside.fetch_add(1, Ordering::SeqCst) != 0 {
-            run.failures.corrupt(format!("thread {thread} round {round}: took the lock while another thread held it"));
+            run.failures.corrupt(format!(
+                "thread {thread} round {round}: took the lock while another thread held it"
+            ));
         }
         let enter = now_ns();
         let until = enter + rng.gen_range(0..=config.busy_us) * 1000;
@@ -134,7 +138,9 @@ fn contend(client: &lock::Client, config: &Config, thread: usize, shared: &Share
                 run.completed += 1;
                 shared.counters.op();
             }
-            Err(e) => run.failures.error(format!("thread {thread} round {round}: release: {e}")),
+            Err(e) => run
+                .failures
+                .error(format!("thread {thread} round {round}: release: {e}")),
         }
         if config.think_us > 0 {
             std::thread::sleep(Duration::from_micros(rng.gen_range(0..=config.think_us)));

@@ -45,8 +45,8 @@ use std::time::Duration;
 
 use arena_slots::{Deaths, Slot, Slots, SLOT_BYTES};
 use kintsugi_interfaces::lock::{Error, Server};
-use kintsugi_runtime::{futex, watchdog};
 use kintsugi_runtime::shm::Region;
+use kintsugi_runtime::{futex, watchdog};
 use kintsugi_runtime::{Caller, Callers};
 
 const OWNER: usize = 0;
@@ -134,7 +134,10 @@ impl<A: Deref<Target = Region>> Locks<A> {
         if held == 0 || possible {
             return false;
         }
-        tracing::warn!(owner = format_args!("{held:#x}"), "cleared a lock owner that is no client thread");
+        tracing::warn!(
+            owner = format_args!("{held:#x}"),
+            "cleared a lock owner that is no client thread"
+        );
         self.unlock(slot, held)
     }
 

@@ -150,9 +150,13 @@ impl<'e, 'a> Owner<'e, 'a> {
         let _ = self.env.mapper.store_u32(self.control, AT_MOVED, 1);
         let fresh = Owner::start(self.env)?;
         self.retired.extend([self.control, self.keeper]);
-        (self.control, self.keeper, self.keeper_len) = (fresh.control, fresh.keeper, fresh.keeper_len);
+        (self.control, self.keeper, self.keeper_len) =
+            (fresh.control, fresh.keeper, fresh.keeper_len);
         self.report.restarts += 1;
-        tracing::warn!(restarts = self.report.restarts, "the sink stopped answering: started over");
+        tracing::warn!(
+            restarts = self.report.restarts,
+            "the sink stopped answering: started over"
+        );
         Ok(())
     }
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use kintsugi_interfaces::mm::{self, Page};
 use kintsugi_interfaces::mm_map::{Mapped, Mapper};
-use kintsugi_runtime::shm::Region;
 pub use kintsugi_runtime::counters::Failures;
+use kintsugi_runtime::shm::Region;
 use kintsugi_runtime::Runtime;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
@@ -89,7 +89,13 @@ impl Env<'_> {
     /// Waits until the control word at `at` reaches `want`; false if told
     /// to stop first. Fails if the page is gone, if the owner moved from it
     /// ([`AT_MOVED`]), or after `patience`.
-    pub fn wait_for(&self, control: Page, at: usize, want: u32, patience: Option<Duration>) -> anyhow::Result<bool> {
+    pub fn wait_for(
+        &self,
+        control: Page,
+        at: usize,
+        want: u32,
+        patience: Option<Duration>,
+    ) -> anyhow::Result<bool> {
         let started = std::time::Instant::now();
         while self.mapper.load_u32(control, at)? < want {
             if self.stopping() {
@@ -97,7 +103,11 @@ impl Env<'_> {
             }
             anyhow::ensure!(!self.moved(control), "the owner started over");
             if let Some(p) = patience {
-                anyhow::ensure!(started.elapsed() < p, "no answer within {} ms", p.as_millis());
+                anyhow::ensure!(
+                    started.elapsed() < p,
+                    "no answer within {} ms",
+                    p.as_millis()
+                );
             }
             std::thread::sleep(POLL);
         }
@@ -106,7 +116,9 @@ impl Env<'_> {
 
     /// Whether the owner started over and left `control` ([`AT_MOVED`]).
     pub fn moved(&self, control: Page) -> bool {
-        self.mapper.load_u32(control, AT_MOVED).is_ok_and(|m| m != 0)
+        self.mapper
+            .load_u32(control, AT_MOVED)
+            .is_ok_and(|m| m != 0)
     }
 
     /// Waits until `page` is no longer mapped here (an UNMAP upcall), at most

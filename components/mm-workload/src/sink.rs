@@ -126,7 +126,9 @@ fn find_shared(env: &Env<'_>, report: &mut Report) -> Option<Shared> {
             Ok(Some(shared)) => return Some(shared),
             Ok(None) => {}
             Err(e) if !counted => {
-                report.tally.error(format!("finding the owner's pages: {e:#}"));
+                report
+                    .tally
+                    .error(format!("finding the owner's pages: {e:#}"));
                 counted = true;
             }
             Err(_) => {}
@@ -218,7 +220,12 @@ fn rounds(env: &Env<'_>, shared: &Shared, report: &mut Report) -> anyhow::Result
 /// One round after the owner published it: map and verify the aliases,
 /// acknowledge, then check that the owner's revokes unmapped them; false if
 /// told to stop meanwhile.
-fn serve_round(env: &Env<'_>, control: Page, round: u32, report: &mut Report) -> anyhow::Result<bool> {
+fn serve_round(
+    env: &Env<'_>,
+    control: Page,
+    round: u32,
+    report: &mut Report,
+) -> anyhow::Result<bool> {
     let n = env.mapper.load_u32(control, AT_COUNT)? as usize;
     anyhow::ensure!(n <= MAX_GRANTS, "round {round}: {n} aliases published");
     let aliases = (0..n)

@@ -349,17 +349,15 @@ impl net::Server for Netd {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(io_error(e)),
             }
-            let accepted = match rustix::net::accept_with(
-                &self.listener,
-                rustix::net::SocketFlags::CLOEXEC,
-            ) {
-                Ok(fd) => Some(fd),
-                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => None,
-                Err(e) => {
-                    tracing::warn!("accept: {e}");
-                    None
-                }
-            };
+            let accepted =
+                match rustix::net::accept_with(&self.listener, rustix::net::SocketFlags::CLOEXEC) {
+                    Ok(fd) => Some(fd),
+                    Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => None,
+                    Err(e) => {
+                        tracing::warn!("accept: {e}");
+                        None
+                    }
+                };
             let mut t = self.table.lock().unwrap();
             let died = t.deaths.get(&caller.component).copied().unwrap_or(0) != deaths;
             if let Some(fd) = accepted {
@@ -375,7 +373,11 @@ impl net::Server for Netd {
                 let _ = rustix::net::sockopt::set_tcp_nodelay(&fd, true);
                 let entry = Entry::new(fd, Io::default(), deaths);
                 // A caller that died meanwhile never hears of it: its successor will.
-                let state = if died { State::Orphaned } else { State::Delivered };
+                let state = if died {
+                    State::Orphaned
+                } else {
+                    State::Delivered
+                };
                 t.conns.insert(id, Slot { entry, kept, state });
                 if let Ok(c) = self.rt.counter("accepted") {
                     c.add(1);
@@ -400,7 +402,15 @@ impl net::Server for Netd {
         Ok(id)
     }
 
-    fn recv(&self, caller: &Caller, c: u64, seen: u64, keep: u64, max: u32, out: &mut [u8]) -> Result<usize, Error> {
+    fn recv(
+        &self,
+        caller: &Caller,
+        c: u64,
+        seen: u64,
+        keep: u64,
+        max: u32,
+        out: &mut [u8],
+    ) -> Result<usize, Error> {
         let (e, deaths) = self.entry(caller, c)?;
         let mut io = e.io(deaths)?;
         self.rebase(c, &e, &mut io);
@@ -552,7 +562,8 @@ fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table
             let l = std::net::TcpListener::bind(("127.0.0.1", config.port))?;
             let fd = OwnedFd::from(l);
             rustix::net::listen(&fd, config.backlog)?;
-            rt.vault().put(LISTENER, serde_json::Value::Null, Some(fd.as_fd()))?;
+            rt.vault()
+                .put(LISTENER, serde_json::Value::Null, Some(fd.as_fd()))?;
             fd
         }
     };

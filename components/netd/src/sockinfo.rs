@@ -90,7 +90,13 @@ mod tests {
             std::thread::yield_now();
         }
         let o = offsets(server.as_fd()).unwrap();
-        assert_eq!(o, Offsets { consumed: 300, written: 5000 });
+        assert_eq!(
+            o,
+            Offsets {
+                consumed: 300,
+                written: 5000
+            }
+        );
         client.shutdown(std::net::Shutdown::Write).unwrap();
         while tcp_info(server.as_fd()).unwrap().tcpi_state != 8 {
             std::thread::yield_now();

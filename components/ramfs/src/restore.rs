@@ -105,8 +105,8 @@ fn parse(rec: &VaultRecord) -> Result<(u64, NodeRecord), String> {
     if ino <= ROOT {
         return Err(format!("inode {ino} is reserved"));
     }
-    let meta: NodeRecord =
-        serde_json::from_value(rec.value.clone()).map_err(|e| format!("malformed metadata: {e}"))?;
+    let meta: NodeRecord = serde_json::from_value(rec.value.clone())
+        .map_err(|e| format!("malformed metadata: {e}"))?;
     if meta.name.is_empty() || meta.name.contains('/') || meta.name == "." || meta.name == ".." {
         return Err(format!("invalid name {:?}", meta.name));
     }
@@ -143,7 +143,11 @@ mod tests {
             rec(&key(2), node(ROOT, "d", true), false),
             rec(&key(3), node(2, "f", false), true),
             rec(&key(4), node(ROOT, "g", false), true),
-            rec("quarantine/0000000000000009", json!({"why": "earlier"}), false),
+            rec(
+                "quarantine/0000000000000009",
+                json!({"why": "earlier"}),
+                false,
+            ),
         ]);
         let inos: Vec<u64> = sorted.nodes.iter().map(|n| n.ino).collect();
         assert_eq!(inos, [2, 4, 3], "parents before their children");
@@ -171,7 +175,11 @@ mod tests {
         ]);
         let kept: Vec<u64> = sorted.nodes.iter().map(|n| n.ino).collect();
         assert_eq!(kept, [2, 3]);
-        let mut rejected: Vec<&str> = sorted.rejected.iter().map(|(r, _)| r.key.as_str()).collect();
+        let mut rejected: Vec<&str> = sorted
+            .rejected
+            .iter()
+            .map(|(r, _)| r.key.as_str())
+            .collect();
         rejected.sort();
         let mut expected: Vec<String> = [1, 5, 6, 7, 8, 9, 10, 11, 12, 13].map(key).to_vec();
         expected.push("not-hex".into());

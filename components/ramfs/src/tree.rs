@@ -105,7 +105,9 @@ impl RamFs {
                 Some(fd) => Kind::File(Arc::new(File::from(fd))),
                 None => Kind::Dir(BTreeMap::new()),
             };
-            state.children_mut(n.meta.parent).insert(n.meta.name.clone(), n.ino);
+            state
+                .children_mut(n.meta.parent)
+                .insert(n.meta.name.clone(), n.ino);
             state.nodes.insert(
                 n.ino,
                 Node {

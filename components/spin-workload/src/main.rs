@@ -116,7 +116,10 @@ fn main() {
                 match client.work(x, units) {
                     Ok(v) if v == checksum(x, units) => {}
                     Ok(v) => {
-                        eprintln!("spin-workload: call {op}: work({x}, {units}) = {v}, expected {}", checksum(x, units));
+                        eprintln!(
+                            "spin-workload: call {op}: work({x}, {units}) = {v}, expected {}",
+                            checksum(x, units)
+                        );
                         mismatches += 1;
                     }
                     Err(e) => {

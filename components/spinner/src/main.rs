@@ -162,7 +162,10 @@ fn main() {
         let cfg: Config = rt.config()?;
         let spinner = Spinner {
             rt: rt.clone(),
-            work: cfg.work_section.then(|| watchdog::section("work")).transpose()?,
+            work: cfg
+                .work_section
+                .then(|| watchdog::section("work"))
+                .transpose()?,
             announce_stall: cfg.announce_stall,
         };
         if cfg.batch_every_ms > 0 {

@@ -2,9 +2,9 @@
 //! `timer` interface while measuring every tick.
 
 use kintsugi_interfaces::timer::{Client, Error, Timer};
+use kintsugi_runtime::clock::monotonic_ns as now_ns;
 use kintsugi_runtime::counters::WorkloadCounters;
 use kintsugi_runtime::CallError;
-use kintsugi_runtime::clock::monotonic_ns as now_ns;
 
 use crate::report::{Measured, TimerReport};
 
@@ -26,7 +26,12 @@ fn armed(client: &Client, m: &mut Measured, start_ns: u64, once: bool) -> Option
 /// A fresh periodic timer in place of one the server refused: armed at
 /// `start_ns` again (its ticks go on from the same start), retried every
 /// 10 ms until it works or the run is told to stop (None).
-fn rearmed(client: &Client, m: &mut Measured, start_ns: u64, stop: &dyn Fn() -> bool) -> Option<Timer> {
+fn rearmed(
+    client: &Client,
+    m: &mut Measured,
+    start_ns: u64,
+    stop: &dyn Fn() -> bool,
+) -> Option<Timer> {
     while !stop() {
         if let Some(tm) = armed(client, m, start_ns, false) {
             m.replaced();

@@ -93,7 +93,14 @@ fn main() {
                     .map(|&period_us| {
                         let (client, stop, counters) = (&client, &stop, &counters);
                         s.spawn(move || {
-                            drive::periodic(client, period_us, start_ns, config.ticks, stop, counters)
+                            drive::periodic(
+                                client,
+                                period_us,
+                                start_ns,
+                                config.ticks,
+                                stop,
+                                counters,
+                            )
                         })
                     })
                     .collect();

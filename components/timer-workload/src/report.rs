@@ -217,9 +217,17 @@ mod tests {
         m.tick(5, at(5));
         m.replaced();
         m.tick(5, at(5));
-        assert_eq!(m.failures(), (0, 0), "a fresh timer's first wait returned the tick already seen");
+        assert_eq!(
+            m.failures(),
+            (0, 0),
+            "a fresh timer's first wait returned the tick already seen"
+        );
         m.tick(5, at(5));
-        assert_eq!(m.failures(), (1, 1), "the same tick twice from one timer is out of order");
+        assert_eq!(
+            m.failures(),
+            (1, 1),
+            "the same tick twice from one timer is out of order"
+        );
         m.tick(7, at(7));
         assert_eq!((m.final_tick, m.waits), (7, 3));
     }

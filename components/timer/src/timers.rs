@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kintsugi_interfaces::timer::{self, Error};
-use kintsugi_runtime::{futex, watchdog, Caller};
 use kintsugi_runtime::clock::monotonic_ns as now_ns;
+use kintsugi_runtime::{futex, watchdog, Caller};
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -14,8 +14,16 @@ use crate::freeze::freeze_thread;
 use crate::stats::Summary;
 
 /// The system, with `[watchdog]` on or off and the given configs.
-fn system(watchdog: bool, spinner: &str, workload: &str) -> anyhow::Result<kintsugi_system::System> {
-    let wd = if watchdog { "[watchdog]\nstuck_ms = 500\n" } else { "" };
+fn system(
+    watchdog: bool,
+    spinner: &str,
+    workload: &str,
+) -> anyhow::Result<kintsugi_system::System> {
+    let wd = if watchdog {
+        "[watchdog]\nstuck_ms = 500\n"
+    } else {
+        ""
+    };
     let text = format!(
         "[system]\nname = \"bench-watchdog\"\n{wd}\n[[component]]\nname = \"spinner\"\nbinary = \"spinner\"\nprovides = [\"spin\"]\nslots = 2\n[component.config]\n{spinner}\n\n[[component]]\nname = \"workload\"\nbinary = \"spin-workload\"\nuses = [\"spin\"]\n[component.config]\nprint = false\n{workload}\n"
     );
@@ -38,7 +46,10 @@ impl Outcome {
 }
 
 fn find(counters: &[(String, u64)], name: &str) -> u64 {
-    counters.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v)
+    counters
+        .iter()
+        .find(|(n, _)| n == name)
+        .map_or(0, |(_, v)| *v)
 }
 
 /// Runs the system until the workload finishes; stops each thread that
@@ -97,7 +108,12 @@ fn run(system: &kintsugi_system::System) -> anyhow::Result<Outcome> {
     })
 }
 
-pub fn watchdog(hangs: u32, fp_calls: u64, overhead_calls: u64, rounds: u32) -> anyhow::Result<bool> {
+pub fn watchdog(
+    hangs: u32,
+    fp_calls: u64,
+    overhead_calls: u64,
+    rounds: u32,
+) -> anyhow::Result<bool> {
     println!("kintsugi bench watchdog: spinner under spin-workload (every result checked), [watchdog] defaults");
     println!("but stuck_ms = 500. The machine is a noisy 2-core VM.\n");
     let mut ok = true;
@@ -109,7 +125,11 @@ pub fn watchdog(hangs: u32, fp_calls: u64, overhead_calls: u64, rounds: u32) -> 
         (1, "infinite loop in an invocation", ""),
         (2, "wait nobody ends, in an invocation", ""),
         (3, "stopped thread (ptrace), in an invocation", ""),
-        (4, "infinite loop in section `batch` (background thread)", "batch_every_ms = 2"),
+        (
+            4,
+            "infinite loop in section `batch` (background thread)",
+            "batch_every_ms = 2",
+        ),
     ];
     for (kind, label, spinner) in kinds {
         let list: Vec<String> = (0..hangs)
@@ -123,8 +143,16 @@ pub fn watchdog(hangs: u32, fp_calls: u64, overhead_calls: u64, rounds: u32) -> 
         let out = run(&system(true, spinner, &workload)?)?;
         let injected = out.counter("hangs");
         let lat: Vec<f64> = out.detections.iter().map(|(_, l)| l / 1e3).collect();
-        let bounds: Vec<f64> = out.detections.iter().map(|(d, _)| d.bound.as_secs_f64() * 1e3).collect();
-        let mut how: Vec<String> = out.detections.iter().map(|(d, _)| format!("{:?}", d.kind).to_lowercase()).collect();
+        let bounds: Vec<f64> = out
+            .detections
+            .iter()
+            .map(|(d, _)| d.bound.as_secs_f64() * 1e3)
+            .collect();
+        let mut how: Vec<String> = out
+            .detections
+            .iter()
+            .map(|(d, _)| format!("{:?}", d.kind).to_lowercase())
+            .collect();
         how.dedup();
         let (l, b) = (Summary::of(&lat), Summary::of(&bounds));
         let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1} ms"));
@@ -169,8 +197,16 @@ pub fn watchdog(hangs: u32, fp_calls: u64, overhead_calls: u64, rounds: u32) -> 
     let workload = format!("ops = {overhead_calls}\nsmall_units = [1, 20]");
     let configurations = [
         ("watchdog off (baseline)", false, "work_section = false"),
-        ("watchdog on: invocation stretches (SHD, timestamp check)", true, "work_section = false"),
-        ("watchdog on, and every call in a checked section (AHD)", true, "work_section = true"),
+        (
+            "watchdog on: invocation stretches (SHD, timestamp check)",
+            true,
+            "work_section = false",
+        ),
+        (
+            "watchdog on, and every call in a checked section (AHD)",
+            true,
+            "work_section = true",
+        ),
     ];
     let mut per_call = vec![Vec::new(); configurations.len()];
     for _ in 0..rounds {
@@ -186,7 +222,12 @@ pub fn watchdog(hangs: u32, fp_calls: u64, overhead_calls: u64, rounds: u32) -> 
     let base = Summary::of(&per_call[0]).expect("rounds").p50;
     for ((label, _, _), samples) in configurations.iter().zip(&per_call) {
         let s = Summary::of(samples).expect("rounds");
-        println!("| {label} | {:.3} | {:.3} | {:.4}× |", s.p50, s.mean, s.p50 / base);
+        println!(
+            "| {label} | {:.3} | {:.3} | {:.4}× |",
+            s.p50,
+            s.mean,
+            s.p50 / base
+        );
     }
     Ok(ok)
 }

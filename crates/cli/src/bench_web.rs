@@ -164,7 +164,11 @@ impl Kintsugi {
     /// Stops the system; its outcome.
     fn stop(mut self) -> anyhow::Result<()> {
         self.roster.request_stop();
-        self.thread.take().expect("running").join().expect("supervisor thread")
+        self.thread
+            .take()
+            .expect("running")
+            .join()
+            .expect("supervisor thread")
     }
 
     /// Components rebooted since the start, in order.
@@ -264,17 +268,29 @@ fn field(text: &str, label: &str) -> Option<f64> {
 /// requests include non-2xx responses.
 fn ab(url: &str, args: &WebArgs, secs: Option<u32>, stop: &Interrupt) -> anyhow::Result<Measured> {
     let mut cmd = Command::new("ab");
-    cmd.arg("-q").arg("-r").arg("-c").arg(args.concurrency.to_string());
+    cmd.arg("-q")
+        .arg("-r")
+        .arg("-c")
+        .arg(args.concurrency.to_string());
     match secs {
         // ab ends at whichever comes first; its per-request table is
         // allocated for `-n` but only touched as it fills.
-        Some(s) => cmd.arg("-t").arg(s.to_string()).arg("-n").arg((u64::from(s) * 200_000).to_string()),
+        Some(s) => cmd
+            .arg("-t")
+            .arg(s.to_string())
+            .arg("-n")
+            .arg((u64::from(s) * 200_000).to_string()),
         None => cmd.arg("-n").arg(args.requests.to_string()),
     };
     let text = output_of(cmd.arg(url), stop)?;
-    let rps = field(&text, "Requests per second:").with_context(|| format!("ab printed no rate:\n{text}"))?;
-    let failed = field(&text, "Failed requests:").unwrap_or(0.0) + field(&text, "Non-2xx responses:").unwrap_or(0.0);
-    Ok(Measured { rps, failed: failed as u64 })
+    let rps = field(&text, "Requests per second:")
+        .with_context(|| format!("ab printed no rate:\n{text}"))?;
+    let failed = field(&text, "Failed requests:").unwrap_or(0.0)
+        + field(&text, "Non-2xx responses:").unwrap_or(0.0);
+    Ok(Measured {
+        rps,
+        failed: failed as u64,
+    })
 }
 
 /// `wrk` with keep-alive connections; failed requests are socket errors and
@@ -292,24 +308,37 @@ fn wrk(url: &str, args: &WebArgs, stop: &Interrupt) -> anyhow::Result<Measured> 
             .arg(url),
         stop,
     )?;
-    let rps = field(&text, "Requests/sec:").with_context(|| format!("wrk printed no rate:\n{text}"))?;
+    let rps =
+        field(&text, "Requests/sec:").with_context(|| format!("wrk printed no rate:\n{text}"))?;
     let mut failed = field(&text, "Non-2xx or 3xx responses:").unwrap_or(0.0);
-    if let Some(line) = text.lines().find(|l| l.trim_start().starts_with("Socket errors:")) {
+    if let Some(line) = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("Socket errors:"))
+    {
         failed += line
             .split(',')
             .filter_map(|p| p.split_whitespace().last()?.parse::<f64>().ok())
             .sum::<f64>();
     }
-    Ok(Measured { rps, failed: failed as u64 })
+    Ok(Measured {
+        rps,
+        failed: failed as u64,
+    })
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Waits until `port` serves `/index.html` with status 200; `alive` fails
 /// once the server is gone.
-fn wait_ready(name: &str, port: u16, alive: &mut dyn FnMut() -> anyhow::Result<()>) -> anyhow::Result<()> {
+fn wait_ready(
+    name: &str,
+    port: u16,
+    alive: &mut dyn FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
@@ -358,14 +387,19 @@ fn start_nginx(dir: &Path, docroot: &Path, port: u16, stop: &Interrupt) -> anyho
             .arg("-c")
             .arg(&path),
     )?;
-    wait_ready("nginx", port, &mut || s.alive(stop)).with_context(|| log_of(&dir.join("nginx-error.log")))?;
+    wait_ready("nginx", port, &mut || s.alive(stop))
+        .with_context(|| log_of(&dir.join("nginx-error.log")))?;
     Ok(s)
 }
 
 fn start_apache(dir: &Path, docroot: &Path, port: u16, stop: &Interrupt) -> anyhow::Result<Server> {
     let d = dir.display();
     let m = "/usr/lib/apache2/modules";
-    let user = if rustix::process::geteuid().is_root() { "User nobody\nGroup nogroup\n" } else { "" };
+    let user = if rustix::process::geteuid().is_root() {
+        "User nobody\nGroup nogroup\n"
+    } else {
+        ""
+    };
     let conf = format!(
         "ServerRoot {d}\nServerName localhost\nListen 127.0.0.1:{port}\nPidFile {d}/apache.pid\n\
          ErrorLog {d}/apache-error.log\nDefaultRuntimeDir {d}\nMutex file:{d} default\n\
@@ -380,9 +414,14 @@ fn start_apache(dir: &Path, docroot: &Path, port: u16, stop: &Interrupt) -> anyh
     std::fs::write(&path, conf)?;
     let mut s = Server::spawn(
         "Apache",
-        Command::new("apache2").arg("-f").arg(&path).arg("-D").arg("FOREGROUND"),
+        Command::new("apache2")
+            .arg("-f")
+            .arg(&path)
+            .arg("-D")
+            .arg("FOREGROUND"),
     )?;
-    wait_ready("Apache", port, &mut || s.alive(stop)).with_context(|| log_of(&dir.join("apache-error.log")))?;
+    wait_ready("Apache", port, &mut || s.alive(stop))
+        .with_context(|| log_of(&dir.join("apache-error.log")))?;
     Ok(s)
 }
 
@@ -436,20 +475,26 @@ fn sample(roster: &Roster, done: &AtomicBool) -> Vec<(f64, f64)> {
 }
 
 pub fn web(args: WebArgs) -> anyhow::Result<bool> {
-    anyhow::ensure!(args.repeats >= 1 && args.requests >= 1, "--repeats and --requests must be at least 1");
+    anyhow::ensure!(
+        args.repeats >= 1 && args.requests >= 1,
+        "--repeats and --requests must be at least 1"
+    );
     anyhow::ensure!(args.fault_every > 0.0, "--fault-every must be positive");
     if std::env::var_os("KINTSUGI_LOG").is_none() {
         // The components' logs would tear the progress bar.
         std::env::set_var("KINTSUGI_LOG", "warn");
     }
     let stop = Interrupt::install()?;
-    let scratch = Scratch(std::env::temp_dir().join(format!("kintsugi-bench-web-{}", std::process::id())));
+    let scratch =
+        Scratch(std::env::temp_dir().join(format!("kintsugi-bench-web-{}", std::process::id())));
     let dir = &scratch.0;
     let docroot = dir.join("www");
     std::fs::create_dir_all(&docroot)?;
     // nginx's and Apache's workers run as nobody: they must read the files.
     std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
-    let body: Vec<u8> = (0..args.file_bytes).map(|i| b"kintsugi web bench\n"[i % 19]).collect();
+    let body: Vec<u8> = (0..args.file_bytes)
+        .map(|i| b"kintsugi web bench\n"[i % 19])
+        .collect();
     std::fs::write(docroot.join("index.html"), &body)?;
     println!(
         "kintsugi bench web: ab -n {} -c {} x {} and wrk -c {} for {} s (keep-alive) against nginx, Apache and",
@@ -480,17 +525,28 @@ pub fn web(args: WebArgs) -> anyhow::Result<bool> {
             runs.push(ab(&url_of(port), &args, None, &stop)?);
             bar.inc(1);
         }
-        rows.push(Row { server: name.to_string(), tool: "ab", runs });
+        rows.push(Row {
+            server: name.to_string(),
+            tool: "ab",
+            runs,
+        });
         if args.wrk_secs > 0 {
             bar.set_message(format!("{name}: wrk"));
             let run = wrk(&url_of(port), &args, &stop)?;
-            rows.push(Row { server: name.to_string(), tool: "wrk", runs: vec![run] });
+            rows.push(Row {
+                server: name.to_string(),
+                tool: "wrk",
+                runs: vec![run],
+            });
             bar.inc(1);
         }
         Ok(())
     };
     for (name, start) in [
-        ("nginx", start_nginx as fn(&Path, &Path, u16, &Interrupt) -> anyhow::Result<Server>),
+        (
+            "nginx",
+            start_nginx as fn(&Path, &Path, u16, &Interrupt) -> anyhow::Result<Server>,
+        ),
         ("Apache", start_apache),
     ] {
         stop.check()?;
@@ -514,7 +570,11 @@ pub fn web(args: WebArgs) -> anyhow::Result<bool> {
             done.store(true, Ordering::SeqCst);
             r.map(|()| sampler.join().expect("sampler"))
         })?;
-        series.push(Series { name, points, faults: Vec::new() });
+        series.push(Series {
+            name,
+            points,
+            faults: Vec::new(),
+        });
         k.stop()?;
     }
     stop.check()?;
@@ -533,7 +593,12 @@ pub fn web(args: WebArgs) -> anyhow::Result<bool> {
 
 /// kintsugi under `ab` for `fault_secs` with a SIGKILL every `fault_every`
 /// seconds into the next system component, round robin.
-fn fault_run(args: &WebArgs, docroot: &Path, stop: &Interrupt, bar: &ProgressBar) -> anyhow::Result<(Row, Series, Vec<String>)> {
+fn fault_run(
+    args: &WebArgs,
+    docroot: &Path,
+    stop: &Interrupt,
+    bar: &ProgressBar,
+) -> anyhow::Result<(Row, Series, Vec<String>)> {
     let port = free_port()?;
     let k = Kintsugi::start(docroot, port, true)?;
     wait_ready("kintsugi", port, &mut || k.alive(stop))?;
@@ -559,7 +624,10 @@ fn fault_run(args: &WebArgs, docroot: &Path, stop: &Interrupt, bar: &ProgressBar
                 if let Some(pid) = k.roster.member(name).and_then(|m| m.pid) {
                     let pid = rustix::process::Pid::from_raw(pid as i32).expect("a pid");
                     if rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok() {
-                        injected.lock().unwrap().push((start.elapsed().as_secs_f64(), name.clone()));
+                        injected
+                            .lock()
+                            .unwrap()
+                            .push((start.elapsed().as_secs_f64(), name.clone()));
                     }
                 }
                 bar.set_message(format!("kintsugi with faults: killed {name}"));
@@ -574,8 +642,16 @@ fn fault_run(args: &WebArgs, docroot: &Path, stop: &Interrupt, bar: &ProgressBar
     let reboots = k.reboots();
     k.stop()?;
     let faults = injected.into_inner().unwrap();
-    let row = Row { server: "kintsugi, tracking on, faults".into(), tool: "ab -t", runs: vec![run] };
-    let series = Series { name: "kintsugi, faults".into(), points, faults };
+    let row = Row {
+        server: "kintsugi, tracking on, faults".into(),
+        tool: "ab -t",
+        runs: vec![run],
+    };
+    let series = Series {
+        name: "kintsugi, faults".into(),
+        points,
+        faults,
+    };
     Ok((row, series, reboots))
 }
 
@@ -589,7 +665,9 @@ fn print_table(rows: &[Row], args: &WebArgs) {
             .find(|r| r.server == server && r.tool == tool)
             .map(Row::mean)
     };
-    println!("| server | load | runs | req/s (mean ± sd) | vs nginx | vs Apache | failed requests |");
+    println!(
+        "| server | load | runs | req/s (mean ± sd) | vs nginx | vs Apache | failed requests |"
+    );
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
     for r in rows {
         // The fault run is compared with the servers' ab figures.
@@ -597,8 +675,14 @@ fn print_table(rows: &[Row], args: &WebArgs) {
         let ratio = |b: Option<f64>| b.map_or("–".into(), |b| format!("{:.2}", r.mean() / b));
         let load = match r.tool {
             "ab" => format!("ab -n {} -c {}", args.requests, args.concurrency),
-            "wrk" => format!("wrk -c {}, {} s, keep-alive", args.concurrency, args.wrk_secs),
-            _ => format!("ab -c {} for {} s, kill every {} s", args.concurrency, args.fault_secs, args.fault_every),
+            "wrk" => format!(
+                "wrk -c {}, {} s, keep-alive",
+                args.concurrency, args.wrk_secs
+            ),
+            _ => format!(
+                "ab -c {} for {} s, kill every {} s",
+                args.concurrency, args.fault_secs, args.fault_every
+            ),
         };
         let sd = match r.runs.len() {
             1 => String::new(),
@@ -619,19 +703,45 @@ fn print_table(rows: &[Row], args: &WebArgs) {
 /// Tracking cost and the fault run's figures against the targets; false
 /// if a request failed under faults.
 fn print_faults(rows: &[Row], series: &[Series], reboots: &[String]) -> bool {
-    let mean = |server: &str, tool: &str| rows.iter().find(|r| r.server == server && r.tool == tool).map(Row::mean);
+    let mean = |server: &str, tool: &str| {
+        rows.iter()
+            .find(|r| r.server == server && r.tool == tool)
+            .map(Row::mean)
+    };
     println!();
     for tool in ["ab", "wrk"] {
-        if let (Some(on), Some(off)) = (mean("kintsugi, tracking on", tool), mean("kintsugi, tracking off", tool)) {
-            println!("tracking cost ({tool}): {:.1} % (target ≤ 5 %)", (1.0 - on / off) * 100.0);
+        if let (Some(on), Some(off)) = (
+            mean("kintsugi, tracking on", tool),
+            mean("kintsugi, tracking off", tool),
+        ) {
+            println!(
+                "tracking cost ({tool}): {:.1} % (target ≤ 5 %)",
+                (1.0 - on / off) * 100.0
+            );
         }
     }
     let faulted = series.last().expect("the fault run");
     let fault_row = rows.last().expect("the fault run");
-    let names: Vec<String> = faulted.faults.iter().map(|(t, c)| format!("{c}@{t:.1}s")).collect();
-    println!("faults: {} ({}); reboots seen: {}", faulted.faults.len(), names.join(", "), reboots.len());
+    let names: Vec<String> = faulted
+        .faults
+        .iter()
+        .map(|(t, c)| format!("{c}@{t:.1}s"))
+        .collect();
+    println!(
+        "faults: {} ({}); reboots seen: {}",
+        faulted.faults.len(),
+        names.join(", "),
+        reboots.len()
+    );
     // The last sample is partial (ab ended during it); the first one too.
-    let steady: Vec<f64> = faulted.points.iter().skip(1).rev().skip(1).map(|p| p.1).collect();
+    let steady: Vec<f64> = faulted
+        .points
+        .iter()
+        .skip(1)
+        .rev()
+        .skip(1)
+        .map(|p| p.1)
+        .collect();
     if let (Some(base), false) = (mean("kintsugi, tracking on", "ab"), steady.is_empty()) {
         let m = steady.iter().sum::<f64>() / steady.len() as f64;
         let low = steady.iter().filter(|v| **v < m / 2.0).count();
@@ -663,7 +773,11 @@ fn plot(path: &Path, series: &[Series], rows: &[Row]) -> anyhow::Result<()> {
             .iter()
             .flat_map(|s| s.points.last().map(|p| p.0))
             .fold(1.0, f64::max);
-        let level = |server: &str| rows.iter().find(|r| r.server == server && r.tool == "ab").map(Row::mean);
+        let level = |server: &str| {
+            rows.iter()
+                .find(|r| r.server == server && r.tool == "ab")
+                .map(Row::mean)
+        };
         let y_max = series
             .iter()
             .flat_map(|s| s.points.iter().map(|p| p.1))
@@ -671,7 +785,10 @@ fn plot(path: &Path, series: &[Series], rows: &[Row]) -> anyhow::Result<()> {
             .fold(1.0, f64::max)
             * 1.1;
         let mut chart = ChartBuilder::on(&root)
-            .caption("throughput over time (100 ms samples; faults marked)", ("sans-serif", 20))
+            .caption(
+                "throughput over time (100 ms samples; faults marked)",
+                ("sans-serif", 20),
+            )
             .margin(10)
             .x_label_area_size(40)
             .y_label_area_size(70)
@@ -685,11 +802,17 @@ fn plot(path: &Path, series: &[Series], rows: &[Row]) -> anyhow::Result<()> {
         for (i, s) in series.iter().enumerate() {
             let color = colors[i % colors.len()];
             chart
-                .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(1)))?
+                .draw_series(LineSeries::new(
+                    s.points.iter().copied(),
+                    color.stroke_width(1),
+                ))?
                 .label(s.name.clone())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
             for (t, c) in &s.faults {
-                chart.draw_series(LineSeries::new(vec![(*t, 0.0), (*t, y_max)], BLACK.mix(0.5)))?;
+                chart.draw_series(LineSeries::new(
+                    vec![(*t, 0.0), (*t, y_max)],
+                    BLACK.mix(0.5),
+                ))?;
                 chart.draw_series(std::iter::once(Text::new(
                     format!("kill {c}"),
                     (*t, y_max * 0.97),
@@ -697,10 +820,16 @@ fn plot(path: &Path, series: &[Series], rows: &[Row]) -> anyhow::Result<()> {
                 )))?;
             }
         }
-        for (server, color) in [("nginx", RGBColor(120, 120, 120)), ("Apache", RGBColor(200, 140, 0))] {
+        for (server, color) in [
+            ("nginx", RGBColor(120, 120, 120)),
+            ("Apache", RGBColor(200, 140, 0)),
+        ] {
             if let Some(y) = level(server) {
                 chart
-                    .draw_series(LineSeries::new(vec![(0.0, y), (x_max, y)], color.stroke_width(2)))?
+                    .draw_series(LineSeries::new(
+                        vec![(0.0, y), (x_max, y)],
+                        color.stroke_width(2),
+                    ))?
                     .label(format!("{server} (mean of ab runs)"))
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
             }

@@ -124,7 +124,11 @@ impl Outcome {
     }
 
     fn key(self) -> String {
-        serde_json::to_value(self).unwrap().as_str().unwrap().to_string()
+        serde_json::to_value(self)
+            .unwrap()
+            .as_str()
+            .unwrap()
+            .to_string()
     }
 }
 
@@ -224,7 +228,12 @@ impl Campaign {
         let mut rows: Vec<(String, Vec<&Record>)> = self
             .targets
             .iter()
-            .map(|t| (t.clone(), self.records.iter().filter(|r| &r.target == t).collect()))
+            .map(|t| {
+                (
+                    t.clone(),
+                    self.records.iter().filter(|r| &r.target == t).collect(),
+                )
+            })
             .collect();
         rows.push(("**total**".into(), self.records.iter().collect()));
         let mut s = String::from("| target | injected |");
@@ -241,12 +250,22 @@ impl Campaign {
             for o in OUTCOMES {
                 s += &format!(" {} |", count(o));
             }
-            let detected = recs.iter().filter(|r| r.reboots > 0 || r.outcome == Outcome::HangDetected).count();
+            let detected = recs
+                .iter()
+                .filter(|r| r.reboots > 0 || r.outcome == Outcome::HangDetected)
+                .count();
             let recovered = recs
                 .iter()
-                .filter(|r| (r.reboots > 0 || r.outcome == Outcome::HangDetected) && r.outcome != Outcome::SystemLost)
+                .filter(|r| {
+                    (r.reboots > 0 || r.outcome == Outcome::HangDetected)
+                        && r.outcome != Outcome::SystemLost
+                })
                 .count();
-            let pct = if detected == 0 { 100.0 } else { 100.0 * recovered as f64 / detected as f64 };
+            let pct = if detected == 0 {
+                100.0
+            } else {
+                100.0 * recovered as f64 / detected as f64
+            };
             let disturbed = recs.iter().filter(|r| !r.collateral.is_empty()).count();
             let stalls: u32 = recs.iter().map(|r| r.stalls_after_reboot).sum();
             s += &format!(" {recovered} of {detected} ({pct:.1} %) | {disturbed} | {stalls} |\n");
@@ -325,7 +344,9 @@ impl Watch {
     /// for the new one; false if none came within `limit`. With no live
     /// incarnation (the supervisor is rebooting it), waits for the next.
     fn reboot(&self, name: &str, detail: &str, limit: Duration) -> bool {
-        let Some(m) = self.roster.member(name) else { return false };
+        let Some(m) = self.roster.member(name) else {
+            return false;
+        };
         if let Some(pid) = m.pid {
             self.roster.report_fault(FaultReport {
                 component: name.into(),
@@ -335,7 +356,11 @@ impl Watch {
         }
         let until = Instant::now() + limit;
         while Instant::now() < until {
-            if self.roster.member(name).is_some_and(|n| n.epoch > m.epoch && n.pid.is_some()) {
+            if self
+                .roster
+                .member(name)
+                .is_some_and(|n| n.epoch > m.epoch && n.pid.is_some())
+            {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -347,8 +372,9 @@ impl Watch {
     /// `limits.stall`, at most [`MAX_CLEARING_REBOOTS`] times; returns how
     /// many reboots it took, or None if none served.
     fn reboot_until_serving(&self, name: &str, detail: &str, limits: &Limits) -> Option<u32> {
-        (1..=MAX_CLEARING_REBOOTS)
-            .find(|_| self.reboot(name, detail, limits.lost) && self.wait_progress(name, limits.stall))
+        (1..=MAX_CLEARING_REBOOTS).find(|_| {
+            self.reboot(name, detail, limits.lost) && self.wait_progress(name, limits.stall)
+        })
     }
 
     /// The supervisor's events since `from` (the last [`DIAGNOSIS_EVENTS`]),
@@ -357,15 +383,18 @@ impl Watch {
         let events = self.events_since(from);
         let skip = events.len().saturating_sub(DIAGNOSIS_EVENTS);
         let events = events.into_iter().skip(skip).map(|e| format!("event: {e}"));
-        events.chain(std::iter::once(service)
-            .chain(self.clients[service].iter().map(String::as_str))
-            .flat_map(|name| match self.roster.member(name).and_then(|m| m.pid) {
-                Some(pid) => kintsugi_inject::describe_threads(pid)
-                    .into_iter()
-                    .map(|t| format!("{name}[{pid}]: {t}"))
-                    .collect(),
-                None => vec![format!("{name}: no live incarnation")],
-            }))
+        events
+            .chain(
+                std::iter::once(service)
+                    .chain(self.clients[service].iter().map(String::as_str))
+                    .flat_map(|name| match self.roster.member(name).and_then(|m| m.pid) {
+                        Some(pid) => kintsugi_inject::describe_threads(pid)
+                            .into_iter()
+                            .map(|t| format!("{name}[{pid}]: {t}"))
+                            .collect(),
+                        None => vec![format!("{name}: no live incarnation")],
+                    }),
+            )
             .collect()
     }
 
@@ -433,7 +462,8 @@ fn observe(
         return record;
     }
     let epochs: BTreeMap<&str, u64> = services.iter().map(|s| (s.as_str(), w.epoch(s))).collect();
-    let tallies: BTreeMap<&str, Tally> = services.iter().map(|s| (s.as_str(), w.tally(s))).collect();
+    let tallies: BTreeMap<&str, Tally> =
+        services.iter().map(|s| (s.as_str(), w.tally(s))).collect();
     let first_event = w.event_count();
     let Some(member) = w.roster.member(target) else {
         record.injection = "not a component".into();
@@ -510,8 +540,11 @@ fn observe(
                 false => campaign_rebooted = true,
             }
             drop(held.take());
-            let Some(n) = w.reboot_until_serving(target, "campaign: no progress and no detection", limits) else {
-                record.injection += &format!("; no incarnation served after {MAX_CLEARING_REBOOTS} reboots");
+            let Some(n) =
+                w.reboot_until_serving(target, "campaign: no progress and no detection", limits)
+            else {
+                record.injection +=
+                    &format!("; no incarnation served after {MAX_CLEARING_REBOOTS} reboots");
                 outcome = Some(Outcome::SystemLost);
                 break;
             };
@@ -527,20 +560,28 @@ fn observe(
     record.reports = events
         .iter()
         .filter_map(|e| match e {
-            Event::FaultReported { component, detail, .. } if component == target && !detail.starts_with("campaign:") => {
-                Some(detail.clone())
-            }
+            Event::FaultReported {
+                component, detail, ..
+            } if component == target && !detail.starts_with("campaign:") => Some(detail.clone()),
             _ => None,
         })
         .collect();
-    let hang_detected = record.reports.iter().any(|d| d.starts_with("hang detected:"));
+    let hang_detected = record
+        .reports
+        .iter()
+        .any(|d| d.starts_with("hang detected:"));
     record.reboots = w.epoch(target) - member.epoch - campaign_reboots;
     if outcome.is_none() && record.reboots == 0 && campaign_reboots == 0 {
         // No visible effect: clear any latent damage with a fresh incarnation.
-        match w.reboot_until_serving(target, "campaign: a fresh incarnation for the next injection", limits) {
+        match w.reboot_until_serving(
+            target,
+            "campaign: a fresh incarnation for the next injection",
+            limits,
+        ) {
             Some(n) => record.stalls_after_reboot += n - 1,
             None => {
-                record.injection += &format!("; no incarnation served after {MAX_CLEARING_REBOOTS} reboots");
+                record.injection +=
+                    &format!("; no incarnation served after {MAX_CLEARING_REBOOTS} reboots");
                 outcome = Some(Outcome::SystemLost);
             }
         }
@@ -596,7 +637,10 @@ fn services_of(system: &kintsugi_system::System) -> (Vec<String>, BTreeMap<Strin
     let mut clients: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for c in &system.components {
         for u in &c.uses {
-            clients.entry(u.server.clone()).or_default().push(c.name.clone());
+            clients
+                .entry(u.server.clone())
+                .or_default()
+                .push(c.name.clone());
         }
     }
     let services = system
@@ -610,7 +654,11 @@ fn services_of(system: &kintsugi_system::System) -> (Vec<String>, BTreeMap<Strin
 
 /// Keeps of `system` only `targets`, their clients and every component
 /// those use; each keeps its id (configurations name components by id).
-fn only_targets(system: &mut kintsugi_system::System, targets: &[String], clients: &BTreeMap<String, Vec<String>>) {
+fn only_targets(
+    system: &mut kintsugi_system::System,
+    targets: &[String],
+    clients: &BTreeMap<String, Vec<String>>,
+) {
     let mut keep = std::collections::BTreeSet::new();
     let mut next: Vec<String> = targets
         .iter()
@@ -619,7 +667,11 @@ fn only_targets(system: &mut kintsugi_system::System, targets: &[String], client
         .collect();
     while let Some(name) = next.pop() {
         if keep.insert(name.clone()) {
-            let used = system.components.iter().filter(|c| c.name == name).flat_map(|c| &c.uses);
+            let used = system
+                .components
+                .iter()
+                .filter(|c| c.name == name)
+                .flat_map(|c| &c.uses);
             next.extend(used.map(|u| u.server.clone()));
         }
     }
@@ -631,14 +683,20 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
     let (mut services, mut clients) = services_of(&system);
     let mut camp = match &args.resume {
         Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
-            serde_json::from_str::<Campaign>(&text).with_context(|| format!("{}", path.display()))?
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+            serde_json::from_str::<Campaign>(&text)
+                .with_context(|| format!("{}", path.display()))?
         }
         None => {
             let targets = match args.target.as_str() {
                 "all" => services.clone(),
                 t if services.iter().any(|s| s == t) => vec![t.to_string()],
-                t => anyhow::bail!("`{t}` is not a service of system `{}` (one of: {})", system.name, services.join(", ")),
+                t => anyhow::bail!(
+                    "`{t}` is not a service of system `{}` (one of: {})",
+                    system.name,
+                    services.join(", ")
+                ),
             };
             Campaign {
                 seed: seed_or_clock(args.seed),
@@ -699,7 +757,9 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
     let sup_system = system.clone();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let r = kintsugi_supervisor::run(&sup_system, options, &mut |e| sink.lock().unwrap().push(e.clone()));
+        let r = kintsugi_supervisor::run(&sup_system, options, &mut |e| {
+            sink.lock().unwrap().push(e.clone())
+        });
         let _ = done_tx.send(r);
     });
     let watch = Watch {
@@ -719,11 +779,15 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
         lost: Duration::from_millis(args.lost_ms),
     };
     // Every service up and serving before the first injection.
-    let ready = services.iter().all(|s| watch.wait_progress(s, Duration::from_secs(30)));
+    let ready = services
+        .iter()
+        .all(|s| watch.wait_progress(s, Duration::from_secs(30)));
     let bar = indicatif::ProgressBar::new(plan.len() as u64);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed_precise}, eta {eta}]")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} {msg} [{elapsed_precise}, eta {eta}]",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     bar.set_position(camp.records.len() as u64);
     let mut lost = !ready;
@@ -731,7 +795,15 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
         if lost {
             break;
         }
-        let record = observe(&watch, target, &services, &args.fault, camp.seed, index as u32, &limits);
+        let record = observe(
+            &watch,
+            target,
+            &services,
+            &args.fault,
+            camp.seed,
+            index as u32,
+            &limits,
+        );
         if watch.interrupted() {
             break; // Ctrl-C: this injection is not counted, --resume redoes it
         }
@@ -747,7 +819,10 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
     camp.save(&out)?;
     let hold = lost && args.hold_on_loss;
     if hold {
-        let last = camp.records.last().map_or(String::new(), |r| r.diagnosis.join("\n  "));
+        let last = camp
+            .records
+            .last()
+            .map_or(String::new(), |r| r.diagnosis.join("\n  "));
         println!("system lost; kept running for inspection until Ctrl-C:\n  {last}");
     } else {
         // Stop the system as Ctrl-C would.
@@ -776,8 +851,15 @@ pub fn campaign(args: CampaignArgs) -> anyhow::Result<bool> {
         stopped,
         camp.seed
     );
-    for r in camp.records.iter().filter(|r| r.outcome == Outcome::SystemLost || !r.collateral.is_empty()) {
-        println!("#{} {} ({}): {:?} {:?}", r.index, r.target, r.injection, r.outcome, r.collateral);
+    for r in camp
+        .records
+        .iter()
+        .filter(|r| r.outcome == Outcome::SystemLost || !r.collateral.is_empty())
+    {
+        println!(
+            "#{} {} ({}): {:?} {:?}",
+            r.index, r.target, r.injection, r.outcome, r.collateral
+        );
         for line in &r.diagnosis {
             println!("  {line}");
         }
@@ -793,7 +875,11 @@ mod tests {
     #[test]
     fn alone_keeps_the_target_its_workloads_and_their_ids() {
         let mut system = load_system(None).unwrap();
-        let ids: BTreeMap<String, u32> = system.components.iter().map(|c| (c.name.clone(), c.id)).collect();
+        let ids: BTreeMap<String, u32> = system
+            .components
+            .iter()
+            .map(|c| (c.name.clone(), c.id))
+            .collect();
         let (_, clients) = services_of(&system);
         only_targets(&mut system, &["mm".to_string()], &clients);
         let kept: Vec<&str> = system.components.iter().map(|c| c.name.as_str()).collect();

@@ -120,7 +120,10 @@ pub struct Published {
 pub fn roster_dir() -> PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(d) => PathBuf::from(d).join("kintsugi"),
-        None => PathBuf::from(format!("/tmp/kintsugi-{}", rustix::process::getuid().as_raw())),
+        None => PathBuf::from(format!(
+            "/tmp/kintsugi-{}",
+            rustix::process::getuid().as_raw()
+        )),
     }
 }
 
@@ -206,7 +209,10 @@ impl Publisher {
     /// Rewrites the file now if `e` changed a live process.
     pub fn on(&self, e: &kintsugi_supervisor::Event) {
         use kintsugi_supervisor::Event::*;
-        if matches!(e, Started { .. } | Rebooted { .. } | Crashed { .. } | GaveUp { .. }) {
+        if matches!(
+            e,
+            Started { .. } | Rebooted { .. } | Crashed { .. } | GaveUp { .. }
+        ) {
             (self.writer())();
         }
     }
@@ -303,8 +309,16 @@ pub fn inject(args: InjectArgs) -> anyhow::Result<bool> {
         (None, true) => format!("at every tick ({} µs)", args.fault.tick_us),
         (None, false) => "once".to_string(),
     };
-    let count = if args.every_ms.is_some() || args.every_tick { args.count } else { 1 };
-    println!("inject: {fault} into {} of `{}`, {schedule}, {count} in all, seed {seed}", args.component, path.display());
+    let count = if args.every_ms.is_some() || args.every_tick {
+        args.count
+    } else {
+        1
+    };
+    println!(
+        "inject: {fault} into {} of `{}`, {schedule}, {count} in all, seed {seed}",
+        args.component,
+        path.display()
+    );
     let (mut done, mut failed) = (0u32, 0u32);
     while done < count {
         let roster = read_roster(&path)?;
@@ -340,7 +354,11 @@ pub fn inject(args: InjectArgs) -> anyhow::Result<bool> {
                 while !held.reap_if_dead() {
                     if until.is_some_and(|u| Instant::now() >= u) {
                         held.release()?;
-                        println!("{}: released after {} ms", target.name, started.elapsed().as_millis());
+                        println!(
+                            "{}: released after {} ms",
+                            target.name,
+                            started.elapsed().as_millis()
+                        );
                         break;
                     }
                     std::thread::sleep(Duration::from_millis(1));
@@ -355,7 +373,10 @@ pub fn inject(args: InjectArgs) -> anyhow::Result<bool> {
             Err(e) => {
                 eprintln!("{}: pid {pid}: {e}", target.name);
                 failed += 1;
-                anyhow::ensure!(failed < 10 + count, "giving up after {failed} failed attempts");
+                anyhow::ensure!(
+                    failed < 10 + count,
+                    "giving up after {failed} failed attempts"
+                );
                 if args.every_ms.is_none() && !args.every_tick {
                     return Ok(false);
                 }
@@ -363,7 +384,9 @@ pub fn inject(args: InjectArgs) -> anyhow::Result<bool> {
         }
         if done < count {
             match args.every_ms {
-                Some(ms) => std::thread::sleep(Duration::from_millis(ms).saturating_sub(started.elapsed())),
+                Some(ms) => {
+                    std::thread::sleep(Duration::from_millis(ms).saturating_sub(started.elapsed()))
+                }
                 None => std::thread::sleep(Duration::from_micros(args.fault.tick_us)),
             }
         }

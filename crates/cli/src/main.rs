@@ -3,10 +3,10 @@
 mod bench;
 mod bench_recovery;
 mod bench_watchdog;
-mod freeze;
-mod campaign;
-mod inject;
 mod bench_web;
+mod campaign;
+mod freeze;
+mod inject;
 mod run;
 mod stats;
 

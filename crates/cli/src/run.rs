@@ -90,7 +90,11 @@ pub fn serve_web(
             c.set_config("docroot", dir.to_string_lossy().into_owned().into());
             found = true;
         }
-        anyhow::ensure!(found, "--docroot: no component of `{}` uses `net`", system.name);
+        anyhow::ensure!(
+            found,
+            "--docroot: no component of `{}` uses `net`",
+            system.name
+        );
     }
     Ok(())
 }
@@ -232,8 +236,14 @@ fn execute(
 ) -> anyhow::Result<bool> {
     let mut log = Log::new(quiet);
     // Publish the roster for `kintsugi inject` (and other observers).
-    let roster = options.roster.clone().unwrap_or_else(kintsugi_supervisor::Roster::new);
-    let options = Options { roster: Some(roster.clone()), ..options };
+    let roster = options
+        .roster
+        .clone()
+        .unwrap_or_else(kintsugi_supervisor::Roster::new);
+    let options = Options {
+        roster: Some(roster.clone()),
+        ..options
+    };
     let publisher = crate::inject::Publisher::start(system, roster)?;
     tracing::info!("roster published at {}", publisher.path().display());
     let report = kintsugi_supervisor::run(system, options, &mut |e| {

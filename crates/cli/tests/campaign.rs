@@ -34,7 +34,9 @@ fn fifty_register_flips_into_each_service_are_all_recovered() {
             0 => cmd
                 .args(["campaign", "--faults", "55", "--window-ms", "100", "--seed"])
                 .arg(seed.to_string()),
-            _ => cmd.args(["campaign", "--resume"]).arg(out.with_extension("json")),
+            _ => cmd
+                .args(["campaign", "--resume"])
+                .arg(out.with_extension("json")),
         };
         let run = cmd.arg("--out").arg(&out).output().unwrap();
         let (o, stderr) = text(&run);
@@ -42,7 +44,10 @@ fn fifty_register_flips_into_each_service_are_all_recovered() {
         stdout = o;
         let (_, recs) = records(&out.with_extension("json"));
         if recs.len() == 5 * 55 {
-            assert!(run.status.success() || recs.iter().any(|r| r["outcome"] == "system-lost"), "{stderr}");
+            assert!(
+                run.status.success() || recs.iter().any(|r| r["outcome"] == "system-lost"),
+                "{stderr}"
+            );
             break;
         }
     }
@@ -52,14 +57,20 @@ fn fifty_register_flips_into_each_service_are_all_recovered() {
     let csv = std::fs::read_to_string(out.with_extension("csv")).unwrap();
     assert_eq!(csv.lines().count(), recs.len() + 1);
     // Each loss is printed with its diagnosis; more than one fails the test.
-    let lost: Vec<&Value> = recs.iter().filter(|r| r["outcome"] == "system-lost").collect();
+    let lost: Vec<&Value> = recs
+        .iter()
+        .filter(|r| r["outcome"] == "system-lost")
+        .collect();
     for r in &lost {
         println!("SYSTEM LOST: {r}");
     }
     assert!(lost.len() <= MAX_LOSSES, "{} losses: {lost:?}", lost.len());
     for service in ["ramfs", "lock", "evt", "timer", "mm"] {
         let mine: Vec<&Value> = recs.iter().filter(|r| r["target"] == service).collect();
-        let injected = mine.iter().filter(|r| r["outcome"] != "not-injected").count();
+        let injected = mine
+            .iter()
+            .filter(|r| r["outcome"] != "not-injected")
+            .count();
         assert!(injected >= 50, "{service}: only {injected} flips injected");
         for r in &mine {
             // Injection into one service disturbs no other.
@@ -73,7 +84,10 @@ fn fifty_register_flips_into_each_service_are_all_recovered() {
         .collect();
     assert!(detected.iter().all(|r| r["recovery_ms"].is_number()));
     // The table shows every class, corruption included, per service and in total.
-    assert!(stdout.contains("| silent corruption caught by the checker |"), "{stdout}");
+    assert!(
+        stdout.contains("| silent corruption caught by the checker |"),
+        "{stdout}"
+    );
     assert!(stdout.contains("| **total** |"));
     assert!(stdout.contains("wrong answers caught by the checkers in all"));
     assert!(stdout.contains(&format!("seed {seed}")));
@@ -87,7 +101,15 @@ fn a_resumed_campaign_continues_the_same_plan() {
     let out = dir.join("whole");
     let args = |extra: &[&str]| {
         let mut c = kintsugi(&unique_tag("campaign-resume"));
-        c.args(["campaign", "--target", "lock", "--faults", "4", "--window-ms", "50"]);
+        c.args([
+            "campaign",
+            "--target",
+            "lock",
+            "--faults",
+            "4",
+            "--window-ms",
+            "50",
+        ]);
         c.args(extra);
         let o = c.output().unwrap();
         assert!(o.status.success(), "{}", text(&o).1);
@@ -113,7 +135,17 @@ fn a_campaign_alone_runs_only_the_target_and_its_workloads() {
     let seed = seed("campaign-alone");
     let out = scratch("campaign-alone").join("alone");
     let run = kintsugi(&unique_tag("campaign-alone"))
-        .args(["campaign", "--target", "evt", "--alone", "--faults", "5", "--window-ms", "50", "--seed"])
+        .args([
+            "campaign",
+            "--target",
+            "evt",
+            "--alone",
+            "--faults",
+            "5",
+            "--window-ms",
+            "50",
+            "--seed",
+        ])
         .arg(seed.to_string())
         .arg("--out")
         .arg(&out)
@@ -123,9 +155,16 @@ fn a_campaign_alone_runs_only_the_target_and_its_workloads() {
     assert!(run.status.success(), "{stdout}\n{stderr}");
     // The services of the system that ran: evt alone (the other services'
     // workloads went with them, as nothing they use was left).
-    assert!(stdout.contains("into evt of system `campaign` (alone: evt)"), "{stdout}");
+    assert!(
+        stdout.contains("into evt of system `campaign` (alone: evt)"),
+        "{stdout}"
+    );
     let (campaign, recs) = records(&out.with_extension("json"));
     assert_eq!(campaign["alone"], true);
     assert_eq!(recs.len(), 5);
-    assert!(recs.iter().all(|r| r["target"] == "evt" && r["outcome"] != "system-lost"), "{recs:?}");
+    assert!(
+        recs.iter()
+            .all(|r| r["target"] == "evt" && r["outcome"] != "system-lost"),
+        "{recs:?}"
+    );
 }

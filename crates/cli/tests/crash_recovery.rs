@@ -20,12 +20,26 @@ fn eager_ramfs_survives_hundreds_of_kills_with_no_error_and_no_lost_byte() {
     let stdout = ramfs_under_kills("eager", 200);
     let rebuilt: Vec<u64> = stdout
         .lines()
-        .filter_map(|l| l.split("eager recovery rebuilt ").nth(1)?.split(' ').next()?.parse().ok())
+        .filter_map(|l| {
+            l.split("eager recovery rebuilt ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
         .collect();
-    eprintln!("eager recoveries: {}, descriptors: {}", rebuilt.len(), rebuilt.iter().sum::<u64>());
+    eprintln!(
+        "eager recoveries: {}, descriptors: {}",
+        rebuilt.len(),
+        rebuilt.iter().sum::<u64>()
+    );
     // A reboot killed again before its clients answered reports none, so
     // how many do depends on the machine's load; that some did is the point.
-    assert!(rebuilt.iter().sum::<u64>() > 0, "the workload's files were rebuilt eagerly");
+    assert!(
+        rebuilt.iter().sum::<u64>() > 0,
+        "the workload's files were rebuilt eagerly"
+    );
 }
 
 /// Kills ramfs (`recovery` mode) `kills` times under a three-thread

@@ -41,16 +41,29 @@ fn gives_up_at_once(mode: &str) {
         .unwrap();
     let took = started.elapsed();
     let (stdout, stderr) = text(&out);
-    assert!(!out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(stdout.contains("fragile: ") && stdout.contains("giving up"), "{stdout}");
-    assert!(stdout.contains("system stopped: GaveUp(\"fragile\")"), "{stdout}");
+    assert!(
+        !out.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stdout.contains("fragile: ") && stdout.contains("giving up"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("system stopped: GaveUp(\"fragile\")"),
+        "{stdout}"
+    );
     // The policy allows 100000 restarts a second: the bound on failed
     // activations in a row is what gave up, long before the 10 s ready timeout.
     assert!(took < Duration::from_secs(8), "took {took:?}\n{stdout}");
     // Epochs 2 to 6: five failed activations in a row, the supervisor's bound.
     let failed = stderr.matches("failing initialization").count();
     assert_eq!(failed, 5, "failed activations:\n{stderr}");
-    assert!(leftovers(&tag).is_empty(), "processes left behind: {:?}", leftovers(&tag));
+    assert!(
+        leftovers(&tag).is_empty(),
+        "processes left behind: {:?}",
+        leftovers(&tag)
+    );
 }
 
 #[test]
@@ -83,8 +96,18 @@ fn sigterm_stops_a_supervisor_waiting_for_an_incarnation_that_never_gets_ready()
     let stopped = Instant::now();
     let out = child.wait_with_output().unwrap();
     let (stdout, stderr) = text(&out);
-    assert!(stopped.elapsed() < Duration::from_secs(5), "{stdout}\n{stderr}");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(5),
+        "{stdout}\n{stderr}"
+    );
     assert!(stdout.contains("crashed"), "{stdout}");
-    assert!(stdout.contains("system stopped: Signal"), "{stdout}\n{stderr}");
-    assert!(leftovers(&tag).is_empty(), "processes left behind: {:?}", leftovers(&tag));
+    assert!(
+        stdout.contains("system stopped: Signal"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        leftovers(&tag).is_empty(),
+        "processes left behind: {:?}",
+        leftovers(&tag)
+    );
 }

@@ -37,7 +37,12 @@ impl Running {
         let until = Instant::now() + Duration::from_secs(30);
         loop {
             let r = self.roster();
-            if let Some(m) = r["members"].as_array().unwrap().iter().find(|m| m["name"] == name) {
+            if let Some(m) = r["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["name"] == name)
+            {
                 return m.clone();
             }
             assert!(Instant::now() < until, "{name} never in the roster");
@@ -68,7 +73,10 @@ impl Running {
 
     /// Waits until `f` holds (checked every 20 ms), at most 20 s.
     fn until(&self, what: &str, f: impl Fn(&Self) -> bool) {
-        assert!(self.until_within(Duration::from_secs(20), f), "never: {what}");
+        assert!(
+            self.until_within(Duration::from_secs(20), f),
+            "never: {what}"
+        );
     }
 
     /// Whether `f` comes to hold within `limit`.
@@ -112,7 +120,10 @@ fn injection_hits_its_target_and_disturbs_no_other_component() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let sys = Running { child, runtime_dir: dir.clone() };
+    let sys = Running {
+        child,
+        runtime_dir: dir.clone(),
+    };
     for (_, clients) in SERVICES {
         for c in clients {
             sys.until(&format!("{c} progresses"), |s| s.counter(c, "ops") > 0);
@@ -129,38 +140,105 @@ fn injection_hits_its_target_and_disturbs_no_other_component() {
             .map(|c| (c, sys.counter(c, "errors") + sys.counter(c, "corrupt")))
             .collect();
         // A crash signal into a thread executing inside the target ...
-        let out = sys.inject(&tag, &["--component", target, "--kind", "signal", "--signal", "segv", "--seed", &seed.to_string()]);
+        let out = sys.inject(
+            &tag,
+            &[
+                "--component",
+                target,
+                "--kind",
+                "signal",
+                "--signal",
+                "segv",
+                "--seed",
+                &seed.to_string(),
+            ],
+        );
         assert!(out.contains("SIGSEGV delivered to thread"), "{out}");
         let epoch = before.iter().find(|(s, _)| s == target).unwrap().1;
-        sys.until(&format!("{target} rebooted"), |s| s.member(target)["epoch"].as_u64().unwrap() > epoch);
+        sys.until(&format!("{target} rebooted"), |s| {
+            s.member(target)["epoch"].as_u64().unwrap() > epoch
+        });
         // ... and register flips into it, every 10 ms.
-        let out = sys.inject(&tag, &["--component", target, "--kind", "register", "--every-ms", "10", "--count", "20", "--seed", &seed.to_string()]);
-        assert_eq!(out.lines().filter(|l| l.contains("flipped")).count(), 20, "{out}");
+        let out = sys.inject(
+            &tag,
+            &[
+                "--component",
+                target,
+                "--kind",
+                "register",
+                "--every-ms",
+                "10",
+                "--count",
+                "20",
+                "--seed",
+                &seed.to_string(),
+            ],
+        );
+        assert_eq!(
+            out.lines().filter(|l| l.contains("flipped")).count(),
+            20,
+            "{out}"
+        );
         // Latent damage from the flips must not be blamed on the next
         // round: a fresh incarnation of the target (SIGKILL) ends this one.
         let flipped_epoch = sys.member(target)["epoch"].as_u64().unwrap();
-        sys.inject(&tag, &["--component", target, "--kind", "signal", "--signal", "kill"]);
+        sys.inject(
+            &tag,
+            &[
+                "--component",
+                target,
+                "--kind",
+                "signal",
+                "--signal",
+                "kill",
+            ],
+        );
         sys.until(&format!("{target} rebooted after the flips"), |s| {
             s.member(target)["epoch"].as_u64().unwrap() > flipped_epoch
         });
         // A fresh incarnation has been seen not to serve its clients until
         // it is rebooted again (a recovery bug, shown here, not hidden).
         for attempt in 1..=3 {
-            let base: Vec<u64> = target_clients.iter().map(|c| sys.counter(c, "ops")).collect();
-            let serving = |s: &Running| target_clients.iter().zip(&base).all(|(c, n)| s.counter(c, "ops") > n + 10);
+            let base: Vec<u64> = target_clients
+                .iter()
+                .map(|c| sys.counter(c, "ops"))
+                .collect();
+            let serving = |s: &Running| {
+                target_clients
+                    .iter()
+                    .zip(&base)
+                    .all(|(c, n)| s.counter(c, "ops") > n + 10)
+            };
             if sys.until_within(Duration::from_secs(5), serving) {
                 break;
             }
             eprintln!("STALL: {target}'s workloads made no progress for 5 s after a reboot (attempt {attempt}); killing it again");
-            sys.inject(&tag, &["--component", target, "--kind", "signal", "--signal", "kill"]);
+            sys.inject(
+                &tag,
+                &[
+                    "--component",
+                    target,
+                    "--kind",
+                    "signal",
+                    "--signal",
+                    "kill",
+                ],
+            );
         }
         // Every workload carries on, the target's included.
         for (c, n) in &ops {
-            sys.until(&format!("{c} progresses after injection into {target}"), |s| s.counter(c, "ops") > *n + 10);
+            sys.until(
+                &format!("{c} progresses after injection into {target}"),
+                |s| s.counter(c, "ops") > *n + 10,
+            );
         }
         for (s, e) in &before {
             if s != target {
-                assert_eq!(sys.member(s)["epoch"].as_u64().unwrap(), *e, "{s} rebooted by injection into {target}");
+                assert_eq!(
+                    sys.member(s)["epoch"].as_u64().unwrap(),
+                    *e,
+                    "{s} rebooted by injection into {target}"
+                );
             }
         }
         // No other service's workload saw an error or a wrong answer; the
@@ -169,16 +247,35 @@ fn injection_hits_its_target_and_disturbs_no_other_component() {
         for (c, n) in &errors {
             let now = sys.counter(c, "errors") + sys.counter(c, "corrupt");
             if target_clients.contains(c) {
-                eprintln!("{c}: {} errors and wrong answers after injection into {target}", now - n);
+                eprintln!(
+                    "{c}: {} errors and wrong answers after injection into {target}",
+                    now - n
+                );
             } else {
                 assert_eq!(now, *n, "{c} saw errors after injection into {target}");
             }
         }
     }
     // A hang holds a thread until it is released; a delay lets it go.
-    let out = sys.inject(&tag, &["--component", "timer", "--kind", "hang", "--hold-ms", "200"]);
-    assert!(out.contains("held stopped") && out.contains("released after"), "{out}");
-    let out = sys.inject(&tag, &["--component", "random", "--kind", "delay", "--delay-ms", "50"]);
+    let out = sys.inject(
+        &tag,
+        &["--component", "timer", "--kind", "hang", "--hold-ms", "200"],
+    );
+    assert!(
+        out.contains("held stopped") && out.contains("released after"),
+        "{out}"
+    );
+    let out = sys.inject(
+        &tag,
+        &[
+            "--component",
+            "random",
+            "--kind",
+            "delay",
+            "--delay-ms",
+            "50",
+        ],
+    );
     assert!(out.contains("stopped for 50 ms"), "{out}");
     // Bad input is named.
     let bad = kintsugi(&tag)
@@ -187,10 +284,14 @@ fn injection_hits_its_target_and_disturbs_no_other_component() {
         .output()
         .unwrap();
     assert!(!bad.status.success());
-    assert!(text(&bad).1.contains("`nosuch` is not a component of system `campaign`"));
+    assert!(text(&bad)
+        .1
+        .contains("`nosuch` is not a component of system `campaign`"));
     drop(sys);
-    assert!(leftovers(&tag).is_empty() || {
-        std::thread::sleep(Duration::from_secs(2));
-        leftovers(&tag).is_empty()
-    });
+    assert!(
+        leftovers(&tag).is_empty() || {
+            std::thread::sleep(Duration::from_secs(2));
+            leftovers(&tag).is_empty()
+        }
+    );
 }

@@ -59,7 +59,12 @@ uses = ["spin"]
 fn run(test: &str, system: &std::path::Path, ops: u64, mut on_line: impl FnMut(&str)) -> String {
     let tag = unique_tag(test);
     let mut child = kintsugi(&tag)
-        .args(["run", system.to_str().unwrap(), "--until-finished", "workload"])
+        .args([
+            "run",
+            system.to_str().unwrap(),
+            "--until-finished",
+            "workload",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -73,14 +78,20 @@ fn run(test: &str, system: &std::path::Path, ops: u64, mut on_line: impl FnMut(&
     }
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "kintsugi run failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        out.status.success(),
+        "kintsugi run failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
     let report = json_lines(&stdout)
         .into_iter()
         .find(|v| v.get("mismatches").is_some())
         .unwrap_or_else(|| panic!("no workload report in:\n{stdout}\nstderr:\n{stderr}"));
     eprintln!("{test}: {report}");
     assert_eq!(report["ops"], ops, "{report}");
-    assert_eq!(report["errors"], 0, "the workload saw errors: {report}\n{stderr}");
+    assert_eq!(
+        report["errors"], 0,
+        "the workload saw errors: {report}\n{stderr}"
+    );
     assert_eq!(report["mismatches"], 0, "wrong results: {report}\n{stderr}");
     assert!(leftovers(&tag).is_empty(), "processes left behind");
     stdout
@@ -101,18 +112,30 @@ fn detections(stdout: &str) -> Vec<Detection> {
 
 /// Runs a workload that asks for one hang of `kind` at call 200 of 600, and
 /// checks that exactly one hang was detected and spinner rebooted once.
-fn one_hang(test: &str, kind: u32, spinner_config: &str, workload: &str, on_line: impl FnMut(&str)) -> Detection {
+fn one_hang(
+    test: &str,
+    kind: u32,
+    spinner_config: &str,
+    workload: &str,
+    on_line: impl FnMut(&str),
+) -> Detection {
     let seed = seed(test);
     let sys = system(
         test,
         spinner_config,
-        &format!("seed = {seed}\nops = 600\nhangs = [{{ at_op = 200, kind = {kind} }}]\n{workload}"),
+        &format!(
+            "seed = {seed}\nops = 600\nhangs = [{{ at_op = 200, kind = {kind} }}]\n{workload}"
+        ),
     );
     let stdout = run(test, &sys, 600, on_line);
     let found = detections(&stdout);
     eprintln!("{test}: {found:?}");
     assert_eq!(found.len(), 1, "one hang, one detection:\n{stdout}");
-    assert_eq!(reboots(&stdout, "spinner"), 1, "spinner rebooted once:\n{stdout}");
+    assert_eq!(
+        reboots(&stdout, "spinner"),
+        1,
+        "spinner rebooted once:\n{stdout}"
+    );
     let d = found.into_iter().next().unwrap();
     assert!(d.tid > 0);
     d
@@ -158,14 +181,35 @@ fn a_stopped_thread_is_caught_by_the_timestamp_check() {
 fn a_client_suspecting_a_faulty_reply_has_the_server_rebooted_once() {
     let test = "suspected_reply";
     let seed = seed(test);
-    let sys = system(test, "", &format!("seed = {seed}\nops = 600\nbogus_at_op = 200"));
+    let sys = system(
+        test,
+        "",
+        &format!("seed = {seed}\nops = 600\nbogus_at_op = 200"),
+    );
     let stdout = run(test, &sys, 600, |_| {});
-    let reports: Vec<&str> = stdout.lines().filter(|l| l.contains("spinner: fault reported in pid")).collect();
+    let reports: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("spinner: fault reported in pid"))
+        .collect();
     assert_eq!(reports.len(), 1, "one suspicion, one report:\n{stdout}");
-    assert!(reports[0].contains("faulty reply: interface=spin epoch=1"), "{}", reports[0]);
-    assert_eq!(reboots(&stdout, "spinner"), 1, "spinner rebooted once:\n{stdout}");
-    let report = json_lines(&stdout).into_iter().find(|v| v.get("refused").is_some()).unwrap();
-    assert_eq!(report["refused"], 1, "the bad call came back refused after the reboot: {report}");
+    assert!(
+        reports[0].contains("faulty reply: interface=spin epoch=1"),
+        "{}",
+        reports[0]
+    );
+    assert_eq!(
+        reboots(&stdout, "spinner"),
+        1,
+        "spinner rebooted once:\n{stdout}"
+    );
+    let report = json_lines(&stdout)
+        .into_iter()
+        .find(|v| v.get("refused").is_some())
+        .unwrap();
+    assert_eq!(
+        report["refused"], 1,
+        "the bad call came back refused after the reboot: {report}"
+    );
 }
 
 #[test]

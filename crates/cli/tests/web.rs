@@ -125,7 +125,10 @@ fn read_response(s: &mut TcpStream, head_only: bool) -> std::io::Result<Response
 
 fn request(s: &mut TcpStream, method: &str, path: &str, keep: bool) -> std::io::Result<Response> {
     let conn = if keep { "keep-alive" } else { "close" };
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: {conn}\r\n\r\n")?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: {conn}\r\n\r\n"
+    )?;
     read_response(s, method == "HEAD")
 }
 
@@ -158,14 +161,25 @@ fn http_behaviour() {
     let r = request(&mut s, "HEAD", "/sub/big.bin", true).unwrap();
     assert_eq!(r.status, 200);
     assert!(r.head.contains("Content-Length: 300000"), "{}", r.head);
-    assert_eq!(request(&mut s, "GET", "/missing", true).unwrap().status, 404);
+    assert_eq!(
+        request(&mut s, "GET", "/missing", true).unwrap().status,
+        404
+    );
     assert_eq!(request(&mut s, "GET", "/sub/", true).unwrap().status, 404);
-    write!(s, "POST /index.html HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello").unwrap();
+    write!(
+        s,
+        "POST /index.html HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
+    )
+    .unwrap();
     let r = read_response(&mut s, false).unwrap();
     assert_eq!(r.status, 405);
     assert!(r.head.contains("Allow: GET, HEAD"));
     // Two pipelined requests in one segment.
-    write!(s, "GET /one.txt HTTP/1.1\r\n\r\nGET /page.html HTTP/1.1\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET /one.txt HTTP/1.1\r\n\r\nGET /page.html HTTP/1.1\r\n\r\n"
+    )
+    .unwrap();
     assert_eq!(read_response(&mut s, false).unwrap().body, files[2].1);
     assert_eq!(read_response(&mut s, false).unwrap().body, files[3].1);
     // Connection: close, HTTP/1.0 and errors end the connection after the response.
@@ -184,7 +198,11 @@ fn http_behaviour() {
         assert_eq!(r.status, status, "{req:?}");
         assert!(r.head.contains("Connection: close"), "{req:?}");
         let mut rest = Vec::new();
-        assert_eq!(s.read_to_end(&mut rest).unwrap(), 0, "{req:?}: closed after the response");
+        assert_eq!(
+            s.read_to_end(&mut rest).unwrap(),
+            0,
+            "{req:?}: closed after the response"
+        );
     }
     // A head that never ends: 413 once it passes 16 KiB.
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -198,7 +216,13 @@ fn http_behaviour() {
 
 /// Clients that fetch random files, half on keep-alive connections, and
 /// check every body; returns (requests, failures).
-fn clients(port: u16, files: &[(String, Vec<u8>)], threads: usize, for_: Duration, seed: u64) -> (u64, Vec<String>) {
+fn clients(
+    port: u16,
+    files: &[(String, Vec<u8>)],
+    threads: usize,
+    for_: Duration,
+    seed: u64,
+) -> (u64, Vec<String>) {
     let done = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
     let files = Arc::new(files.to_vec());
@@ -211,13 +235,19 @@ fn clients(port: u16, files: &[(String, Vec<u8>)], threads: usize, for_: Duratio
                 while !done.load(Ordering::Relaxed) {
                     let burst = if rng.next() % 2 == 0 { 1 } else { 5 };
                     let attempt = (|| -> Result<(), String> {
-                        let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+                        let mut s = TcpStream::connect(("127.0.0.1", port))
+                            .map_err(|e| format!("connect: {e}"))?;
                         s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
                         for i in 0..burst {
                             let (path, data) = &files[(rng.next() % files.len() as u64) as usize];
-                            let r = request(&mut s, "GET", path, i + 1 < burst).map_err(|e| format!("{path}: {e}"))?;
+                            let r = request(&mut s, "GET", path, i + 1 < burst)
+                                .map_err(|e| format!("{path}: {e}"))?;
                             if r.status != 200 || &r.body != data {
-                                return Err(format!("{path}: status {}, {} bytes differ", r.status, r.body.len()));
+                                return Err(format!(
+                                    "{path}: status {}, {} bytes differ",
+                                    r.status,
+                                    r.body.len()
+                                ));
                             }
                             count.fetch_add(1, Ordering::Relaxed);
                         }
@@ -233,7 +263,10 @@ fn clients(port: u16, files: &[(String, Vec<u8>)], threads: usize, for_: Duratio
         .collect();
     std::thread::sleep(for_);
     done.store(true, Ordering::Relaxed);
-    let failures = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    let failures = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
     (count.load(Ordering::Relaxed), failures)
 }
 
@@ -245,22 +278,46 @@ fn no_request_fails_while_components_crash() {
     let files = docroot(&dir.join("www"), seed);
     // The test client writes each request in several pieces, so requests
     // often arrive split: a crash of httpd between the pieces is covered.
-    for (i, component) in ["netd", "httpd", "ramfs", "lock", "evt", "mm", "timer"].into_iter().enumerate() {
+    for (i, component) in ["netd", "httpd", "ramfs", "lock", "evt", "mm", "timer"]
+        .into_iter()
+        .enumerate()
+    {
         let tag = unique_tag(&format!("web-crash-{component}"));
         let port = free_port();
         let chaos = [
-            "--kill", component, "--kills", "4", "--kill-every", "250..600", "--signals", "kill,segv",
+            "--kill",
+            component,
+            "--kills",
+            "4",
+            "--kill-every",
+            "250..600",
+            "--signals",
+            "kill,segv",
         ]
         .map(String::from);
         let mut extra = chaos.to_vec();
         extra.extend(["--seed".to_string(), (seed + i as u64).to_string()]);
         let child = start(&tag, &dir.join("www"), port, &extra);
-        let (served, failures) = clients(port, &files, 6, Duration::from_millis(3500), seed + i as u64);
+        let (served, failures) = clients(
+            port,
+            &files,
+            6,
+            Duration::from_millis(3500),
+            seed + i as u64,
+        );
         let log = stop(child);
         let crashes = crash_lines(&log, component).len();
-        eprintln!("{component}: {crashes} crashes, {served} requests verified, {} failed", failures.len());
+        eprintln!(
+            "{component}: {crashes} crashes, {served} requests verified, {} failed",
+            failures.len()
+        );
         assert!(crashes >= 3, "{component} crashed {crashes} times:\n{log}");
-        assert!(failures.is_empty(), "{component}: {} failed requests: {:?}\n{log}", failures.len(), &failures[..failures.len().min(5)]);
+        assert!(
+            failures.is_empty(),
+            "{component}: {} failed requests: {:?}\n{log}",
+            failures.len(),
+            &failures[..failures.len().min(5)]
+        );
         assert!(served >= 50, "{component}: only {served} requests");
         assert!(leftovers(&tag).is_empty());
     }
@@ -280,7 +337,10 @@ fn installed(tool: &str) -> bool {
 #[test]
 fn bench_web_runs_briefly() {
     let _heavy = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
-    let missing: Vec<_> = ["nginx", "apache2", "ab", "wrk"].into_iter().filter(|t| !installed(t)).collect();
+    let missing: Vec<_> = ["nginx", "apache2", "ab", "wrk"]
+        .into_iter()
+        .filter(|t| !installed(t))
+        .collect();
     if !missing.is_empty() {
         eprintln!("skipped: {missing:?} not installed (.ci/run installs them)");
         return;
@@ -289,7 +349,16 @@ fn bench_web_runs_briefly() {
     let dir = scratch("web-bench");
     let plot = dir.join("web.svg");
     let child = kintsugi(&tag)
-        .args(["bench", "web", "--requests", "300", "--repeats", "2", "--wrk-secs", "1"])
+        .args([
+            "bench",
+            "web",
+            "--requests",
+            "300",
+            "--repeats",
+            "2",
+            "--wrk-secs",
+            "1",
+        ])
         .args(["--fault-secs", "4", "--fault-every", "1", "--plot"])
         .arg(&plot)
         .stdout(Stdio::piped())
@@ -302,17 +371,35 @@ fn bench_web_runs_briefly() {
     let (stdout, stderr) = text(&out);
     // Exit status 1: requests failed under faults (which the crash test
     // above rules out for its clients; see the README for ab's); 2: an error.
-    assert!(matches!(out.status.code(), Some(0 | 1)), "{stdout}\n{stderr}");
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{stdout}\n{stderr}"
+    );
     for row in [
-        "| nginx | ab", "| nginx | wrk", "| Apache | ab", "| Apache | wrk",
-        "| kintsugi, tracking on | ab", "| kintsugi, tracking off | wrk", "| kintsugi, tracking on, faults |",
+        "| nginx | ab",
+        "| nginx | wrk",
+        "| Apache | ab",
+        "| Apache | wrk",
+        "| kintsugi, tracking on | ab",
+        "| kintsugi, tracking off | wrk",
+        "| kintsugi, tracking on, faults |",
     ] {
         assert!(stdout.contains(row), "no row {row:?}:\n{stdout}");
     }
-    let faults = stdout.lines().find(|l| l.starts_with("faults: ")).expect("a faults line");
-    assert!(faults.contains("netd@") && faults.contains("httpd@"), "{faults}");
+    let faults = stdout
+        .lines()
+        .find(|l| l.starts_with("faults: "))
+        .expect("a faults line");
+    assert!(
+        faults.contains("netd@") && faults.contains("httpd@"),
+        "{faults}"
+    );
     let svg = std::fs::read_to_string(&plot).unwrap();
-    assert!(svg.starts_with("<svg") && svg.contains("kill netd"), "{}", &svg[..svg.len().min(200)]);
+    assert!(
+        svg.starts_with("<svg") && svg.contains("kill netd"),
+        "{}",
+        &svg[..svg.len().min(200)]
+    );
     assert!(!stderr.contains("did not stop"), "{stderr}");
     let left: Vec<String> = std::fs::read_dir("/proc")
         .unwrap()

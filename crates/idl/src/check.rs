@@ -366,8 +366,7 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
                 ),
             ));
         }
-        if (a.remember || a.replay.is_some()) && f.role != Role::Create && f.transition.is_none()
-        {
+        if (a.remember || a.replay.is_some()) && f.role != Role::Create && f.transition.is_none() {
             return Err(Fail::new(
                 a.span,
                 format!(
@@ -462,7 +461,10 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
             if parents > 1 {
                 return Err(Fail::new(
                     f.span,
-                    format!("`{}` takes {parents} `parent` arguments; a descriptor has one parent", f.name),
+                    format!(
+                        "`{}` takes {parents} `parent` arguments; a descriptor has one parent",
+                        f.name
+                    ),
                 ));
             }
             if let Some(a) = f
@@ -561,7 +563,11 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
                 let declared: Vec<&str> = desc.states.iter().map(|(n, _)| n.as_str()).collect();
                 return Err(Fail::new(
                     *span,
-                    format!("`transition({from}, {to})`: `{}` has no state `{st}`; declared: [{}]", desc.name, declared.join(", ")),
+                    format!(
+                        "`transition({from}, {to})`: `{}` has no state `{st}`; declared: [{}]",
+                        desc.name,
+                        declared.join(", ")
+                    ),
                 ));
             }
         }
@@ -704,7 +710,11 @@ fn check_descriptors(iface: &Interface) -> Result<(), Fail> {
         // The client's record also holds `state`, `parent` and each transition's
         // remembered arguments as `{function}_{argument}`.
         let mut members: HashSet<String> = ["state", "parent"].map(String::from).into();
-        let remembered = first.args.iter().filter(|a| a.remember).map(|a| (a.name.clone(), a.span));
+        let remembered = first
+            .args
+            .iter()
+            .filter(|a| a.remember)
+            .map(|a| (a.name.clone(), a.span));
         let fields = d.fields.iter().map(|f| (f.name.clone(), f.span));
         let transition_args = iface.transitions(&d.name).flat_map(|f| {
             f.args
@@ -716,7 +726,10 @@ fn check_descriptors(iface: &Interface) -> Result<(), Fail> {
             if !members.insert(name.clone()) {
                 return Err(Fail::new(
                     span,
-                    format!("`{name}` would name two things in the client's record of `{}`", d.name),
+                    format!(
+                        "`{name}` would name two things in the client's record of `{}`",
+                        d.name
+                    ),
                 ));
             }
         }

@@ -482,10 +482,7 @@ impl Ctx<'_> {
         }
         for f in i.transitions(&d.name) {
             for a in f.args.iter().filter(|a| a.remember) {
-                o.line(format!(
-                    "/// `{}` as last passed to `{}`.",
-                    a.name, f.name
-                ));
+                o.line(format!("/// `{}` as last passed to `{}`.", a.name, f.name));
                 o.line(format!("pub {}_{}: {},", f.name, a.name, owned(&a.ty)));
             }
         }
@@ -507,7 +504,9 @@ impl Ctx<'_> {
             }
             let mut params = vec!["&self".to_string(), "caller: &Caller".to_string()];
             if self.reuses(f) {
-                o.line("/// With `reuse`, the stub rebuilds a descriptor after a reboot: create it");
+                o.line(
+                    "/// With `reuse`, the stub rebuilds a descriptor after a reboot: create it",
+                );
                 o.line("/// again with exactly that id, for `caller` (its creator).");
                 params.push("reuse: Option<u64>".into());
             }
@@ -539,7 +538,9 @@ impl Ctx<'_> {
         o.line("");
         o.line("/// The server stub: decodes and checks invocations, then calls `server`.");
         if self.has_global() {
-            o.line("/// `records` keeps the creation records of global descriptors across reboots.");
+            o.line(
+                "/// `records` keeps the creation records of global descriptors across reboots.",
+            );
             o.open("pub fn service<S: Server>(server: Arc<S>, records: Arc<dyn RecordStore>) -> Arc<dyn Service> {");
             o.line("let globals = GlobalRecords::new(records, INFO.name);");
             o.line("Arc::new(ServerStub { server, globals })");
@@ -653,7 +654,9 @@ impl Ctx<'_> {
         o.line("let mut chain = Vec::new();");
         o.line("let mut at = id;");
         o.open("while !self.globals.is_known(KIND, at) {");
-        o.open("let Some(record) = self.globals.fetch(KIND, at).map_err(records_unavailable)? else {");
+        o.open(
+            "let Some(record) = self.globals.fetch(KIND, at).map_err(records_unavailable)? else {",
+        );
         o.line("return Err(Dispatched::Refused(Refusal::UnknownDescriptor(at)));");
         o.close("};");
         o.line("let parent = record.parent;");
@@ -712,7 +715,11 @@ impl Ctx<'_> {
         let q = ".map_err(malformed)?";
         let r = if f.args.is_empty() { "r" } else { "mut r" };
         let w = if f.ret == Type::Unit { "_" } else { "w" };
-        let request = if self.reuses(f) { ", request: &[u8]" } else { "" };
+        let request = if self.reuses(f) {
+            ", request: &[u8]"
+        } else {
+            ""
+        };
         o.open(format!(
             "fn serve_{}(&self, caller: &Caller, {r}: Reader<'_>{request}, {w}: &mut Writer<'_>) -> Result<(), Dispatched> {{",
             f.name
@@ -862,7 +869,11 @@ impl Ctx<'_> {
             o.line(format!("{}s: DescTable<{}Record>,", snake(&d.name), d.name));
         }
         for d in self.global_fields() {
-            o.line(format!("{}s: FieldTable<{}Record>,", snake(&d.name), d.name));
+            o.line(format!(
+                "{}s: FieldTable<{}Record>,",
+                snake(&d.name),
+                d.name
+            ));
         }
         if self.has_local() {
             o.line("/// Held while a descriptor is rebuilt, so that it is rebuilt once.");
@@ -1041,7 +1052,9 @@ impl Ctx<'_> {
         // A global descriptor's close whose first attempt was interrupted
         // may have closed it: the retry then finds no such descriptor.
         let global_close = f.role == Role::Terminal
-            && f.descriptor_args().next().is_some_and(|(_, d)| self.is_global(d));
+            && f.descriptor_args()
+                .next()
+                .is_some_and(|(_, d)| self.is_global(d));
         if retry_ok || global_close {
             o.line("// Set once an attempt's fate is unknown: it may have taken effect.");
             o.line("let mut interrupted = false;");
@@ -1059,7 +1072,10 @@ impl Ctx<'_> {
             }
             (Role::Terminal, Some((a, d))) => {
                 let s = snake(d);
-                o.line(format!("let {}_now = self.0.peek_{s}({})?;", a.name, a.name));
+                o.line(format!(
+                    "let {}_now = self.0.peek_{s}({})?;",
+                    a.name, a.name
+                ));
                 o.open(format!("if {}_now.epoch != self.0.conn.epoch() {{", a.name));
                 o.line(format!("// The server rebooted since `{}` was built: its new incarnation never had it.", a.name));
                 self.forget(o, a, d);
@@ -1352,12 +1368,15 @@ impl Ctx<'_> {
         o.line("return Ok(Current { server_id: entry.server_id, epoch });");
         o.close("}");
         o.line("let _one_at_a_time = self.recovery.lock().unwrap_or_else(|e| e.into_inner());");
-        o.open(format!(
-            "if self.peek_{s}({s})?.epoch == epoch {{"
-        ));
+        o.open(format!("if self.peek_{s}({s})?.epoch == epoch {{"));
         o.line("continue;");
         o.close("}");
-        self.replay_call(o, creator, self.replay_args(creator, ""), "let server_id = ");
+        self.replay_call(
+            o,
+            creator,
+            self.replay_args(creator, ""),
+            "let server_id = ",
+        );
         for field in &d.fields {
             let Some(rf) = i.restorer(&d.name, &field.name) else {
                 continue;

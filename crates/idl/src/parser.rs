@@ -26,8 +26,9 @@ use crate::model::*;
 use crate::Fail;
 
 /// Annotations an argument may carry.
-pub(crate) const ARG_ANNOTATIONS: &[&str] =
-    &["remember", "replay", "range", "max", "set", "parent", "from"];
+pub(crate) const ARG_ANNOTATIONS: &[&str] = &[
+    "remember", "replay", "range", "max", "set", "parent", "from",
+];
 /// Annotations a function may carry.
 pub(crate) const FN_ANNOTATIONS: &[&str] = &[
     "create",
@@ -414,7 +415,10 @@ impl Parser {
                         (Value::Name(n), _) => Ok(n.clone()),
                         (other, span) => Err(Fail::new(
                             *span,
-                            format!("`transition` expects state names, found {}", other.describe()),
+                            format!(
+                                "`transition` expects state names, found {}",
+                                other.describe()
+                            ),
                         )),
                     };
                     f.transition = Some((state(0)?, state(1)?, a.span));

@@ -227,7 +227,10 @@ fn generated_mm_rebuilds_global_pages_parents_first() {
     ] {
         assert!(code.contains(item), "generated mm lacks:\n{item}\n---\n{code}");
     }
-    assert!(!code.contains("RecoveryScope"), "no client-side rebuild for global descriptors");
+    assert!(
+        !code.contains("RecoveryScope"),
+        "no client-side rebuild for global descriptors"
+    );
 }
 
 /// State machines: the stub tracks the state and replays the path into it.
@@ -237,7 +240,12 @@ fn generated_timer_replays_its_transitions() {
     let timer = i.descriptor("Timer").unwrap();
     let paths = i.replay_paths(timer);
     let names = |n: usize| -> Vec<&str> {
-        paths[n].as_ref().unwrap().iter().map(|f| f.name.as_str()).collect()
+        paths[n]
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect()
     };
     assert_eq!(names(0), Vec::<&str>::new());
     assert_eq!(names(1), vec!["arm"]);
@@ -268,6 +276,9 @@ fn generated_evt_tracks_global_fields() {
         "self.0.evts.update(ev.0, |t| t.seen = ret);",
         "pub fn wait(&self, ev: Evt) -> Result<u64, CallError<Error>> {",
     ] {
-        assert!(code.contains(item), "generated evt lacks:\n{item}\n---\n{code}");
+        assert!(
+            code.contains(item),
+            "generated evt lacks:\n{item}\n---\n{code}"
+        );
     }
 }

@@ -23,8 +23,8 @@ use crate::InjectError;
 /// The x86-64 general-purpose registers a flip may hit: all sixteen but
 /// the instruction pointer (not `eflags`, nor the segment registers).
 pub const GPRS: [&str; 16] = [
-    "rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12",
-    "r13", "r14", "r15",
+    "rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12", "r13",
+    "r14", "r15",
 ];
 
 fn gpr(regs: &mut user_regs_struct, i: usize) -> &mut u64 {
@@ -68,8 +68,12 @@ pub enum Fault {
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Fault::Register { every_register: false } => write!(f, "register bit flip"),
-            Fault::Register { every_register: true } => write!(f, "bit flip in every register"),
+            Fault::Register {
+                every_register: false,
+            } => write!(f, "register bit flip"),
+            Fault::Register {
+                every_register: true,
+            } => write!(f, "bit flip in every register"),
             Fault::Memory(a) => write!(f, "{a} bit flip"),
             Fault::Signal(s) => write!(f, "{s}"),
             Fault::Hang => write!(f, "hang"),
@@ -101,10 +105,16 @@ pub enum Injection {
         bit: u8,
         before: u8,
     },
-    Signal { tid: Option<u32>, signal: Signal },
+    Signal {
+        tid: Option<u32>,
+        signal: Signal,
+    },
     /// The held thread: keep it to keep the hang.
     Hang(Held),
-    Delay { tid: u32, held: Duration },
+    Delay {
+        tid: u32,
+        held: Duration,
+    },
 }
 
 impl fmt::Display for Injection {
@@ -117,12 +127,20 @@ impl fmt::Display for Injection {
                 }
                 Ok(())
             }
-            Injection::Memory { area, addr, bit, before } => write!(
+            Injection::Memory {
+                area,
+                addr,
+                bit,
+                before,
+            } => write!(
                 f,
                 "{area} byte {addr:#x}: flipped bit {bit} ({before:#04x} -> {:#04x})",
                 before ^ (1 << bit)
             ),
-            Injection::Signal { tid: Some(t), signal } => write!(f, "{signal} delivered to thread {t}"),
+            Injection::Signal {
+                tid: Some(t),
+                signal,
+            } => write!(f, "{signal} delivered to thread {t}"),
             Injection::Signal { tid: None, signal } => write!(f, "{signal} sent to the process"),
             Injection::Hang(h) => write!(f, "thread {} held stopped", h.tid()),
             Injection::Delay { tid, held } => {
@@ -168,7 +186,11 @@ impl Injector {
                 for i in chosen {
                     let bit = self.rng.gen_range(0..64u8);
                     let r = gpr(t.regs_mut(), i);
-                    flips.push(Flip { register: GPRS[i], bit, before: *r });
+                    flips.push(Flip {
+                        register: GPRS[i],
+                        bit,
+                        before: *r,
+                    });
                     *r ^= 1 << bit;
                 }
                 t.resume()?;
@@ -178,13 +200,19 @@ impl Injector {
             Fault::Signal(Signal::SIGKILL) => {
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL)
                     .map_err(|_| InjectError::Gone(pid))?;
-                Ok(Injection::Signal { tid: None, signal: Signal::SIGKILL })
+                Ok(Injection::Signal {
+                    tid: None,
+                    signal: Signal::SIGKILL,
+                })
             }
             Fault::Signal(signal) => {
                 let t = self.catch_running(pid)?;
                 let tid = t.tid();
                 t.resume_with(*signal)?;
-                Ok(Injection::Signal { tid: Some(tid), signal: *signal })
+                Ok(Injection::Signal {
+                    tid: Some(tid),
+                    signal: *signal,
+                })
             }
             Fault::Hang => Ok(Injection::Hang(Held::new(self.catch_any(pid)?))),
             Fault::Delay(d) => {
@@ -261,13 +289,23 @@ impl Injector {
                 let before = mem.read_u8(addr)?;
                 mem.write_u8(addr, before ^ (1 << bit))?;
                 t.resume()?;
-                return Ok(Injection::Memory { area, addr, bit, before });
+                return Ok(Injection::Memory {
+                    area,
+                    addr,
+                    bit,
+                    before,
+                });
             }
             _ => self.resident_byte(pid, area)?,
         };
         let before = mem.read_u8(addr)?;
         mem.write_u8(addr, before ^ (1 << bit))?;
-        Ok(Injection::Memory { area, addr, bit, before })
+        Ok(Injection::Memory {
+            area,
+            addr,
+            bit,
+            before,
+        })
     }
 
     /// A random byte of a resident page of `area`, uniform over its

@@ -44,7 +44,12 @@ pub fn threads(pid: u32) -> Result<Vec<ThreadInfo>, InjectError> {
     let mut out: Vec<ThreadInfo> = entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&tid| tid != pid)
-        .filter_map(|tid| Some(ThreadInfo { tid, state: thread_state(pid, tid)? }))
+        .filter_map(|tid| {
+            Some(ThreadInfo {
+                tid,
+                state: thread_state(pid, tid)?,
+            })
+        })
         .collect();
     out.sort_by_key(|t| t.tid);
     Ok(out)
@@ -69,7 +74,11 @@ pub fn describe_threads(pid: u32) -> Vec<String> {
         .map(|tid| {
             let state = thread_state(pid, tid).unwrap_or('?');
             // The system call number and its first argument.
-            let syscall: Vec<String> = read(tid, "syscall").split(' ').take(2).map(String::from).collect();
+            let syscall: Vec<String> = read(tid, "syscall")
+                .split(' ')
+                .take(2)
+                .map(String::from)
+                .collect();
             format!(
                 "{tid} {} {state} wchan={} syscall={}",
                 read(tid, "comm"),
@@ -207,7 +216,10 @@ mod tests {
     #[test]
     fn maps_lines_parse() {
         let m = parse_mapping("7f00a000-7f00b000 rw-p 00000000 00:00 0 ").unwrap();
-        assert_eq!((m.start, m.end, m.perms.as_str(), m.path.as_str()), (0x7f00a000, 0x7f00b000, "rw-p", ""));
+        assert_eq!(
+            (m.start, m.end, m.perms.as_str(), m.path.as_str()),
+            (0x7f00a000, 0x7f00b000, "rw-p", "")
+        );
         let m = parse_mapping("55d0-55e0 rw-p 00002000 08:01 1234   /usr/bin/a b").unwrap();
         assert_eq!(m.path, "/usr/bin/a b");
         assert!(parse_mapping("garbage").is_none());
@@ -221,6 +233,10 @@ mod tests {
         let boxed = Box::new([7u8; 64]);
         assert!(resident(me, boxed.as_ptr() as u64));
         let tid = nix::unistd::gettid().as_raw() as u32;
-        assert_eq!(thread_state(me, tid), Some('R'), "a thread reading its own state runs");
+        assert_eq!(
+            thread_state(me, tid),
+            Some('R'),
+            "a thread reading its own state runs"
+        );
     }
 }

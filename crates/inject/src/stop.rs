@@ -41,7 +41,11 @@ impl Stopped {
         let t = Pid::from_raw(tid as i32);
         ptrace::seize(t, ptrace::Options::empty()).map_err(|e| match e {
             Errno::ESRCH => InjectError::Gone(pid),
-            Errno::EPERM => InjectError::Permission { pid, tid, source: e },
+            Errno::EPERM => InjectError::Permission {
+                pid,
+                tid,
+                source: e,
+            },
             e => InjectError::Ptrace { tid, source: e },
         })?;
         if let Err(e) = ptrace::interrupt(t) {
@@ -129,9 +133,12 @@ impl Stopped {
     /// signal-delivery stop.)
     pub fn resume_with(mut self, signal: Signal) -> Result<(), InjectError> {
         let gone = |_| InjectError::Gone(self.pid);
-        let tid = rustix::process::Pid::from_raw(self.tid as i32).ok_or(InjectError::Gone(self.pid))?;
-        let fd = rustix::process::pidfd_open(tid, PidfdFlags::from_bits_retain(PIDFD_THREAD)).map_err(gone)?;
-        let sig = rustix::process::Signal::from_named_raw(signal as i32).ok_or(InjectError::Gone(self.pid))?;
+        let tid =
+            rustix::process::Pid::from_raw(self.tid as i32).ok_or(InjectError::Gone(self.pid))?;
+        let fd = rustix::process::pidfd_open(tid, PidfdFlags::from_bits_retain(PIDFD_THREAD))
+            .map_err(gone)?;
+        let sig = rustix::process::Signal::from_named_raw(signal as i32)
+            .ok_or(InjectError::Gone(self.pid))?;
         rustix::process::pidfd_send_signal(&fd, sig).map_err(gone)?;
         self.release()
     }
@@ -142,9 +149,11 @@ impl Stopped {
         }
         let mut result = Ok(());
         if self.dirty {
-            result = ptrace::setregs(Pid::from_raw(self.tid as i32), self.regs).map_err(|e| InjectError::Ptrace {
-                tid: self.tid,
-                source: e,
+            result = ptrace::setregs(Pid::from_raw(self.tid as i32), self.regs).map_err(|e| {
+                InjectError::Ptrace {
+                    tid: self.tid,
+                    source: e,
+                }
             });
         }
         let detached = detach_or_reap(self.pid, self.tid);

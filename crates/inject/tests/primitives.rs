@@ -47,8 +47,14 @@ impl Target {
 
     /// CPU time of thread `tid` in clock ticks (utime + stime).
     fn cpu(&self, tid: u32) -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/task/{tid}/stat", self.pid())).unwrap();
-        let f: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/task/{tid}/stat", self.pid())).unwrap();
+        let f: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
         f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
     }
 
@@ -78,7 +84,10 @@ fn a_changed_register_is_written_back_when_the_thread_resumes() {
     let sleeper = threads(t.pid()).unwrap()[0].tid;
     // Wait until it sleeps in clock_nanosleep (230), past its start-up calls.
     let syscall = format!("/proc/{}/task/{sleeper}/syscall", t.pid());
-    while !std::fs::read_to_string(&syscall).unwrap().starts_with("230 ") {
+    while !std::fs::read_to_string(&syscall)
+        .unwrap()
+        .starts_with("230 ")
+    {
         std::thread::sleep(Duration::from_millis(1));
     }
     let mut s = Stopped::seize(t.pid(), sleeper, Duration::from_secs(5)).unwrap();
@@ -96,17 +105,29 @@ fn a_changed_register_is_written_back_when_the_thread_resumes() {
     while threads(t.pid()).unwrap()[0].state != 'S' && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert_eq!(threads(t.pid()).unwrap()[0].state, 'S', "let go, it sleeps on");
+    assert_eq!(
+        threads(t.pid()).unwrap()[0].state,
+        'S',
+        "let go, it sleeps on"
+    );
 }
 
 #[test]
 fn register_flips_hit_threads_in_user_code_and_are_caught() {
     let mut t = Target::start(2, 2);
-    let sleepers: Vec<u32> = threads(t.pid()).unwrap()[2..].iter().map(|x| x.tid).collect();
+    let sleepers: Vec<u32> = threads(t.pid()).unwrap()[2..]
+        .iter()
+        .map(|x| x.tid)
+        .collect();
     let mut inj = injector();
     let mut done = 0;
     while done < 300 && t.ended(Duration::from_millis(2)).is_none() {
-        match inj.inject(t.pid(), &Fault::Register { every_register: false }) {
+        match inj.inject(
+            t.pid(),
+            &Fault::Register {
+                every_register: false,
+            },
+        ) {
             Ok(Injection::Register { tid, flips, .. }) => {
                 assert!(!sleepers.contains(&tid), "a sleeping thread was hit");
                 assert_eq!(flips.len(), 1);
@@ -122,15 +143,28 @@ fn register_flips_hit_threads_in_user_code_and_are_caught() {
         }
     }
     // Some flip must have had an effect: a crash, or the checker's exit 3.
-    let status = t.ended(Duration::from_secs(10)).expect("no flip had any effect");
+    let status = t
+        .ended(Duration::from_secs(10))
+        .expect("no flip had any effect");
     eprintln!("{done} flips; target ended with {status:?}");
-    assert!(status.signal().is_some() || status.code() == Some(3), "{status:?}");
+    assert!(
+        status.signal().is_some() || status.code() == Some(3),
+        "{status:?}"
+    );
 }
 
 #[test]
 fn a_flip_in_every_register_is_sixteen_flips() {
     let t = Target::start(1, 0);
-    match injector().inject(t.pid(), &Fault::Register { every_register: true }).unwrap() {
+    match injector()
+        .inject(
+            t.pid(),
+            &Fault::Register {
+                every_register: true,
+            },
+        )
+        .unwrap()
+    {
         Injection::Register { flips, .. } => {
             let regs: Vec<_> = flips.iter().map(|f| f.register).collect();
             assert_eq!(regs, GPRS);
@@ -147,7 +181,12 @@ fn memory_flips_change_one_bit_of_resident_heap_data_and_stack() {
     for area in [Area::Heap, Area::Data, Area::Stack] {
         for _ in 0..20 {
             match inj.inject(t.pid(), &Fault::Memory(area)).unwrap() {
-                Injection::Memory { area: a, addr, bit, before } => {
+                Injection::Memory {
+                    area: a,
+                    addr,
+                    bit,
+                    before,
+                } => {
                     assert_eq!(a, area);
                     assert_eq!(t.read(addr), before ^ (1 << bit), "{area} {addr:#x}");
                     // Flip it back, so that the next round starts clean.
@@ -165,7 +204,12 @@ fn memory_flips_change_one_bit_of_resident_heap_data_and_stack() {
 
 #[test]
 fn a_signal_goes_to_a_running_thread_and_kills_the_process() {
-    for signal in [Signal::SIGSEGV, Signal::SIGBUS, Signal::SIGABRT, Signal::SIGKILL] {
+    for signal in [
+        Signal::SIGSEGV,
+        Signal::SIGBUS,
+        Signal::SIGABRT,
+        Signal::SIGKILL,
+    ] {
         let mut t = Target::start(1, 1);
         let spinner = threads(t.pid()).unwrap()[0].tid;
         // Rust's runtime catches SIGSEGV and SIGBUS to report stack
@@ -202,19 +246,35 @@ fn a_hang_holds_one_thread_until_released_and_a_delay_lets_it_go() {
         Injection::Hang(h) => h,
         other => panic!("{other}"),
     };
-    let other = threads(t.pid()).unwrap().into_iter().find(|x| x.tid != held.tid()).unwrap().tid;
+    let other = threads(t.pid())
+        .unwrap()
+        .into_iter()
+        .find(|x| x.tid != held.tid())
+        .unwrap()
+        .tid;
     let (h0, o0) = (t.cpu(held.tid()), t.cpu(other));
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(t.cpu(held.tid()), h0, "the held thread ran");
     assert!(t.cpu(other) > o0, "the other thread stopped too");
-    assert_eq!(threads(t.pid()).unwrap().iter().find(|x| x.tid == held.tid()).unwrap().state, 't');
+    assert_eq!(
+        threads(t.pid())
+            .unwrap()
+            .iter()
+            .find(|x| x.tid == held.tid())
+            .unwrap()
+            .state,
+        't'
+    );
     let tid = held.tid();
     held.release().unwrap();
     std::thread::sleep(Duration::from_millis(300));
     assert!(t.cpu(tid) > h0, "released, it runs again");
 
     let start = Instant::now();
-    match inj.inject(t.pid(), &Fault::Delay(Duration::from_millis(200))).unwrap() {
+    match inj
+        .inject(t.pid(), &Fault::Delay(Duration::from_millis(200)))
+        .unwrap()
+    {
         Injection::Delay { held, .. } => assert_eq!(held, Duration::from_millis(200)),
         other => panic!("{other}"),
     }
@@ -234,7 +294,12 @@ fn a_hang_holds_one_thread_until_released_and_a_delay_lets_it_go() {
         assert!(Instant::now() < until, "never seen dead");
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert_eq!(t.ended(Duration::from_secs(5)).expect("exit held back").signal(), Some(9));
+    assert_eq!(
+        t.ended(Duration::from_secs(5))
+            .expect("exit held back")
+            .signal(),
+        Some(9)
+    );
 }
 
 #[test]
@@ -242,7 +307,14 @@ fn a_process_with_no_running_thread_is_reported_not_waited_on_forever() {
     let t = Target::start(0, 1);
     let mut inj = injector();
     inj.patience = Duration::from_millis(100);
-    let e = inj.inject(t.pid(), &Fault::Register { every_register: false }).unwrap_err();
+    let e = inj
+        .inject(
+            t.pid(),
+            &Fault::Register {
+                every_register: false,
+            },
+        )
+        .unwrap_err();
     assert!(e.to_string().contains("executing user code"), "{e}");
 }
 
@@ -257,12 +329,31 @@ fn every_thread_is_described_with_its_state_and_system_call() {
         std::thread::sleep(Duration::from_millis(10));
         lines = kintsugi_inject::describe_threads(target.pid());
     }
-    assert_eq!(lines.len(), 4, "the leader, a spinner and two sleepers: {lines:?}");
-    assert!(lines[0].starts_with(&format!("{} ", target.pid())), "{lines:?}");
-    assert!(lines.iter().all(|l| l.contains(" wchan=") && l.contains(" syscall=")), "{lines:?}");
+    assert_eq!(
+        lines.len(),
+        4,
+        "the leader, a spinner and two sleepers: {lines:?}"
+    );
+    assert!(
+        lines[0].starts_with(&format!("{} ", target.pid())),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains(" wchan=") && l.contains(" syscall=")),
+        "{lines:?}"
+    );
     // The spinner runs (R) in user code; the sleepers wait in a system call.
     assert!(lines.iter().any(|l| l.contains(" R ")), "{lines:?}");
-    assert_eq!(sleeping(&lines), 3, "the leader and the two sleepers: {lines:?}");
+    assert_eq!(
+        sleeping(&lines),
+        3,
+        "the leader and the two sleepers: {lines:?}"
+    );
     drop(target);
-    assert_eq!(kintsugi_inject::describe_threads(u32::MAX), [format!("{}: gone", u32::MAX)]);
+    assert_eq!(
+        kintsugi_inject::describe_threads(u32::MAX),
+        [format!("{}: gone", u32::MAX)]
+    );
 }

@@ -25,7 +25,6 @@ mod bare {
 
 use edge::{Error, Item};
 
-
 struct EdgeServer {
     log: Arc<Log>,
     next: AtomicU64,

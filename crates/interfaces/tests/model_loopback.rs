@@ -26,7 +26,6 @@ mod machine {
     include!(concat!(env!("OUT_DIR"), "/test_idl/machine.rs"));
 }
 
-
 /// A tree of nodes; ids come from a counter that starts high in each
 /// incarnation, so a rebuilt node can only have its id through `reuse`.
 struct TreeServer {
@@ -47,7 +46,10 @@ impl TreeServer {
 
     fn add(&self, reuse: Option<u64>, parent: Option<u64>, tag: u64, creator: u32) -> u64 {
         let id = reuse.unwrap_or_else(|| self.next.fetch_add(1, Ordering::SeqCst));
-        self.nodes.lock().unwrap().insert(id, (parent, tag, creator));
+        self.nodes
+            .lock()
+            .unwrap()
+            .insert(id, (parent, tag, creator));
         id
     }
 }
@@ -69,7 +71,8 @@ impl tree::Server for TreeServer {
         if !self.nodes.lock().unwrap().contains_key(&up) {
             return Err(tree::Error::Missing);
         }
-        self.log.push(format!("child {tag} of {up} mode={mode} reuse={reuse:?}"));
+        self.log
+            .push(format!("child {tag} of {up} mode={mode} reuse={reuse:?}"));
         Ok(self.add(reuse, Some(up), tag, c.component))
     }
 
@@ -84,7 +87,9 @@ impl tree::Server for TreeServer {
         loop {
             let more: Vec<u64> = nodes
                 .iter()
-                .filter(|(id, (p, _, _))| !gone.contains(id) && p.is_some_and(|p| gone.contains(&p)))
+                .filter(|(id, (p, _, _))| {
+                    !gone.contains(id) && p.is_some_and(|p| gone.contains(&p))
+                })
                 .map(|(id, _)| *id)
                 .collect();
             if more.is_empty() {
@@ -135,7 +140,10 @@ fn global_descriptors_keep_their_ids_and_are_rebuilt_parents_first_by_the_server
     client.cut(root).unwrap();
     let seen = log.take();
     assert_eq!(seen.len(), 4, "{seen:?}");
-    assert_eq!(seen[3], "cut [1000, 1001, 1002]", "the whole subtree, rebuilt first");
+    assert_eq!(
+        seen[3], "cut [1000, 1001, 1002]",
+        "the whole subtree, rebuilt first"
+    );
     // Closed ids are gone for good; an id nobody created is refused.
     lb.reboot(tree::service(TreeServer::new(&log, 4), store));
     match client.tag(leaf) {
@@ -162,7 +170,13 @@ impl MachineServer {
         })
     }
 
-    fn step(&self, m: u64, from: &str, to: &'static str, what: String) -> Result<(), machine::Error> {
+    fn step(
+        &self,
+        m: u64,
+        from: &str,
+        to: &'static str,
+        what: String,
+    ) -> Result<(), machine::Error> {
         let mut units = self.units.lock().unwrap();
         let unit = units.get_mut(&m).ok_or(machine::Error::Wrong)?;
         if unit.0 != from {
@@ -226,7 +240,11 @@ fn the_client_stub_replays_the_transitions_into_each_descriptors_state() {
     lb.reboot(machine::service(MachineServer::new(&log, 2)));
     client.stop(running).unwrap();
     assert_eq!(log.take(), ["make 3", "prime 6", "start fast", "stop"]);
-    assert_eq!(client.poll(running).unwrap(), 30, "`seen` survives the reboot");
+    assert_eq!(
+        client.poll(running).unwrap(),
+        30,
+        "`seen` survives the reboot"
+    );
     client.start(ready, "slow").unwrap();
     assert_eq!(log.take(), ["make 2", "prime 5", "start slow"]);
     client.prime(idle, 1).unwrap();
@@ -246,10 +264,21 @@ fn eager_recovery_rebuilds_every_descriptor_through_the_upcall() {
     assert_eq!(lb.upcall_recover().unwrap(), 5);
     let mut seen = log.take();
     seen.sort();
-    assert_eq!(seen, ["make 0", "make 1", "make 2", "make 3", "make 4", "prime 9"]);
+    assert_eq!(
+        seen,
+        ["make 0", "make 1", "make 2", "make 3", "make 4", "prime 9"]
+    );
     client.start(units[4], "now").unwrap();
-    assert_eq!(log.take(), ["start now"], "nothing left to rebuild on demand");
+    assert_eq!(
+        log.take(),
+        ["start now"],
+        "nothing left to rebuild on demand"
+    );
     drop(client);
     lb.reboot(machine::service(MachineServer::new(&log, 3)));
-    assert_eq!(lb.upcall_recover().unwrap(), 0, "a dropped client recovers nothing");
+    assert_eq!(
+        lb.upcall_recover().unwrap(),
+        0,
+        "a dropped client recovers nothing"
+    );
 }

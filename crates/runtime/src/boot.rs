@@ -243,11 +243,20 @@ mod tests {
             std::thread::sleep(Duration::from_millis(30));
             r.at::<ControlBlock>(0).report(1, true);
         });
-        assert_eq!(ctl.wait_ready(1, Duration::from_secs(10), || None), Activation::Ready);
+        assert_eq!(
+            ctl.wait_ready(1, Duration::from_secs(10), || None),
+            Activation::Ready
+        );
         t.join().unwrap();
         ctl.report(2, false);
-        assert_eq!(ctl.wait_ready(2, Duration::from_secs(10), || None), Activation::Failed);
+        assert_eq!(
+            ctl.wait_ready(2, Duration::from_secs(10), || None),
+            Activation::Failed
+        );
         // A generation that never reports times out.
-        assert_eq!(ctl.wait_ready(3, Duration::from_millis(20), || None), Activation::TimedOut);
+        assert_eq!(
+            ctl.wait_ready(3, Duration::from_millis(20), || None),
+            Activation::TimedOut
+        );
     }
 }

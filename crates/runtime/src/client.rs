@@ -161,8 +161,10 @@ impl Connection {
         }
         s.func.store(func, Ordering::Relaxed);
         s.epoch.store(epoch.unwrap_or(0), Ordering::Relaxed);
-        s.client_epoch
-            .store(edge.header().client_epoch.load(Ordering::SeqCst), Ordering::Relaxed);
+        s.client_epoch.store(
+            edge.header().client_epoch.load(Ordering::SeqCst),
+            Ordering::Relaxed,
+        );
         let call_flags = if RecoveryScope::active() {
             flags::RECOVERY
         } else {
@@ -227,7 +229,9 @@ impl Connection {
     /// [`SUSPICION_HOLDOFF`] of this thread's last suspicion, or if no
     /// reboot comes within [`SUSPECT_WAIT`].
     fn suspect(&self, fault: Fault) -> Fault {
-        let held_off = LAST_SUSPICION.get().is_some_and(|t| t.elapsed() < SUSPICION_HOLDOFF);
+        let held_off = LAST_SUSPICION
+            .get()
+            .is_some_and(|t| t.elapsed() < SUSPICION_HOLDOFF);
         if !self.inner.watched || held_off {
             return fault;
         }

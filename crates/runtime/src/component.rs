@@ -34,18 +34,18 @@ use serde::de::DeserializeOwned;
 use thiserror::Error;
 
 use crate::boot::{BootInfo, ControlBlock, BOOT_ENV, LIFELINES};
-use crate::counters::{Counter, CounterError, WorkloadCounters};
 use crate::channel::Edge;
 use crate::client::Connection;
+use crate::counters::{Counter, CounterError, WorkloadCounters};
 use crate::durable::Durable;
 use crate::fdpass;
 use crate::futex;
 use crate::priority::{self, Priority};
 use crate::process;
+use crate::records::{RecordStore, VaultRecords};
 use crate::server::{RecoveryGate, SlotWorker};
 use crate::shm::Region;
 use crate::stub::{Callers, InterfaceInfo, Service};
-use crate::records::{RecordStore, VaultRecords};
 use crate::upcall::{self, Listener, Mailbox, UpcallError};
 use crate::vault::Vault;
 
@@ -254,11 +254,15 @@ impl Runtime {
                 found,
             });
         }
-        Connection::new(listener.clone(), used.server.clone(), info, self.boot.watchdog).map_err(|source| {
-            ConnectError::UpcallThread {
-                interface: info.name.to_string(),
-                source,
-            }
+        Connection::new(
+            listener.clone(),
+            used.server.clone(),
+            info,
+            self.boot.watchdog,
+        )
+        .map_err(|source| ConnectError::UpcallThread {
+            interface: info.name.to_string(),
+            source,
         })
     }
 

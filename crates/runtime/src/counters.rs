@@ -49,7 +49,10 @@ impl SharedName {
             let mut bytes = [0u8; NAME_LEN];
             bytes[..name.len()].copy_from_slice(name.as_bytes());
             for (chunk, word) in bytes.chunks(8).zip(&self.name) {
-                word.store(u64::from_le_bytes(chunk.try_into().unwrap()), Ordering::Relaxed);
+                word.store(
+                    u64::from_le_bytes(chunk.try_into().unwrap()),
+                    Ordering::Relaxed,
+                );
             }
             self.len.store(name.len() as u32, Ordering::Relaxed);
             self.state.store(NAMED, Ordering::Release);
@@ -72,7 +75,10 @@ pub(crate) fn claim_by_name<'a, T>(
     if name.is_empty() || name.len() > NAME_LEN {
         return None;
     }
-    if let Some(e) = entries.iter().find(|e| name_of(e).get().as_deref() == Some(name)) {
+    if let Some(e) = entries
+        .iter()
+        .find(|e| name_of(e).get().as_deref() == Some(name))
+    {
         return Some(e);
     }
     entries.iter().find(|e| name_of(e).claim(name))
@@ -161,7 +167,8 @@ impl<'a> WorkloadCounters<'a> {
     /// `failures` counts every failure, of which `corrupt` were wrong
     /// answers (the rest are errors).
     pub fn catch_up(&self, seen: &mut [u64; 2], failures: u64, corrupt: u64) {
-        self.errors.add((failures - corrupt).saturating_sub(seen[0]));
+        self.errors
+            .add((failures - corrupt).saturating_sub(seen[0]));
         self.corrupt.add(corrupt.saturating_sub(seen[1]));
         *seen = [failures - corrupt, corrupt];
     }
@@ -207,7 +214,8 @@ impl Failures {
         self.errors += other.errors;
         self.corrupt += other.corrupt;
         let room = FIRST_ERRORS.saturating_sub(self.first_errors.len());
-        self.first_errors.extend(other.first_errors.into_iter().take(room));
+        self.first_errors
+            .extend(other.first_errors.into_iter().take(room));
     }
 
     /// Whether nothing failed; else the count and the first failure, for a
@@ -254,7 +262,10 @@ mod tests {
         for i in 0..COUNTERS - 2 {
             table.get(&format!("c{i}")).unwrap();
         }
-        assert!(matches!(table.get("one-too-many"), Err(CounterError::Full(_))));
+        assert!(matches!(
+            table.get("one-too-many"),
+            Err(CounterError::Full(_))
+        ));
     }
 
     #[test]
@@ -270,11 +281,17 @@ mod tests {
         a.merge(b);
         assert_eq!((a.errors, a.corrupt), (14, 1));
         assert_eq!(a.first_errors.len(), 10);
-        assert_eq!(a.first_errors[..3], ["call 1 failed", "answer 2 wrong", "b0"]);
+        assert_eq!(
+            a.first_errors[..3],
+            ["call 1 failed", "answer 2 wrong", "b0"]
+        );
         let failed = a.check().unwrap_err();
         assert_eq!(failed.to_string(), "14 errors; first: call 1 failed");
         let json = serde_json::to_value(&a).unwrap();
-        assert_eq!((json["errors"].as_u64(), json["corrupt"].as_u64()), (Some(14), Some(1)));
+        assert_eq!(
+            (json["errors"].as_u64(), json["corrupt"].as_u64()),
+            (Some(14), Some(1))
+        );
     }
 
     #[test]
@@ -289,7 +306,11 @@ mod tests {
         w.catch_up(&mut seen, 5, 2);
         assert_eq!(
             table.snapshot(),
-            vec![("ops".into(), 1), ("errors".into(), 3), ("corrupt".into(), 2)]
+            vec![
+                ("ops".into(), 1),
+                ("errors".into(), 3),
+                ("corrupt".into(), 2)
+            ]
         );
     }
 }

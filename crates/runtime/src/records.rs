@@ -76,12 +76,20 @@ impl RecordStore for VaultRecords {
     fn put(&self, key: &str, value: &[u8]) -> Result<(), RecordError> {
         let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
         self.0
-            .put(&format!("{VAULT_PREFIX}{key}"), serde_json::Value::String(hex), None)
+            .put(
+                &format!("{VAULT_PREFIX}{key}"),
+                serde_json::Value::String(hex),
+                None,
+            )
             .map_err(vault_error)
     }
 
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, RecordError> {
-        match self.0.get(&format!("{VAULT_PREFIX}{key}")).map_err(vault_error)? {
+        match self
+            .0
+            .get(&format!("{VAULT_PREFIX}{key}"))
+            .map_err(vault_error)?
+        {
             None => Ok(None),
             Some(r) => unhex(&r.value).map(Some),
         }

@@ -39,7 +39,9 @@ pub enum VaultRequest {
     /// Applies `ops` like `Apply`, but sends no reply: a change the component
     /// need not wait for (netd keeping an accepted socket). Requests on one
     /// socket are applied in order, so a later round trip sees it done.
-    Post { ops: Vec<VaultOp> },
+    Post {
+        ops: Vec<VaultOp>,
+    },
     /// Records with keys after `after`, in key order, a page at a time.
     List {
         id: u64,

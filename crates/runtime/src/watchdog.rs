@@ -300,7 +300,8 @@ impl Section {
         let slot = table.active.iter().position(|a| {
             let st = a.state.load(Ordering::Acquire);
             // An instance left by a dead incarnation is free too.
-            let free = st == ACTIVE_FREE || (st == ACTIVE_IN && a.pid.load(Ordering::Relaxed) != *pid);
+            let free =
+                st == ACTIVE_FREE || (st == ACTIVE_IN && a.pid.load(Ordering::Relaxed) != *pid);
             free && a
                 .state
                 .compare_exchange(st, ACTIVE_FILLING, Ordering::AcqRel, Ordering::Relaxed)
@@ -393,7 +394,11 @@ mod tests {
         assert_eq!(e.func.load(Ordering::Relaxed), 3);
         e.end();
         assert!(!e.in_stretch());
-        assert_eq!(e.seq.load(Ordering::Relaxed), 4, "two stretches, each odd then even");
+        assert_eq!(
+            e.seq.load(Ordering::Relaxed),
+            4,
+            "two stretches, each odd then even"
+        );
         WORKER.with(|w| w.set(None));
     }
 }

@@ -39,7 +39,10 @@ fn unknown_function(conn: &Connection) -> Result<(), Fault> {
 fn an_impossible_reply_has_a_watched_server_rebooted_once() {
     let lb = Arc::new(Loopback::new(Arc::new(EchoService::default())));
     // Unwatched: the refusal is returned, nothing is suspected.
-    assert!(matches!(unknown_function(&lb.connection()), Err(Fault::Refused(_))));
+    assert!(matches!(
+        unknown_function(&lb.connection()),
+        Err(Fault::Refused(_))
+    ));
     assert_eq!(lb.suspected(), 0);
 
     // Watched: the client marks epoch 1 and waits; the test plays the

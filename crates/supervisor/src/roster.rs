@@ -94,7 +94,10 @@ impl Roster {
     /// Asks the supervisor to treat `pid`'s incarnation of `component` as
     /// failed: it logs the report, kills the process and reboots it.
     pub fn report_fault(&self, report: FaultReport) {
-        self.faults.lock().unwrap_or_else(|p| p.into_inner()).push(report);
+        self.faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(report);
         self.wake();
     }
 
@@ -110,7 +113,12 @@ impl Roster {
     }
 
     fn wake(&self) {
-        if let Some(fd) = self.notify.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        if let Some(fd) = self
+            .notify
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
             let _ = rustix::io::write(fd, &[1]);
         }
     }

@@ -26,8 +26,8 @@ use thiserror::Error;
 use crate::chaos::{Chaos, ChaosPlan};
 use crate::events::{Event, Exit};
 use crate::policy::RestartWindow;
-use crate::roster::Roster;
 use crate::process::{spawn_component, Proc};
+use crate::roster::Roster;
 use crate::vault::VaultStore;
 use crate::watch::Watch;
 use crate::watchdog::Monitor;
@@ -663,15 +663,20 @@ impl<'a> Supervisor<'a> {
                 s.edge.server_live(m.epoch, inc.proc.pid);
             }
             m.live_bank = inc.bank;
-            self.roster.set_live(&m.spec.name, Some(inc.proc.pid), m.epoch);
+            self.roster
+                .set_live(&m.spec.name, Some(inc.proc.pid), m.epoch);
             m.live = Some(inc);
             return Ok(());
         }
         let exit = inc.proc.kill();
         Err(match outcome {
             Activation::Interrupted => ActivationFailure::Interrupted,
-            Activation::Failed => ActivationFailure::Init(format!("initialization failed ({exit})")),
-            Activation::Died => ActivationFailure::Init(format!("died during initialization ({exit})")),
+            Activation::Failed => {
+                ActivationFailure::Init(format!("initialization failed ({exit})"))
+            }
+            Activation::Died => {
+                ActivationFailure::Init(format!("died during initialization ({exit})"))
+            }
             _ => ActivationFailure::Init(format!(
                 "not ready within {} ms ({exit})",
                 timeout.as_millis()

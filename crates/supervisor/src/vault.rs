@@ -168,7 +168,10 @@ impl VaultStore {
 /// Whether the component's end of a seqpacket socket is closed (an empty
 /// read is either that or an empty message).
 fn peer_closed(sock: &OwnedFd) -> bool {
-    let mut fds = [rustix::event::PollFd::new(sock, rustix::event::PollFlags::IN)];
+    let mut fds = [rustix::event::PollFd::new(
+        sock,
+        rustix::event::PollFlags::IN,
+    )];
     matches!(rustix::event::poll(&mut fds, Some(&rustix::time::Timespec::default())), Ok(n) if n > 0)
         && fds[0].revents().contains(rustix::event::PollFlags::HUP)
 }

@@ -133,7 +133,12 @@ impl FromStr for Detection {
             .split(' ')
             .filter_map(|kv| kv.split_once('='))
             .collect();
-        let get = |k: &str| fields.get(k).copied().ok_or_else(|| format!("no `{k}` in: {s}"));
+        let get = |k: &str| {
+            fields
+                .get(k)
+                .copied()
+                .ok_or_else(|| format!("no `{k}` in: {s}"))
+        };
         let num = |k: &str| -> Result<u64, String> {
             get(k)?.parse().map_err(|_| format!("bad `{k}` in: {s}"))
         };
@@ -224,7 +229,8 @@ impl WorkerState {
     /// The tracked stretch is over: its progress joins the window.
     fn close(&mut self, window: usize) {
         if self.sightings >= 2 {
-            self.window.push(self.last_cpu.saturating_sub(self.base_cpu));
+            self.window
+                .push(self.last_cpu.saturating_sub(self.base_cpu));
             if self.window.len() > window {
                 self.window.remove(0);
             }
@@ -303,7 +309,6 @@ impl Sampler {
             }
         }
     }
-
 }
 
 /// A client's suspicion of the live incarnation on one of `edges` (an
@@ -455,10 +460,16 @@ fn check(s: &WatchdogSettings, t: &WatchTable, pid: u32, st: &mut CompState) -> 
                 s.floor
                     .max(Duration::from_nanos((largest as f64 * s.margin) as u64))
             };
-            (progress > bound && !in_section.contains(&tid)).then_some((HangKind::Shd, progress, bound))
+            (progress > bound && !in_section.contains(&tid)).then_some((
+                HangKind::Shd,
+                progress,
+                bound,
+            ))
         };
         // Only if the stretch is still the one measured.
-        if let Some((kind, measured, bound)) = found.filter(|_| e.seq.load(Ordering::Acquire) == seq) {
+        if let Some((kind, measured, bound)) =
+            found.filter(|_| e.seq.load(Ordering::Acquire) == seq)
+        {
             return Some(Detection {
                 kind,
                 tid,
@@ -565,7 +576,11 @@ mod tests {
             ..Default::default()
         };
         w.close(3);
-        assert_eq!((w.window.len(), w.measured), (0, 0), "seen once: not measured");
+        assert_eq!(
+            (w.window.len(), w.measured),
+            (0, 0),
+            "seen once: not measured"
+        );
         for ns in [5, 9, 7, 3] {
             w.seq = 1;
             w.sightings = 2;

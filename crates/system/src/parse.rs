@@ -11,8 +11,8 @@ use toml::Spanned;
 
 use crate::{
     ComponentSpec, ErrorKind, Location, RebootMode, RecoveryMode, RestartPolicy, System,
-    SystemError, Use, DEFAULT_SLOTS, DURABLE_KIB_RANGE, PRIORITY_RANGE, REALTIME_RANGE,
-    SLOTS_RANGE, MAX_WATCH_WINDOW, WatchdogSettings,
+    SystemError, Use, WatchdogSettings, DEFAULT_SLOTS, DURABLE_KIB_RANGE, MAX_WATCH_WINDOW,
+    PRIORITY_RANGE, REALTIME_RANGE, SLOTS_RANGE,
 };
 
 #[derive(Deserialize)]
@@ -492,10 +492,11 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
 fn watchdog(cx: &Ctx<'_>, w: &RawWatchdog) -> Result<WatchdogSettings, SystemError> {
     let d = WatchdogSettings::default();
     let n = "[watchdog]";
-    let us = |field: &str, v: &Option<Spanned<i64>>, range: RangeInclusive<u64>, default: Duration| {
-        cx.ranged(n, field, v, range, "")
-            .map(|v| v.map_or(default, Duration::from_micros))
-    };
+    let us =
+        |field: &str, v: &Option<Spanned<i64>>, range: RangeInclusive<u64>, default: Duration| {
+            cx.ranged(n, field, v, range, "")
+                .map(|v| v.map_or(default, Duration::from_micros))
+        };
     let margin = match &w.margin {
         None => d.margin,
         Some(m) => {
@@ -508,7 +509,10 @@ fn watchdog(cx: &Ctx<'_>, w: &RawWatchdog) -> Result<WatchdogSettings, SystemErr
                 return Err(cx.err(
                     &m.span(),
                     ErrorKind::OutOfRange,
-                    format!("[watchdog]: margin must be a number from 1 to 1000, not {}", m.get_ref()),
+                    format!(
+                        "[watchdog]: margin must be a number from 1 to 1000, not {}",
+                        m.get_ref()
+                    ),
                 ));
             }
             v
@@ -521,12 +525,22 @@ fn watchdog(cx: &Ctx<'_>, w: &RawWatchdog) -> Result<WatchdogSettings, SystemErr
             .ranged(n, "window", &w.window, 1..=MAX_WATCH_WINDOW, "")?
             .unwrap_or(d.window),
         margin,
-        default_bound: us("default_bound_us", &w.default_bound_us, 1..=600_000_000, d.default_bound)?,
+        default_bound: us(
+            "default_bound_us",
+            &w.default_bound_us,
+            1..=600_000_000,
+            d.default_bound,
+        )?,
         floor: us("floor_us", &w.floor_us, 0..=600_000_000, d.floor)?,
         stuck: cx
             .ranged(n, "stuck_ms", &w.stuck_ms, 1..=3_600_000u64, "")?
             .map_or(d.stuck, Duration::from_millis),
-        min_section: us("min_section_us", &w.min_section_us, 0..=600_000_000, d.min_section)?,
+        min_section: us(
+            "min_section_us",
+            &w.min_section_us,
+            0..=600_000_000,
+            d.min_section,
+        )?,
     })
 }
 

@@ -551,11 +551,15 @@ fn watchdog_errors_point_at_the_value() {
     assert_eq!(
         err_with_head(&format!("[watchdog]\nmargin = 0.5\n{comp}")),
         (
-            "sys.toml:5:10: [watchdog]: margin must be a number from 1 to 1000, not 0.5".to_string(),
+            "sys.toml:5:10: [watchdog]: margin must be a number from 1 to 1000, not 0.5"
+                .to_string(),
             ErrorKind::OutOfRange
         )
     );
     let (msg, kind) = err_with_head(&format!("[watchdog]\nperiod = 5\n{comp}"));
     assert_eq!(kind, ErrorKind::Syntax);
-    assert!(msg.starts_with("sys.toml:5:1: unknown field `period`"), "{msg}");
+    assert!(
+        msg.starts_with("sys.toml:5:1: unknown field `period`"),
+        "{msg}"
+    );
 }

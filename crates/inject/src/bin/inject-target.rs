@@ -22,7 +22,9 @@ fn spin(seed: u64) -> ! {
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1).map(|a| a.parse::<u64>().expect("a count"));
+    let mut args = std::env::args()
+        .skip(1)
+        .map(|a| a.parse::<u64>().expect("a count"));
     let (spinners, sleepers) = (args.next().unwrap_or(1), args.next().unwrap_or(0));
     for s in 0..spinners {
         std::thread::spawn(move || spin(s));

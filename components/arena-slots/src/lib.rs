@@ -22,6 +22,8 @@
 //! it starts and gives up when it changes, so a server never blocks for a
 //! dead client.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

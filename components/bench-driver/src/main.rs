@@ -4,6 +4,8 @@
 //! compares that with a pass over the same descriptors that needs no
 //! recovery. Writes one JSON line per round (to `out`, or stdout).
 
+#![forbid(unsafe_code)]
+
 use std::time::{Duration, Instant};
 
 use kintsugi_interfaces::bench;

@@ -9,6 +9,8 @@
 //! count, and writes a note for its clients at the start of its pool's
 //! second page.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

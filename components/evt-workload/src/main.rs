@@ -18,6 +18,8 @@
 //! publishes the counters `ops` (triggers acknowledged, waits returned),
 //! `errors` and `corrupt` (waits that returned a count not past the last).
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 use kintsugi_interfaces::evt;

@@ -6,6 +6,8 @@
 //! are re-issued by their client stubs with the count they have seen and
 //! return at once if it has moved (see `events.rs`).
 
+#![forbid(unsafe_code)]
+
 mod events;
 
 use std::sync::Arc;

@@ -4,6 +4,8 @@
 //! the crash left unusable: `mode = "abort"` dies (SIGABRT) before it
 //! reports, `"error"` reports the failure, `"hang"` never becomes ready.
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 use kintsugi_runtime::Incarnation;

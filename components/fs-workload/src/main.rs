@@ -6,6 +6,8 @@
 //! for byte, prints a JSON report on stdout and exits 0 only if nothing
 //! differed and no call failed.
 
+#![forbid(unsafe_code)]
+
 mod model;
 
 use kintsugi_interfaces::fs;

@@ -15,6 +15,8 @@
 //! ramfs under `/www` (and marks it done), so later incarnations and a crash
 //! during the copy find it complete.
 
+#![forbid(unsafe_code)]
+
 mod http;
 
 use std::collections::HashMap;
@@ -74,7 +76,7 @@ fn cache_lock() -> u64 {
 }
 
 fn log_event() -> u64 {
-    0x6874_7470_6c6f_67
+    0x0068_7474_706c_6f67
 }
 
 /// A cached file: in a page granted by mm and mapped here.

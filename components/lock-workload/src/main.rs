@@ -13,6 +13,8 @@
 //! file, because several components' reports that large would interleave on
 //! a shared stdout), and prints a JSON report of its counts.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;

@@ -7,6 +7,8 @@
 //! rebuilds each lock id from its creation record (see `locks.rs` for how
 //! re-issued takes and releases are told apart from mistakes).
 
+#![forbid(unsafe_code)]
+
 mod locks;
 
 use std::sync::Arc;

@@ -24,6 +24,8 @@
 //! On SIGTERM (or after `rounds` rounds) each prints a JSON report on
 //! stdout and exits 0 only if nothing differed and no call failed.
 
+#![forbid(unsafe_code)]
+
 mod owner;
 mod protocol;
 mod sink;

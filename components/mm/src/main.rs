@@ -10,6 +10,8 @@
 //! loses a grant nor hands its pages out twice, and the clients' mappings
 //! are never touched by a crash.
 
+#![forbid(unsafe_code)]
+
 mod arena;
 mod server;
 

@@ -28,6 +28,9 @@
 //! With `tracking = false` (for comparison), netd keeps nothing in the vault
 //! and reads without `MSG_PEEK`: what recovery costs, turned off.
 
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod sockinfo;
 
 use std::collections::HashMap;

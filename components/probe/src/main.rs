@@ -4,6 +4,8 @@
 //! writes one at the start of its pool's second page), prints all of it as
 //! JSON on stdout and exits.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering;
 
 use kintsugi_runtime::shm::page_size;

@@ -8,6 +8,8 @@
 //! metadata change is one atomic vault request, so a crash leaves the tree
 //! as it was before or after the change.
 
+#![forbid(unsafe_code)]
+
 mod restore;
 mod tree;
 

@@ -16,6 +16,8 @@
 //!
 //! Every measurement is appended as one JSON line to the file `out`.
 
+#![forbid(unsafe_code)]
+
 mod interference;
 mod subjects;
 mod table1;

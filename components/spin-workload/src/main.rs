@@ -9,6 +9,8 @@
 //! {"ops":10000,"errors":0,"mismatches":0,"hangs":2,"refused":0,"elapsed_ns":123456789}
 //! ```
 
+#![forbid(unsafe_code)]
+
 use kintsugi_interfaces::spin;
 use kintsugi_interfaces::spin_work::checksum;
 use kintsugi_runtime::{Fault, Incarnation};
@@ -108,7 +110,7 @@ fn main() {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                let units = if cfg.large_every > 0 && x % cfg.large_every == 0 {
+                let units = if cfg.large_every > 0 && x.is_multiple_of(cfg.large_every) {
                     cfg.large_units
                 } else {
                     lo + (x >> 8) as u32 % (hi - lo + 1).max(1)

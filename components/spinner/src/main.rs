@@ -9,6 +9,8 @@
 //! Counters: `hang_ns` (monotonic instant a hang began), `stall_tid` (the
 //! thread a stall runs on), `batches`.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -138,7 +140,7 @@ fn batches(rt: Arc<Runtime>, cfg: Config) -> anyhow::Result<()> {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let units = if x % cfg.large_every.max(1) == 0 {
+        let units = if x.is_multiple_of(cfg.large_every.max(1)) {
             cfg.large_units
         } else {
             cfg.batch_units / 2 + (x % u64::from(cfg.batch_units.max(1))) as u32

@@ -11,6 +11,8 @@
 //! SIGTERM) it prints a JSON report on stdout and exits 0 only if no call
 //! failed and no tick came early.
 
+#![forbid(unsafe_code)]
+
 mod drive;
 mod report;
 

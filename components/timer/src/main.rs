@@ -8,6 +8,8 @@
 //! phase, and `wait` carries the last tick its caller saw, so a reboot loses
 //! no tick and repeats none.
 
+#![forbid(unsafe_code)]
+
 mod timers;
 
 use std::sync::Arc;

@@ -10,8 +10,8 @@ use std::time::Duration;
 use kintsugi_runtime::clock::monotonic_ns;
 use kintsugi_supervisor::{Detection, Event, Options, Roster};
 
-use crate::freeze::freeze_thread;
 use crate::stats::Summary;
+use kintsugi_inject::hold_until_death;
 
 /// The system, with `[watchdog]` on or off and the given configs.
 fn system(
@@ -67,7 +67,7 @@ fn run(system: &kintsugi_system::System) -> anyhow::Result<Outcome> {
                 if tid != seen && tid != 0 {
                     seen = tid;
                     std::thread::sleep(Duration::from_millis(5));
-                    match freeze_thread(tid as u32) {
+                    match hold_until_death(tid as u32) {
                         Ok(t) => tracers.push(t),
                         Err(e) => eprintln!("bench watchdog: {e}"),
                     }

@@ -1,11 +1,12 @@
 //! The `kintsugi` command: run a system, check a system file, benchmark.
 
+#![forbid(unsafe_code)]
+
 mod bench;
 mod bench_recovery;
 mod bench_watchdog;
 mod bench_web;
 mod campaign;
-mod freeze;
 mod inject;
 mod run;
 mod stats;

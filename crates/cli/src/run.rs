@@ -236,10 +236,7 @@ fn execute(
 ) -> anyhow::Result<bool> {
     let mut log = Log::new(quiet);
     // Publish the roster for `kintsugi inject` (and other observers).
-    let roster = options
-        .roster
-        .clone()
-        .unwrap_or_else(kintsugi_supervisor::Roster::new);
+    let roster = options.roster.clone().unwrap_or_default();
     let options = Options {
         roster: Some(roster.clone()),
         ..options

@@ -8,9 +8,6 @@
 
 mod common;
 
-#[path = "../src/freeze.rs"]
-mod freeze;
-
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
@@ -169,7 +166,9 @@ fn a_stopped_thread_is_caught_by_the_timestamp_check() {
             return;
         };
         if let Some(tid) = v["stall_tid"].as_u64() {
-            tracer = Some(freeze::freeze_thread(tid as u32).expect("stop the stalling thread"));
+            tracer = Some(
+                kintsugi_inject::hold_until_death(tid as u32).expect("stop the stalling thread"),
+            );
         }
     });
     assert_eq!(d.kind, HangKind::Stuck, "{d}");

@@ -63,8 +63,12 @@ fn free_port() -> u16 {
 }
 
 /// Starts the web system; returns once it accepts connections.
+#[allow(
+    clippy::zombie_processes,
+    reason = "returned to the caller, which waits for it; killed and waited for on a timeout"
+)]
 fn start(tag: &str, root: &Path, port: u16, extra: &[String]) -> Child {
-    let child = kintsugi(tag)
+    let mut child = kintsugi(tag)
         .arg("run")
         .arg(system())
         .arg("--docroot")
@@ -85,7 +89,11 @@ fn start(tag: &str, root: &Path, port: u16, extra: &[String]) -> Child {
                 return child;
             }
         }
-        assert!(Instant::now() < deadline, "the web system did not start");
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the web system did not start");
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -233,7 +241,7 @@ fn clients(
                 let mut rng = Rng(seed.wrapping_mul(31).wrapping_add(t as u64) | 1);
                 let mut failures = Vec::new();
                 while !done.load(Ordering::Relaxed) {
-                    let burst = if rng.next() % 2 == 0 { 1 } else { 5 };
+                    let burst = if rng.next().is_multiple_of(2) { 1 } else { 5 };
                     let attempt = (|| -> Result<(), String> {
                         let mut s = TcpStream::connect(("127.0.0.1", port))
                             .map_err(|e| format!("connect: {e}"))?;

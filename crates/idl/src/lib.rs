@@ -15,6 +15,8 @@
 //! From `build.rs`, [`compile_dir`] turns a folder of such files into one Rust
 //! module each; [`parse`] and [`generate`] are the two steps it runs.
 
+#![forbid(unsafe_code)]
+
 mod check;
 mod gen;
 mod lexer;

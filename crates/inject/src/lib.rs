@@ -8,13 +8,15 @@
 //! cooperation from the target and no `unsafe`. Every random choice comes
 //! from the [`Injector`]'s seeded generator.
 
+#![forbid(unsafe_code)]
+
 mod fault;
 mod procfs;
 mod stop;
 
 pub use fault::{Fault, Flip, Injection, Injector, GPRS};
 pub use procfs::{describe_threads, threads, Area, ThreadInfo};
-pub use stop::{Held, Stopped};
+pub use stop::{hold_until_death, Held, Stopped};
 
 use thiserror::Error;
 

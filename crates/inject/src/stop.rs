@@ -66,7 +66,7 @@ impl Stopped {
                 Err(e) => return Err(InjectError::Ptrace { tid, source: e }),
             }
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 if matches!(thread_state(pid, tid), None | Some('Z' | 'X')) {
                     let _ = detach_or_reap(pid, tid);
                     return Err(InjectError::Gone(pid));
@@ -228,5 +228,46 @@ impl Held {
     /// Lets the thread run on.
     pub fn release(self) -> Result<(), InjectError> {
         self.0.resume()
+    }
+}
+
+/// Holds thread `tid` stopped from a tracer thread of its own (ptrace
+/// binds a tracee to the thread that seized it) until the thread's process
+/// dies; the handle ends then. Fails if the thread cannot be stopped.
+pub fn hold_until_death(tid: u32) -> Result<std::thread::JoinHandle<()>, InjectError> {
+    let status_path = format!("/proc/{tid}/status");
+    let status = std::fs::read_to_string(&status_path).map_err(|e| InjectError::Proc {
+        path: status_path,
+        source: e,
+    })?;
+    let pid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or(InjectError::Gone(tid))?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tracer = std::thread::Builder::new()
+        .name(format!("hold:{tid}"))
+        .spawn(move || {
+            let mut held = match Stopped::seize(pid, tid, Duration::from_secs(1)) {
+                Ok(s) => Held::new(s),
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = tx.send(Ok(()));
+            while !held.reap_if_dead() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+        .map_err(|e| InjectError::Proc {
+            path: "thread".into(),
+            source: e,
+        })?;
+    match rx.recv() {
+        Ok(Ok(())) => Ok(tracer),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(InjectError::Gone(pid)),
     }
 }

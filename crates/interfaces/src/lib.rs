@@ -3,6 +3,8 @@
 //! interface's `INFO`, `Error`, records, descriptor handles, the `Server`
 //! trait with `service()` (the server stub), and the recovering `Client`.
 
+#![forbid(unsafe_code)]
+
 /// `interfaces/fs.kidl`: the file system served by ramfs.
 pub mod fs {
     include!(concat!(env!("OUT_DIR"), "/fs.rs"));

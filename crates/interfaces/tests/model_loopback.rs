@@ -28,11 +28,14 @@ mod machine {
 
 /// A tree of nodes; ids come from a counter that starts high in each
 /// incarnation, so a rebuilt node can only have its id through `reuse`.
+/// A node's parent, tag and creator.
+type Node = (Option<u64>, u64, u32);
+
 struct TreeServer {
     log: Arc<Log>,
     next: AtomicU64,
     /// id -> (parent, tag, creator)
-    nodes: Mutex<HashMap<u64, (Option<u64>, u64, u32)>>,
+    nodes: Mutex<HashMap<u64, Node>>,
 }
 
 impl TreeServer {

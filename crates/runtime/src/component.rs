@@ -333,6 +333,7 @@ pub fn run<F>(init: F) -> !
 where
     F: FnOnce(&Arc<Runtime>) -> anyhow::Result<Incarnation>,
 {
+    process::abort_on_panic();
     let boot = match std::env::var(BOOT_ENV) {
         Ok(json) => match serde_json::from_str::<BootInfo>(&json) {
             Ok(b) => b,
@@ -377,13 +378,15 @@ impl Boot {
         process::die_with_parent(supervisor)?;
         process::disable_core_dumps()?;
         process::default_fault_signals()?;
-        // SAFETY (all four): the supervisor passed these descriptors for this
-        // process alone, and nothing else in it owns them.
+        // SAFETY: the supervisor passed these descriptors for this process
+        // alone, and nothing else in it owns them.
         let control = unsafe { Region::from_raw_fd(info.control_fd)? };
+        // SAFETY: as for the control block.
         let zygote = unsafe { OwnedFd::from_raw_fd(info.zygote_fd) };
+        // SAFETY: as for the control block.
         let vault = unsafe { OwnedFd::from_raw_fd(info.vault_fd) };
         let map_edge = |fd| -> anyhow::Result<Arc<Edge>> {
-            // SAFETY: as above.
+            // SAFETY: as for the control block.
             Ok(Arc::new(Edge::open(unsafe { Region::from_raw_fd(fd)? })?))
         };
         let provided = info

@@ -4,26 +4,39 @@
 //! stubs use, the component lifecycle (pristine image, warm standby,
 //! incarnation), and the state vault's protocol.
 
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod boot;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod channel;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod client;
 pub mod clock;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod component;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod counters;
 mod durable;
 pub mod fdpass;
 pub mod futex;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod lifeline;
 mod logging;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod priority;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod process;
 pub mod records;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod server;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod shm;
 pub mod stub;
 pub mod testing;
 pub mod upcall;
 pub mod vault;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod watchdog;
 pub mod wire;
 

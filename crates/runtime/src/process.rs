@@ -89,3 +89,17 @@ pub fn default_fault_signals() -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Makes a panic in any thread a fault of the whole component, whatever
+/// profile it was built with: the default hook prints the message, then the
+/// process aborts (SIGABRT), which the supervisor sees as a crash and
+/// reboots. With unwinding and no such hook, a panicking worker would die
+/// alone and leave the component half alive (a poisoned lock, clients
+/// waiting for a thread that is gone) and nothing would reboot it.
+pub fn abort_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        std::process::abort();
+    }));
+}

@@ -4,9 +4,12 @@
 //! applies restart policies, keeps the state vault, watches for hangs, and
 //! stops everything cleanly.
 
+#![deny(unsafe_code)]
+
 pub mod chaos;
 pub mod events;
 mod policy;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod process;
 pub mod roster;
 mod supervisor;

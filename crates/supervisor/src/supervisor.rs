@@ -316,7 +316,7 @@ impl<'a> Supervisor<'a> {
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
         listen(&epoll, &lifeline_pipe, TOKEN_LIFELINE)?;
         let chaos = options.chaos.take().map(Chaos::new);
-        let roster = options.roster.clone().unwrap_or_else(Roster::new);
+        let roster = options.roster.clone().unwrap_or_default();
         let (fault_pipe, fault_notify) = rustix::pipe::pipe_with(
             rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
         )?;

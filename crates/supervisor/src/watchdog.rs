@@ -344,9 +344,9 @@ fn name_call(interfaces: &[&'static InterfaceInfo], mut d: Detection) -> Detecti
 /// A thread's CPU time and its time spent waiting runnable on a run queue
 /// (ns), from its schedstat file kept open in `stats`.
 fn sched_ns(stats: &mut HashMap<u32, File>, pid: u32, tid: u32) -> Option<(u64, u64)> {
-    if !stats.contains_key(&tid) {
+    if let std::collections::hash_map::Entry::Vacant(e) = stats.entry(tid) {
         let f = File::open(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
-        stats.insert(tid, f);
+        e.insert(f);
     }
     let mut buf = [0u8; 96];
     let n = stats.get(&tid)?.read_at(&mut buf, 0).ok()?;

@@ -41,6 +41,8 @@
 //! files = 16
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod error;
 mod parse;
 

@@ -4,6 +4,8 @@
 //! mismatch: a register flip caught), and SLEEPERS threads that sleep. It
 //! prints `ready` once every thread runs, and runs until killed.
 
+#![forbid(unsafe_code)]
+
 use std::hint::black_box;
 use std::time::Duration;
 

@@ -49,6 +49,10 @@ pub struct RunArgs {
     /// Print only faults and the summary, not every reboot.
     #[arg(long, short)]
     pub quiet: bool,
+    /// How events are printed: `text` lines, or one JSON object per line
+    /// (`{"t_us": …, "event": "rebooted", …}`, durations in µs).
+    #[arg(long, value_enum, default_value_t = EventFormat::Text)]
+    pub events: EventFormat,
     /// Detect deaths only through pidfds, not lifelines (for comparison).
     #[arg(long)]
     pub no_lifelines: bool,
@@ -169,20 +173,37 @@ pub fn chaos_plan(args: &ChaosArgs) -> anyhow::Result<Option<ChaosPlan>> {
     }))
 }
 
+/// How the event log is printed.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventFormat {
+    Text,
+    Json,
+}
+
+/// One line of `--events json`: the event and when it happened.
+#[derive(serde::Serialize)]
+struct Stamped<'a> {
+    t_us: u64,
+    #[serde(flatten)]
+    event: &'a Event,
+}
+
 /// Prints events as a live log and tallies reboots.
 struct Log {
     start: Instant,
     quiet: bool,
+    format: EventFormat,
     reboots: Vec<Duration>,
     injected: u32,
     injected_busy: u32,
 }
 
 impl Log {
-    fn new(quiet: bool) -> Self {
+    fn new(quiet: bool, format: EventFormat) -> Self {
         Self {
             start: Instant::now(),
             quiet,
+            format,
             reboots: Vec::new(),
             injected: 0,
             injected_busy: 0,
@@ -206,8 +227,19 @@ impl Log {
                 | Event::Recovered { .. }
                 | Event::EagerRecovery { .. }
         );
-        if !(self.quiet && routine) {
-            println!("[{:>10.6}] {e}", self.start.elapsed().as_secs_f64());
+        if self.quiet && routine {
+            return;
+        }
+        let t = self.start.elapsed();
+        match self.format {
+            EventFormat::Text => println!("[{:>10.6}] {e}", t.as_secs_f64()),
+            EventFormat::Json => match serde_json::to_string(&Stamped {
+                t_us: t.as_micros() as u64,
+                event: e,
+            }) {
+                Ok(line) => println!("{line}"),
+                Err(err) => tracing::error!("event not serializable: {err}"),
+            },
         }
     }
 
@@ -233,8 +265,9 @@ fn execute(
     system: &kintsugi_system::System,
     options: Options,
     quiet: bool,
+    format: EventFormat,
 ) -> anyhow::Result<bool> {
-    let mut log = Log::new(quiet);
+    let mut log = Log::new(quiet, format);
     // Publish the roster for `kintsugi inject` (and other observers).
     let roster = options.roster.clone().unwrap_or_default();
     let options = Options {
@@ -267,7 +300,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
         lifelines: !args.no_lifelines,
         ..Options::default()
     };
-    execute(&system, options, args.quiet)
+    execute(&system, options, args.quiet, args.events)
 }
 
 pub fn demo(args: DemoArgs) -> anyhow::Result<bool> {
@@ -291,7 +324,7 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<bool> {
         interfaces: interfaces(),
         ..Options::default()
     };
-    execute(&system, options, false)
+    execute(&system, options, false, EventFormat::Text)
 }
 
 pub fn check(path: &Path) -> anyhow::Result<bool> {

@@ -18,15 +18,11 @@ fn ramfs_survives_hundreds_of_kills_with_no_error_and_no_lost_byte() {
 #[test]
 fn eager_ramfs_survives_hundreds_of_kills_with_no_error_and_no_lost_byte() {
     let stdout = ramfs_under_kills("eager", 200);
-    let rebuilt: Vec<u64> = stdout
-        .lines()
-        .filter_map(|l| {
-            l.split("eager recovery rebuilt ")
-                .nth(1)?
-                .split(' ')
-                .next()?
-                .parse()
-                .ok()
+    let rebuilt: Vec<u64> = events(&stdout)
+        .iter()
+        .filter_map(|e| match e {
+            Event::EagerRecovery { descriptors, .. } => Some(*descriptors),
+            _ => None,
         })
         .collect();
     eprintln!(
@@ -77,15 +73,8 @@ threads = 3
         ),
     );
     let tag = unique_tag("crash");
-    let out = kintsugi(&tag)
-        .args([
-            "run",
-            system.to_str().unwrap(),
-            "--kill",
-            "ramfs",
-            "--signals",
-            "kill,segv",
-        ])
+    let out = run_system(&tag, &system)
+        .args(["--kill", "ramfs", "--signals", "kill,segv"])
         .args([
             "--kills",
             &kills.to_string(),
@@ -103,13 +92,10 @@ threads = 3
         "kintsugi run failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
 
-    let crashes: Vec<&str> = crash_lines(&stdout, "ramfs");
-    let by_kill = crashes.iter().filter(|l| l.contains("SIGKILL")).count();
-    let by_segv = crashes.iter().filter(|l| l.contains("SIGSEGV")).count();
-    let mid_write = crashes
-        .iter()
-        .filter(|l| l.contains("in flight: fs.write"))
-        .count();
+    let crashes = crashes(&stdout, "ramfs");
+    let by_kill = crashes.iter().filter(|c| c.by(SIGKILL)).count();
+    let by_segv = crashes.iter().filter(|c| c.by(SIGSEGV)).count();
+    let mid_write = crashes.iter().filter(|c| c.during("fs.write")).count();
     let reboots = reboots(&stdout, "ramfs");
     eprintln!("{} crashes ({by_kill} SIGKILL, {by_segv} SIGSEGV), {mid_write} during a write, {reboots} reboots", crashes.len());
     assert_eq!(crashes.len(), kills, "every injection must kill ramfs once");
@@ -154,11 +140,9 @@ fn a_dead_clients_descriptors_are_released_by_its_server() {
     let seed = seed("client_death");
     let tag = unique_tag("client-death");
     let system = concat!(env!("CARGO_MANIFEST_DIR"), "/../../systems/demo.toml");
-    let out = kintsugi(&tag)
+    let out = run_system(&tag, system.as_ref())
         .env("KINTSUGI_LOG", "info")
         .args([
-            "run",
-            system,
             "--kill",
             "workload",
             "--kills",
@@ -177,11 +161,7 @@ fn a_dead_clients_descriptors_are_released_by_its_server() {
         .unwrap();
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    let crashes = stdout
-        .lines()
-        .filter(|l| l.contains("workload: crashed with"))
-        .count();
-    assert_eq!(crashes, 5, "{stdout}");
+    assert_eq!(crashes(&stdout, "workload").len(), 5, "{stdout}");
     let released: Vec<u64> = stderr
         .lines()
         .filter_map(|l| l.split("released ").nth(1)?.split(' ').next()?.parse().ok())

@@ -38,19 +38,15 @@ arena_kib = 4
         ),
     );
     let tag = unique_tag(test);
-    let out = kintsugi(&tag)
-        .args(["run", system.to_str().unwrap(), "--kill", "echo"])
+    let out = run_system(&tag, &system)
+        .args(["--kill", "echo"])
         .args(["--kills", &kills.to_string(), "--kill-every", "100..150"])
         .args(["--seed", &seed.to_string(), "--duration", "4"])
         .output()
         .unwrap();
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    let crashes = stdout
-        .lines()
-        .filter(|l| l.contains("echo: crashed with"))
-        .count();
-    assert_eq!(crashes, kills as usize, "{stdout}");
+    assert_eq!(crashes(&stdout, "echo").len(), kills as usize, "{stdout}");
     assert!(
         leftovers(&tag).is_empty(),
         "processes left behind: {:?}",

@@ -35,22 +35,22 @@ crash_after_ms = 300
 fn gives_up_at_once(mode: &str) {
     let tag = unique_tag(&format!("failed-activation-{mode}"));
     let started = Instant::now();
-    let out = kintsugi(&tag)
-        .args(["run", system(mode).to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = run_system(&tag, &system(mode)).output().unwrap();
     let took = started.elapsed();
     let (stdout, stderr) = text(&out);
     assert!(
         !out.status.success(),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
+    let events = events(&stdout);
     assert!(
-        stdout.contains("fragile: ") && stdout.contains("giving up"),
+        events
+            .iter()
+            .any(|e| matches!(e, Event::GaveUp { component, .. } if component == "fragile")),
         "{stdout}"
     );
     assert!(
-        stdout.contains("system stopped: GaveUp(\"fragile\")"),
+        matches!(events.last(), Some(Event::Stopped { reason }) if reason == "GaveUp(\"fragile\")"),
         "{stdout}"
     );
     // The policy allows 100000 restarts a second: the bound on failed
@@ -79,8 +79,7 @@ fn incarnations_that_report_failure_are_given_up_at_once() {
 #[test]
 fn sigterm_stops_a_supervisor_waiting_for_an_incarnation_that_never_gets_ready() {
     let tag = unique_tag("failed-activation-hang");
-    let child = kintsugi(&tag)
-        .args(["run", system("hang").to_str().unwrap()])
+    let child = run_system(&tag, &system("hang"))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -100,9 +99,15 @@ fn sigterm_stops_a_supervisor_waiting_for_an_incarnation_that_never_gets_ready()
         stopped.elapsed() < Duration::from_secs(5),
         "{stdout}\n{stderr}"
     );
-    assert!(stdout.contains("crashed"), "{stdout}");
+    let events = events(&stdout);
     assert!(
-        stdout.contains("system stopped: Signal"),
+        events
+            .iter()
+            .any(|e| matches!(e, Event::Crashed { component, .. } if component == "fragile")),
+        "{stdout}"
+    );
+    assert!(
+        matches!(events.last(), Some(Event::Stopped { reason }) if reason.starts_with("Signal")),
         "{stdout}\n{stderr}"
     );
     assert!(

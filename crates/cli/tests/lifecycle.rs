@@ -14,8 +14,7 @@ fn sigterm_stops_the_system_cleanly_and_leaves_nothing_behind() {
     let shm_before = std::fs::read_dir("/dev/shm")
         .map(|d| d.count())
         .unwrap_or(0);
-    let child = kintsugi(&tag)
-        .args(["run", system])
+    let child = run_system(&tag, system.as_ref())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -36,7 +35,10 @@ fn sigterm_stops_the_system_cleanly_and_leaves_nothing_behind() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(started.elapsed() < Duration::from_secs(10));
-    assert!(stdout.contains("system stopped: Signal"), "{stdout}");
+    assert!(
+        matches!(events(&stdout).last(), Some(Event::Stopped { reason }) if reason.starts_with("Signal")),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("workload: last incarnation ended with exit code 0"),
         "{stdout}"

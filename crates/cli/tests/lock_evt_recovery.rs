@@ -76,10 +76,8 @@ sections = "{}"
 fn run(test: &str, system: &Path, args: &[String], log: &str) -> (String, String) {
     let tag = unique_tag(test);
     let started = Instant::now();
-    let out = kintsugi(&tag)
+    let out = run_system(&tag, system)
         .env("KINTSUGI_LOG", log)
-        .arg("run")
-        .arg(system)
         .args(args)
         .output()
         .unwrap();
@@ -120,14 +118,11 @@ fn chaos(target: &str, kills: u32, every: &str, seed: u64) -> Vec<String> {
 
 /// How often the event log says `component` crashed: in all, by SIGSEGV, and
 /// with calls in flight.
-fn crashes(stdout: &str, component: &str) -> (usize, usize, usize) {
-    let lines = crash_lines(stdout, component);
-    let segv = lines.iter().filter(|l| l.contains("SIGSEGV")).count();
-    let busy = lines
-        .iter()
-        .filter(|l| l.contains("calls in flight"))
-        .count();
-    (lines.len(), segv, busy)
+fn crash_counts(stdout: &str, component: &str) -> (usize, usize, usize) {
+    let all = crashes(stdout, component);
+    let segv = all.iter().filter(|c| c.by(SIGSEGV)).count();
+    let busy = all.iter().filter(|c| !c.in_flight.is_empty()).count();
+    (all.len(), segv, busy)
 }
 
 /// The one report each workload component printed, by component name.
@@ -213,15 +208,16 @@ fn locks_stay_exclusive_through_hundreds_of_lock_server_crashes() {
         "warn",
     );
 
-    let (crashed, segv, busy) = crashes(&stdout, "lock");
+    let (crashed, segv, busy) = crash_counts(&stdout, "lock");
     let reboots = reboots(&stdout, "lock");
-    let takes = stdout
-        .lines()
-        .filter(|l| l.contains("] lock: crashed") && l.contains("lock.take"))
+    let lock_crashes = crashes(&stdout, "lock");
+    let takes = lock_crashes
+        .iter()
+        .filter(|c| c.during("lock.take"))
         .count();
-    let releases = stdout
-        .lines()
-        .filter(|l| l.contains("] lock: crashed") && l.contains("lock.release"))
+    let releases = lock_crashes
+        .iter()
+        .filter(|c| c.during("lock.release"))
         .count();
     eprintln!(
         "lock crashed {crashed} times ({segv} by SIGSEGV), {reboots} reboots; {busy} with calls in flight \
@@ -290,11 +286,11 @@ restart = { max = 100000, window_ms = 1000 }
         "warn",
     );
 
-    let (crashed, segv, busy) = crashes(&stdout, "evt");
+    let (crashed, segv, busy) = crash_counts(&stdout, "evt");
     let reboots = reboots(&stdout, "evt");
-    let mid_trigger = stdout
-        .lines()
-        .filter(|l| l.contains("] evt: crashed") && l.contains("evt.trigger"))
+    let mid_trigger = crashes(&stdout, "evt")
+        .iter()
+        .filter(|c| c.during("evt.trigger"))
         .count();
     eprintln!(
         "evt crashed {crashed} times ({segv} by SIGSEGV), {reboots} reboots; {busy} with calls in flight, \
@@ -387,7 +383,7 @@ fn a_lock_held_by_a_killed_client_is_released_and_the_others_finish() {
         "info",
     );
 
-    let (crashed, _, _) = crashes(&stdout, "lock-workload-b");
+    let crashed = crashes(&stdout, "lock-workload-b").len();
     assert_eq!(
         crashed, kills as usize,
         "every injection kills the victim once:\n{stdout}"

@@ -74,8 +74,8 @@ fn mm_survives_200_kills_with_every_alias_valid_and_every_revoke_total() {
     let tag = unique_tag("mm");
     let kills = 200;
     let started = std::time::Instant::now();
-    let out = kintsugi(&tag)
-        .args(["run", system.to_str().unwrap(), "--kill", "mm"])
+    let out = run_system(&tag, &system)
+        .args(["--kill", "mm"])
         .args(["--signals", "kill,segv", "--kills", &kills.to_string()])
         .args(["--kill-every", "1..15", "--seed", &seed.to_string()])
         .arg("--stop-after-kills")
@@ -87,12 +87,12 @@ fn mm_survives_200_kills_with_every_alias_valid_and_every_revoke_total() {
         "kintsugi run failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
 
-    let crashes: Vec<&str> = crash_lines(&stdout, "mm");
-    let by_kill = crashes.iter().filter(|l| l.contains("SIGKILL")).count();
+    let crashes = crashes(&stdout, "mm");
+    let by_kill = crashes.iter().filter(|c| c.by(SIGKILL)).count();
     let in_flight = |f: &str| {
         crashes
             .iter()
-            .filter(|l| l.contains(&format!("mm.{f}")))
+            .filter(|c| c.during(&format!("mm.{f}")))
             .count()
     };
     let reboots = reboots(&stdout, "mm");

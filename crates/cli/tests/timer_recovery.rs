@@ -73,13 +73,8 @@ once_timers = {ONCE_TIMERS}
 /// server; returns the event log and the workload's report.
 fn run(system: &std::path::Path, kill_seed: Option<u64>) -> (String, Value) {
     let tag = unique_tag("timer");
-    let mut cmd = kintsugi(&tag);
-    cmd.args(["run", system.to_str().unwrap()]).args([
-        "--until-finished",
-        "workload",
-        "--duration",
-        "60",
-    ]);
+    let mut cmd = run_system(&tag, system);
+    cmd.args(["--until-finished", "workload", "--duration", "60"]);
     if let Some(seed) = kill_seed {
         cmd.args(["--kill", "timer", "--signals", "kill,segv"])
             .args(["--kills", &KILLS.to_string(), "--kill-every", "1..8"])
@@ -169,10 +164,10 @@ fn timers_keep_their_phase_through_hundreds_of_crashes() {
 
     let started = std::time::Instant::now();
     let (log, crashed) = run(&system, Some(seed));
-    let crashes: Vec<&str> = crash_lines(&log, "timer");
-    let by_kill = crashes.iter().filter(|l| l.contains("SIGKILL")).count();
-    let by_segv = crashes.iter().filter(|l| l.contains("SIGSEGV")).count();
-    let mid_wait = crashes.iter().filter(|l| l.contains("timer.wait")).count();
+    let crashes = crashes(&log, "timer");
+    let by_kill = crashes.iter().filter(|c| c.by(SIGKILL)).count();
+    let by_segv = crashes.iter().filter(|c| c.by(SIGSEGV)).count();
+    let mid_wait = crashes.iter().filter(|c| c.during("timer.wait")).count();
     let reboots = reboots(&log, "timer");
     eprintln!(
         "{} crashes ({by_kill} SIGKILL, {by_segv} SIGSEGV), {mid_wait} with a wait in flight, {reboots} reboots",

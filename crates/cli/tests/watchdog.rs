@@ -55,13 +55,8 @@ uses = ["spin"]
 /// workload's report (`ops` calls, no error, no wrong result).
 fn run(test: &str, system: &std::path::Path, ops: u64, mut on_line: impl FnMut(&str)) -> String {
     let tag = unique_tag(test);
-    let mut child = kintsugi(&tag)
-        .args([
-            "run",
-            system.to_str().unwrap(),
-            "--until-finished",
-            "workload",
-        ])
+    let mut child = run_system(&tag, system)
+        .args(["--until-finished", "workload"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -96,14 +91,9 @@ fn run(test: &str, system: &std::path::Path, ops: u64, mut on_line: impl FnMut(&
 
 /// The hang detections in the event log.
 fn detections(stdout: &str) -> Vec<Detection> {
-    stdout
-        .lines()
-        .filter(|l| l.contains("spinner: fault reported in pid"))
-        .map(|l| {
-            let detail = l.split(": ").skip(2).collect::<Vec<_>>().join(": ");
-            let detail = detail.trim_end_matches("; rebooting");
-            detail.parse().unwrap_or_else(|e| panic!("{e}: {l}"))
-        })
+    faults_reported(stdout, "spinner")
+        .iter()
+        .map(|d| d.parse().unwrap_or_else(|e| panic!("{e}: {d}")))
         .collect()
 }
 
@@ -186,10 +176,7 @@ fn a_client_suspecting_a_faulty_reply_has_the_server_rebooted_once() {
         &format!("seed = {seed}\nops = 600\nbogus_at_op = 200"),
     );
     let stdout = run(test, &sys, 600, |_| {});
-    let reports: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.contains("spinner: fault reported in pid"))
-        .collect();
+    let reports = faults_reported(&stdout, "spinner");
     assert_eq!(reports.len(), 1, "one suspicion, one report:\n{stdout}");
     assert!(
         reports[0].contains("faulty reply: interface=spin epoch=1"),

@@ -68,9 +68,7 @@ fn free_port() -> u16 {
     reason = "returned to the caller, which waits for it; killed and waited for on a timeout"
 )]
 fn start(tag: &str, root: &Path, port: u16, extra: &[String]) -> Child {
-    let mut child = kintsugi(tag)
-        .arg("run")
-        .arg(system())
+    let mut child = run_system(tag, &system())
         .arg("--docroot")
         .arg(root)
         .arg("--port")
@@ -314,7 +312,7 @@ fn no_request_fails_while_components_crash() {
             seed + i as u64,
         );
         let log = stop(child);
-        let crashes = crash_lines(&log, component).len();
+        let crashes = crashes(&log, component).len();
         eprintln!(
             "{component}: {crashes} crashes, {served} requests verified, {} failed",
             failures.len()

@@ -93,9 +93,21 @@ pub fn parse(path: &Path, text: &str) -> Result<Interface, IdlError> {
 }
 
 /// Generates the Rust module (client stub, server stub and types) for a
-/// checked interface.
+/// checked interface, formatted as rustfmt would (by `prettyplease`).
+/// Text that does not parse as Rust (a generator bug) is returned as
+/// generated, so that the compiler points at it.
 pub fn generate(iface: &Interface) -> String {
-    gen::generate(iface)
+    let text = gen::generate(iface);
+    // The formatter keeps doc comments only: carry the header over.
+    let header: String = text
+        .lines()
+        .take_while(|l| l.starts_with("//") && !l.starts_with("///"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    match syn::parse_file(&text) {
+        Ok(file) => header + &prettyplease::unparse(&file),
+        Err(_) => text,
+    }
 }
 
 /// The number of lines of a definition that are neither blank nor comments:

@@ -1,10 +1,15 @@
-//! What the supervisor reports while a system runs: the live event log.
+//! What the supervisor reports while a system runs: the live event log,
+//! as text (`Display`) or as one JSON object per event (`serde`, with
+//! `"event"` naming the variant and durations in microseconds, `…_us`).
 
 use std::fmt;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 /// How a process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Exit {
     Code(i32),
     Signal(i32),
@@ -39,13 +44,44 @@ pub fn signal_name(sig: i32) -> String {
     name.to_string()
 }
 
+/// Durations in whole microseconds on the wire.
+mod micros {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_micros() as u64)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_micros)
+    }
+
+    pub mod option {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+            match d {
+                Some(d) => s.serialize_some(&(d.as_micros() as u64)),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+            Ok(Option::<u64>::deserialize(d)?.map(Duration::from_micros))
+        }
+    }
+}
+
 /// One entry of the event log.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
     /// A component's first incarnation is serving.
     Started {
         component: String,
         pid: u32,
+        #[serde(rename = "boot_us", with = "micros")]
         boot: Duration,
     },
     /// The injector sent a signal to a live incarnation.
@@ -64,6 +100,7 @@ pub enum Event {
         epoch: u64,
         exit: Exit,
         in_flight: Vec<String>,
+        #[serde(rename = "after_injection_us", with = "micros::option")]
         after_injection: Option<Duration>,
     },
     /// A new incarnation serves; `took` runs from the death's detection to
@@ -74,7 +111,9 @@ pub enum Event {
         component: String,
         epoch: u64,
         pid: u32,
+        #[serde(rename = "took_us", with = "micros")]
         took: Duration,
+        #[serde(rename = "init_us", with = "micros")]
         init: Duration,
     },
     /// At the start of `epoch`, the eager component's clients rebuilt
@@ -83,6 +122,7 @@ pub enum Event {
         component: String,
         epoch: u64,
         descriptors: u64,
+        #[serde(rename = "took_us", with = "micros")]
         took: Duration,
     },
     /// Clients rebuilt descriptors of `server` during its previous epoch.
@@ -98,6 +138,7 @@ pub enum Event {
     GaveUp {
         component: String,
         restarts: u32,
+        #[serde(rename = "window_us", with = "micros")]
         window: Duration,
     },
     /// A fault found beside the supervisor (the watchdog, a checker) was

@@ -65,11 +65,12 @@ pub fn leftovers(tag: &str) -> Vec<u32> {
         .collect()
 }
 
-/// The JSON lines a component printed, parsed.
+/// The JSON lines a component printed, parsed (not the supervisor's events:
+/// see [`events`]).
 pub fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
     stdout
         .lines()
-        .filter(|l| l.starts_with('{'))
+        .filter(|l| l.starts_with('{') && !l.starts_with(EVENT_LINE))
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
 }
@@ -93,14 +94,84 @@ pub fn workload_report(stdout: &str) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no workload report in:\n{stdout}"))
 }
 
-/// The event log's lines saying that `component` crashed.
-pub fn crash_lines<'a>(log: &'a str, component: &str) -> Vec<&'a str> {
-    let needle = format!("] {component}: crashed with");
-    log.lines().filter(|l| l.contains(&needle)).collect()
+pub use kintsugi_supervisor::{Event, Exit};
+
+/// How a line of `--events json` starts.
+const EVENT_LINE: &str = "{\"t_us\":";
+
+/// The supervisor's events in the stdout of `kintsugi run --events json`,
+/// in order (a line that starts like an event but does not parse fails the
+/// test).
+pub fn events(log: &str) -> Vec<Event> {
+    log.lines()
+        .filter(|l| l.starts_with(EVENT_LINE))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("malformed event {l}: {e}")))
+        .collect()
 }
 
-/// How many times the event log says `component` was rebooted.
+/// One death of an incarnation, from the event log.
+#[derive(Debug)]
+pub struct Crash {
+    pub exit: Exit,
+    pub in_flight: Vec<String>,
+}
+
+impl Crash {
+    pub fn by(&self, signal: i32) -> bool {
+        self.exit == Exit::Signal(signal)
+    }
+
+    pub fn during(&self, call: &str) -> bool {
+        self.in_flight.iter().any(|c| c == call)
+    }
+}
+
+pub const SIGKILL: i32 = 9;
+pub const SIGSEGV: i32 = 11;
+
+/// Every crash of `component` in a `--events json` log.
+pub fn crashes(log: &str, component: &str) -> Vec<Crash> {
+    events(log)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Crashed {
+                component: c,
+                exit,
+                in_flight,
+                ..
+            } if c == component => Some(Crash { exit, in_flight }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// How many times a `--events json` log says `component` was rebooted.
 pub fn reboots(log: &str, component: &str) -> usize {
-    let needle = format!("] {component}: rebooted in");
-    log.lines().filter(|l| l.contains(&needle)).count()
+    events(log)
+        .iter()
+        .filter(|e| matches!(e, Event::Rebooted { component: c, .. } if c == component))
+        .count()
+}
+
+/// The details of the faults reported for `component` (the watchdog's
+/// detections among them).
+pub fn faults_reported(log: &str, component: &str) -> Vec<String> {
+    events(log)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::FaultReported {
+                component: c,
+                detail,
+                ..
+            } if c == component => Some(detail),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `kintsugi run SYSTEM --events json`, tagged.
+pub fn run_system(tag: &str, system: &Path) -> Command {
+    let mut cmd = kintsugi(tag);
+    cmd.arg("run").arg(system).args(["--events", "json"]);
+    cmd
 }

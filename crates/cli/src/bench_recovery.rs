@@ -1,7 +1,7 @@
 //! `kintsugi bench recovery` (C3's Table I on this machine) and `kintsugi
 //! bench interference` (does recovering other clients' descriptors delay a
 //! high-priority client?). Both run the supervisor in process on an
-//! embedded system file, with `components/recovery-driver` as the client,
+//! embedded system file, with `components/bench/recovery-driver` as the client,
 //! and print markdown tables.
 
 use std::path::PathBuf;

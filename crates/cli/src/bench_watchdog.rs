@@ -25,7 +25,7 @@ fn system(
         ""
     };
     let text = format!(
-        "[system]\nname = \"bench-watchdog\"\n{wd}\n[[component]]\nname = \"spinner\"\nbinary = \"spinner\"\nprovides = [\"spin\"]\nslots = 2\n[component.config]\n{spinner}\n\n[[component]]\nname = \"workload\"\nbinary = \"spin-workload\"\nuses = [\"spin\"]\n[component.config]\nprint = false\n{workload}\n"
+        "[system]\nname = \"bench-watchdog\"\n{wd}\n[[component]]\nname = \"spinner\"\nbinary = \"kintsugi-spinner\"\nprovides = [\"spin\"]\nslots = 2\n[component.config]\n{spinner}\n\n[[component]]\nname = \"workload\"\nbinary = \"kintsugi-spin-workload\"\nuses = [\"spin\"]\n[component.config]\nprint = false\n{workload}\n"
     );
     crate::bench::parse_system("bench-watchdog.toml", &text)
 }

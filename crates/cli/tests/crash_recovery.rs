@@ -53,7 +53,7 @@ name = "crash-test"
 
 [[component]]
 name = "ramfs"
-binary = "ramfs"
+binary = "kintsugi-ramfs"
 provides = ["fs"]
 recovery = "{recovery}"
 slots = 4
@@ -61,7 +61,7 @@ restart = {{ max = 100000, window_ms = 1000 }}
 
 [[component]]
 name = "workload"
-binary = "fs-workload"
+binary = "kintsugi-fs-workload"
 uses = ["fs"]
 [component.config]
 seed = {seed}

@@ -22,7 +22,7 @@ name = "durable"
 
 [[component]]
 name = "echo"
-binary = "bench-echo"
+binary = "kintsugi-bench-echo"
 provides = ["bench"]
 reboot = "{reboot}"
 arena_kib = 8
@@ -31,7 +31,7 @@ restart = {{ max = 100, window_ms = 1000 }}
 
 [[component]]
 name = "probe"
-binary = "probe"
+binary = "kintsugi-probe"
 uses = ["bench"]
 arena_kib = 4
 "#

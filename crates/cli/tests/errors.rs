@@ -5,7 +5,8 @@ mod common;
 
 use common::*;
 
-const RAMFS: &str = "[[component]]\nname = \"ramfs\"\nbinary = \"ramfs\"\nprovides = [\"fs\"]\n";
+const RAMFS: &str =
+    "[[component]]\nname = \"ramfs\"\nbinary = \"kintsugi-ramfs\"\nprovides = [\"fs\"]\n";
 
 fn check(dir: &std::path::Path, name: &str, body: &str) -> String {
     let path = write(dir, name, body);
@@ -48,7 +49,7 @@ fn missing_binary_says_which_and_where() {
 #[test]
 fn dependency_on_an_interface_nobody_provides() {
     let dir = scratch("errors-provider");
-    let body = format!("[system]\nname = \"x\"\n\n{RAMFS}\n[[component]]\nname = \"w\"\nbinary = \"fs-workload\"\nuses = [\"fsx\"]\n");
+    let body = format!("[system]\nname = \"x\"\n\n{RAMFS}\n[[component]]\nname = \"w\"\nbinary = \"kintsugi-fs-workload\"\nuses = [\"fsx\"]\n");
     let err = check(&dir, "noprov.toml", &body);
     assert!(err.contains("noprov.toml:12:"), "{err}");
     assert!(
@@ -60,7 +61,7 @@ fn dependency_on_an_interface_nobody_provides() {
 #[test]
 fn a_cycle_cannot_start() {
     let dir = scratch("errors-cycle");
-    let body = "[system]\nname = \"x\"\n\n[[component]]\nname = \"a\"\nbinary = \"ramfs\"\nprovides = [\"fs\"]\nuses = [\"bench\"]\n\n[[component]]\nname = \"b\"\nbinary = \"bench-echo\"\nprovides = [\"bench\"]\nuses = [\"fs\"]\n";
+    let body = "[system]\nname = \"x\"\n\n[[component]]\nname = \"a\"\nbinary = \"kintsugi-ramfs\"\nprovides = [\"fs\"]\nuses = [\"bench\"]\n\n[[component]]\nname = \"b\"\nbinary = \"kintsugi-bench-echo\"\nprovides = [\"bench\"]\nuses = [\"fs\"]\n";
     let err = check(&dir, "cycle.toml", body);
     assert!(err.contains("cycle.toml:8:"), "{err}");
     assert!(
@@ -115,7 +116,7 @@ fn a_binary_that_is_not_a_component_fails_to_boot_and_says_so() {
 fn a_component_past_its_restart_policy_is_given_up_and_its_clients_are_told() {
     let seed = seed("restart_policy");
     let dir = scratch("errors-policy");
-    let body = "[system]\nname = \"x\"\n\n[[component]]\nname = \"ramfs\"\nbinary = \"ramfs\"\nprovides = [\"fs\"]\nrestart = { max = 2, window_ms = 60000 }\n\n[[component]]\nname = \"workload\"\nbinary = \"fs-workload\"\nuses = [\"fs\"]\n";
+    let body = "[system]\nname = \"x\"\n\n[[component]]\nname = \"ramfs\"\nbinary = \"kintsugi-ramfs\"\nprovides = [\"fs\"]\nrestart = { max = 2, window_ms = 60000 }\n\n[[component]]\nname = \"workload\"\nbinary = \"kintsugi-fs-workload\"\nuses = [\"fs\"]\n";
     let system = write(&dir, "policy.toml", body);
     let tag = unique_tag("policy");
     let out = run_system(&tag, &system)

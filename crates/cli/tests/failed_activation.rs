@@ -22,7 +22,7 @@ name = "fragile-{mode}"
 
 [[component]]
 name = "fragile"
-binary = "fragile"
+binary = "kintsugi-fragile"
 restart = {{ max = 100000, window_ms = 1000 }}
 [component.config]
 mode = "{mode}"

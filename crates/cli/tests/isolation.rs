@@ -18,17 +18,17 @@ name = "isolation"
 
 [[component]]
 name = "ramfs"
-binary = "ramfs"
+binary = "kintsugi-ramfs"
 provides = ["fs"]
 
 [[component]]
 name = "insider"
-binary = "probe"
+binary = "kintsugi-probe"
 uses = ["fs"]
 
 [[component]]
 name = "outsider"
-binary = "probe"
+binary = "kintsugi-probe"
 "#,
     );
     let tag = unique_tag("isolation");

@@ -37,7 +37,7 @@ name = "lock-test"
 
 [[component]]
 name = "lock"
-binary = "lock"
+binary = "kintsugi-lock"
 provides = ["lock"]
 arena_kib = 256
 restart = { max = 100000, window_ms = 1000 }
@@ -48,7 +48,7 @@ restart = { max = 100000, window_ms = 1000 }
             r#"
 [[component]]
 name = "{}"
-binary = "lock-workload"
+binary = "kintsugi-lock-workload"
 uses = ["lock"]
 restart = {{ max = 1000, window_ms = 1000 }}
 [component.config]
@@ -257,7 +257,7 @@ name = "evt-test"
 
 [[component]]
 name = "evt"
-binary = "evt"
+binary = "kintsugi-evt"
 provides = ["evt"]
 arena_kib = 64
 restart = { max = 100000, window_ms = 1000 }
@@ -265,14 +265,14 @@ restart = { max = 100000, window_ms = 1000 }
     );
     for (i, name) in ["trigger-a", "trigger-b"].iter().enumerate() {
         toml += &format!(
-            "\n[[component]]\nname = \"{name}\"\nbinary = \"evt-workload\"\nuses = [\"evt\"]\n\
+            "\n[[component]]\nname = \"{name}\"\nbinary = \"kintsugi-evt-workload\"\nuses = [\"evt\"]\n\
              [component.config]\nrole = \"trigger\"\nseed = {}\nevent = 3\ntriggers = {triggers}\ngap_us = 4000\n",
             seed + i as u64
         );
     }
     for name in ["wait-a", "wait-b"] {
         toml += &format!(
-            "\n[[component]]\nname = \"{name}\"\nbinary = \"evt-workload\"\nuses = [\"evt\"]\n\
+            "\n[[component]]\nname = \"{name}\"\nbinary = \"kintsugi-evt-workload\"\nuses = [\"evt\"]\n\
              [component.config]\nrole = \"wait\"\nevent = 3\nexpected = {}\n",
             2 * triggers
         );

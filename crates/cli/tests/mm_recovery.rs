@@ -22,7 +22,7 @@ name = "mm-test"
 
 [[component]]
 name = "mm"
-binary = "mm"
+binary = "kintsugi-mm"
 provides = ["mm"]
 pool_kib = 4096
 arena_kib = 64
@@ -30,7 +30,7 @@ restart = {{ max = 100000, window_ms = 1000 }}
 
 [[component]]
 name = "sink"
-binary = "mm-workload"
+binary = "kintsugi-mm-workload"
 uses = ["mm"]
 [component.config]
 role = "sink"
@@ -38,7 +38,7 @@ seed = {seed}
 
 [[component]]
 name = "owner"
-binary = "mm-workload"
+binary = "kintsugi-mm-workload"
 uses = ["mm"]
 [component.config]
 role = "owner"

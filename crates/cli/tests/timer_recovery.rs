@@ -49,13 +49,13 @@ name = "timer-test"
 
 [[component]]
 name = "timer"
-binary = "timer"
+binary = "kintsugi-timer"
 provides = ["timer"]
 restart = {{ max = 100000, window_ms = 1000 }}
 
 [[component]]
 name = "workload"
-binary = "timer-workload"
+binary = "kintsugi-timer-workload"
 uses = ["timer"]
 [component.config]
 seed = {seed}

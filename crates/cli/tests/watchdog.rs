@@ -32,7 +32,7 @@ default_bound_us = 100000
 
 [[component]]
 name = "spinner"
-binary = "spinner"
+binary = "kintsugi-spinner"
 provides = ["spin"]
 slots = 2
 restart = {{ max = 100, window_ms = 1000 }}
@@ -41,7 +41,7 @@ restart = {{ max = 100, window_ms = 1000 }}
 
 [[component]]
 name = "workload"
-binary = "spin-workload"
+binary = "kintsugi-spin-workload"
 uses = ["spin"]
 [component.config]
 {workload_config}

@@ -13,7 +13,7 @@
 //!
 //! [[component]]
 //! name = "ramfs"
-//! binary = "ramfs"          # looked up in the search dirs, or a path relative to this file if it contains '/'
+//! binary = "kintsugi-ramfs"          # looked up in the search dirs, or a path relative to this file if it contains '/'
 //! provides = ["fs"]
 //! priority = 0              # nice value, -20..=19
 //! realtime = 10             # optional: SCHED_FIFO priority 1..=99 where permitted
@@ -35,7 +35,7 @@
 //!
 //! [[component]]
 //! name = "workload"
-//! binary = "fs-workload"
+//! binary = "kintsugi-fs-workload"
 //! uses = ["fs"]             # or "fs@ramfs" to pick a provider
 //! [component.config]        # free-form, handed to the component as JSON
 //! files = 16

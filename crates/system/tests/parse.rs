@@ -34,7 +34,7 @@ fn demo_parses_in_start_order() {
 
     let ramfs = s.component("ramfs").unwrap();
     assert_eq!(ramfs.id, 1);
-    assert_eq!(ramfs.binary, Path::new("ramfs"));
+    assert_eq!(ramfs.binary, Path::new("kintsugi-ramfs"));
     assert_eq!(ramfs.provides, ["fs"]);
     assert!(ramfs.uses.is_empty());
     assert_eq!(ramfs.priority, 0);
@@ -57,7 +57,7 @@ fn demo_parses_in_start_order() {
 
     let w = s.component("workload").unwrap();
     assert_eq!(w.id, 2);
-    assert_eq!(w.binary, Path::new("fs-workload"));
+    assert_eq!(w.binary, Path::new("kintsugi-fs-workload"));
     assert_eq!(
         w.uses,
         [Use {
@@ -80,7 +80,7 @@ fn bench_parses() {
     assert_eq!(s.components.len(), 1);
     let echo = &s.components[0];
     assert_eq!((echo.id, echo.name.as_str()), (1, "echo"));
-    assert_eq!(echo.binary, Path::new("bench-echo"));
+    assert_eq!(echo.binary, Path::new("kintsugi-bench-echo"));
     assert_eq!(echo.provides, ["bench"]);
 }
 

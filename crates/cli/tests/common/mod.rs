@@ -128,6 +128,7 @@ impl Crash {
 
 pub const SIGKILL: i32 = 9;
 pub const SIGSEGV: i32 = 11;
+pub const SIGABRT: i32 = 6;
 
 /// Every crash of `component` in a `--events json` log.
 pub fn crashes(log: &str, component: &str) -> Vec<Crash> {

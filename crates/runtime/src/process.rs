@@ -91,15 +91,20 @@ pub fn default_fault_signals() -> std::io::Result<()> {
 }
 
 /// Makes a panic in any thread a fault of the whole component, whatever
-/// profile it was built with: the default hook prints the message, then the
-/// process aborts (SIGABRT), which the supervisor sees as a crash and
+/// profile it was built with: the message and its place are printed, then
+/// the process aborts (SIGABRT), which the supervisor sees as a crash and
 /// reboots. With unwinding and no such hook, a panicking worker would die
 /// alone and leave the component half alive (a poisoned lock, clients
-/// waiting for a thread that is gone) and nothing would reboot it.
+/// waiting for a thread that is gone) and nothing would reboot it. No
+/// backtrace is taken: an incarnation is forked from a multithreaded
+/// image, and symbolizing could wait for a lock no thread will release.
 pub fn abort_on_panic() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        default(info);
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        eprintln!(
+            "thread '{}' panicked: {info}; aborting the component",
+            thread.name().unwrap_or("?")
+        );
         std::process::abort();
     }));
 }

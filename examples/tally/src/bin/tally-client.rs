@@ -54,7 +54,10 @@ fn main() {
                 "{}",
                 serde_json::json!({"seed": config.seed, "ops": config.ops, "keys": model.len(), "errors": errors, "wrong": wrong})
             );
-            anyhow::ensure!(errors == 0 && wrong == 0, "{errors} errors, {wrong} wrong answers");
+            anyhow::ensure!(
+                errors == 0 && wrong == 0,
+                "{errors} errors, {wrong} wrong answers"
+            );
             Ok(())
         }))
     })

@@ -66,7 +66,10 @@ impl tally::Server for Tally {
             return Ok(entry.total); // a re-sent call: applied before the crash
         }
         let mut next = entry.clone();
-        next.total = next.total.checked_add(u64::from(amount)).ok_or(Error::Full)?;
+        next.total = next
+            .total
+            .checked_add(u64::from(amount))
+            .ok_or(Error::Full)?;
         next.applied.insert(thread, seq);
         let value = serde_json::to_value(&next).map_err(|_| Error::Full)?;
         self.rt

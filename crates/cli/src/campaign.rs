@@ -550,6 +550,15 @@ fn observe(
             };
             campaign_reboots += n as u64;
             record.stalls_after_reboot += n - 1;
+            if campaign_reboots > u64::from(MAX_CLEARING_REBOOTS) {
+                // Each fresh incarnation serves a moment, then stalls again:
+                // the damage outlives reboots of the target alone.
+                record.injection += &format!(
+                    "; stalled again after each of {campaign_reboots} reboots by the campaign"
+                );
+                outcome = Some(Outcome::SystemLost);
+                break;
+            }
             last_epoch = w.epoch(target);
             stalled_since = Instant::now();
             base = w.ops_now(target);

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use crate::channel::{flags, liveness, state, status, Edge};
 use crate::futex;
 use crate::priority;
-use crate::stub::{Fault, InterfaceInfo, Refusal, ReplyStatus};
+use crate::stub::{CallError, Fault, InterfaceError, InterfaceInfo, Refusal, ReplyStatus};
 use crate::upcall::{Handler, Listener, Recover};
 use crate::wire::{Reader, WireError, Writer};
 
@@ -138,6 +138,40 @@ impl Connection {
         // A server's worker that calls on is waiting, not running: the
         // watchdog must not blame a hang of the callee on it.
         crate::watchdog::blocking(|| self.call_now(func, epoch, encode, decode))
+    }
+
+    /// Invokes `func` as a generated client stub does: `encode` writes the
+    /// arguments, `decode` reads the result (all of it: bytes left over are a
+    /// decoding fault), and the reply is sorted into the value, one of the
+    /// interface's errors, or a fault.
+    pub fn invoke<T, E: InterfaceError>(
+        &self,
+        func: u32,
+        epoch: Option<u64>,
+        encode: impl FnOnce(&mut Writer<'_>) -> Result<(), WireError>,
+        decode: impl FnOnce(&mut Reader<'_>) -> Result<T, WireError>,
+    ) -> Result<T, CallError<E>> {
+        let reply = self.call(func, epoch, encode, |status| match status {
+            ReplyStatus::Ok(mut r) => {
+                let value = decode(&mut r)?;
+                r.finish()?;
+                Ok(Ok(value))
+            }
+            ReplyStatus::AppError(code) => Ok(Err(code)),
+        });
+        match reply {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(code)) => Err(E::from_code(code).map_or_else(
+                || {
+                    CallError::Fault(Fault::Refused(format!(
+                        "error code {code} is not declared by interface `{}`",
+                        E::INTERFACE
+                    )))
+                },
+                CallError::Server,
+            )),
+            Err(fault) => Err(CallError::Fault(fault)),
+        }
     }
 
     fn call_now<T>(

@@ -97,6 +97,69 @@ impl From<WireError> for Refusal {
     }
 }
 
+/// An interface's error type, generated from its `errors { … }` list. On
+/// the wire an error is its place in [`InterfaceError::ALL`], from 1.
+pub trait InterfaceError: Copy + PartialEq + 'static {
+    /// The interface's name, for the fault an undeclared code becomes.
+    const INTERFACE: &'static str;
+    /// Every error in declaration order, with its description.
+    const ALL: &'static [(Self, &'static str)];
+
+    /// The error's code on the wire: 1, 2, ... in declaration order.
+    fn code(self) -> u32 {
+        Self::ALL
+            .iter()
+            .position(|(e, _)| *e == self)
+            .map_or(0, |i| i as u32 + 1)
+    }
+
+    fn from_code(code: u32) -> Option<Self> {
+        let i = usize::try_from(code.checked_sub(1)?).ok()?;
+        Self::ALL.get(i).map(|(e, _)| *e)
+    }
+
+    /// `not found` for `NotFound`.
+    fn describe(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(e, _)| *e == self)
+            .map_or("?", |(_, d)| d)
+    }
+}
+
+/// A server stub's answer for an interface error.
+pub fn app_error<E: InterfaceError>(e: E) -> Dispatched {
+    Dispatched::AppError(e.code())
+}
+
+/// A server stub's refusal of arguments that do not decode.
+pub fn malformed(e: WireError) -> Dispatched {
+    Dispatched::Refused(Refusal::Malformed(e))
+}
+
+/// A server stub's refusal of an argument outside its declared range.
+pub fn out_of_range(arg: &'static str) -> Dispatched {
+    Dispatched::Refused(Refusal::OutOfRange(arg))
+}
+
+/// A server stub's refusal when the creation records cannot be read or written.
+pub fn records_unavailable(_: crate::records::RecordError) -> Dispatched {
+    Dispatched::Refused(Refusal::Records)
+}
+
+/// Runs a client stub's call until its fate is known: a call that a reboot
+/// refused ([`Fault::Stale`]) or interrupted ([`Fault::Interrupted`]) is
+/// issued again (its descriptors rebuilt by the next attempt); anything
+/// else is the answer.
+pub fn retry<T, E>(mut call: impl FnMut() -> Result<T, CallError<E>>) -> Result<T, CallError<E>> {
+    loop {
+        match call() {
+            Err(CallError::Fault(Fault::Stale | Fault::Interrupted)) => continue,
+            done => return done,
+        }
+    }
+}
+
 /// What a server stub's dispatch produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dispatched {

@@ -131,10 +131,8 @@ fn generated_fs_has_the_key_items() {
         &format!("    hash: {:#018x},", fs().hash()),
         "pub const FN_OPEN: u32 = 0;",
         "pub const FN_READDIR: u32 = 10;",
-        "pub enum Error {",
-        "            Error::BadFd => 8,",
-        "            1 => Some(Error::NotFound),",
-        "impl std::error::Error for Error {}",
+        "kintsugi_runtime::interface_errors!(\"fs\" { NotFound = \"not found\",",
+        "BadFd = \"bad fd\" });",
         "#[derive(Debug, Clone, PartialEq, Eq, Default)]\npub struct Stat {\n    pub size: u64,\n    pub is_dir: bool,\n}",
         "#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]\npub struct File(pub u32);",
         "pub struct FileRecord {",
@@ -145,7 +143,7 @@ fn generated_fs_has_the_key_items() {
         "    fn readdir(&self, caller: &Caller, path: &str) -> Result<Vec<String>, Error>;",
         "    fn stat(&self, caller: &Caller, path: &str) -> Result<Stat, Error>;",
         "pub fn service<S: Server>(server: Arc<S>) -> Arc<dyn Service> {",
-        "            _ => return Dispatched::Refused(Refusal::UnknownFunction(func)),",
+        "_ => Err(Dispatched::Refused(Refusal::UnknownFunction(func))),",
         "        if !(0..=65536).contains(&len) {\n            return Err(out_of_range(\"len\"));",
         "        if data.len() > 65536 {",
         "        r.finish().map_err(malformed)?;",
@@ -163,14 +161,14 @@ fn generated_fs_has_the_key_items() {
         "    pub fn read(&self, fd: File, len: u32) -> Result<Vec<u8>, CallError<Error>> {",
         "    pub fn close(&self, fd: File) -> Result<(), CallError<Error>> {",
         // Recovery: replay open with flags 0, then seek back.
-        "self.raw().open(Some(epoch), &entry.record.path, 0)",
-        "self.raw().seek(Some(epoch), server_id, entry.record.offset)",
+        "self.raw_open(Some(epoch), &entry.record.path, 0)",
+        "self.raw_seek(Some(epoch), server_id, entry.record.offset)",
         "self.conn.note_recovered(1);",
         // Tracking.
         "t.record.offset = t.record.offset.wrapping_add(ret.len() as u64)",
         "t.record.offset = pos",
-        "Err(CallError::Server(Error::NotFound)) if interrupted => return Ok(()),",
-        "Err(CallError::Fault(Fault::Stale | Fault::Interrupted)) => continue,",
+        "retry_idempotent(|| self.0.raw_unlink(None, path), |e| matches!(e, CallError::Server(Error::NotFound)))",
+        "retry(|| {",
     ] {
         assert!(has(&code, item), "generated fs lacks:\n{item}\n---\n{code}");
     }
@@ -215,15 +213,15 @@ fn generated_mm_rebuilds_global_pages_parents_first() {
         "    fn grant(&self, caller: &Caller, reuse: Option<u64>, pages: u32) -> Result<u64, Error>;",
         "    fn alias(&self, caller: &Caller, reuse: Option<u64>, src: u64, to: u32) -> Result<u64, Error>;",
         "pub fn service<S: Server>(server: Arc<S>, records: Arc<dyn RecordStore>) -> Arc<dyn Service> {",
-        "let record = CreationRecord { func: FN_ALIAS, creator: caller.component, parent: Some(src), args: request.to_vec() };",
+        "self.globals.record_creation(\"Page\", ret, FN_ALIAS, caller, Some(src), request)?;",
         "fn ensure_page(&self, id: u64) -> Result<(), Dispatched> {",
-        "for (at, record) in chain.into_iter().rev() {",
-        "S::alias(&self.server, &creator, Some(at), src, to).map_err(app_error)?",
+        "self.globals.ensure(\"Page\", id, |at, record, creator| {",
+        "S::alias(&self.server, creator, Some(at), src, to).map_err(app_error)",
         "let subtree = self.globals.subtree(\"Page\", p).map_err(records_unavailable)?;",
         "self.globals.closed(\"Page\", &gone).map_err(records_unavailable)?;",
         "self.ensure_page(p)?;",
-        "match self.0.raw().revoke(None, p.0) {",
-        "Ok(id) => return Ok(Page(id)),",
+        "retry_idempotent(|| self.0.raw_revoke(None, p.0), |e| matches!(e, CallError::Fault(Fault::NoDescriptor(_))))",
+        "retry(|| self.0.raw_grant(None, pages)).map(Page)",
     ] {
         assert!(has(&code, item), "generated mm lacks:\n{item}\n---\n{code}");
     }
@@ -257,7 +255,7 @@ fn generated_timer_replays_its_transitions() {
         "self.0.timers.update(tm.0, |t| { t.record.state = 1; t.record.arm_start_ns = start_ns; t.record.arm_once = once; });",
         "self.0.timers.update(tm.0, |t| { t.record.state = 0; });",
         "if entry.record.state == 1 {",
-        "match self.raw().arm(Some(epoch), server_id, entry.record.arm_start_ns, entry.record.arm_once) {",
+        "match self.raw_arm(Some(epoch), server_id, entry.record.arm_start_ns, entry.record.arm_once) {",
         // `from` fills the argument in; `store` keeps the result.
         "pub fn wait(&self, tm: Timer) -> Result<u64, CallError<Error>> {",
         "let after = self.0.timers.get(tm.0).ok_or(CallError::BadDescriptor(tm.0))?.record.tick;",

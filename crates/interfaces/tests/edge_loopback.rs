@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use kintsugi_runtime::stub::{CallError, Caller, Fault};
+use kintsugi_runtime::stub::{CallError, Caller, Fault, InterfaceError};
 use kintsugi_runtime::testing::Loopback;
 
 mod common;

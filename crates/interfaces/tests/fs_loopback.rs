@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kintsugi_interfaces::fs::{self, Error, File, Stat};
-use kintsugi_runtime::stub::{CallError, Caller, Dispatched, Fault, Refusal};
+use kintsugi_runtime::stub::{CallError, Caller, Dispatched, Fault, InterfaceError, Refusal};
 use kintsugi_runtime::testing::Loopback;
 use kintsugi_runtime::wire::WireError;
 

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use thiserror::Error;
 
+use crate::stub::{records_unavailable, Caller, Dispatched, Refusal};
 use crate::vault::{Vault, VaultOp};
 
 #[derive(Debug, Error)]
@@ -205,6 +206,70 @@ impl GlobalRecords {
     /// Held while descriptors are rebuilt, so that each is rebuilt once.
     pub fn rebuilding(&self) -> MutexGuard<'_, ()> {
         self.rebuild.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes sure this incarnation holds descriptor `id` of `kind`,
+    /// rebuilding it, parents first, from the creation records of earlier
+    /// incarnations: `rebuild(at, record, creator)` replays the record's
+    /// creation function with `reuse: Some(at)` for its creator and returns
+    /// the id the server gave, which must be `at`.
+    pub fn ensure(
+        &self,
+        kind: &'static str,
+        id: u64,
+        mut rebuild: impl FnMut(u64, &CreationRecord, &Caller) -> Result<u64, Dispatched>,
+    ) -> Result<(), Dispatched> {
+        if self.is_known(kind, id) {
+            return Ok(());
+        }
+        let unknown = |at| Dispatched::Refused(Refusal::UnknownDescriptor(at));
+        let _one_at_a_time = self.rebuilding();
+        let mut chain = Vec::new();
+        let mut at = id;
+        while !self.is_known(kind, at) {
+            let record = self
+                .fetch(kind, at)
+                .map_err(records_unavailable)?
+                .ok_or(unknown(at))?;
+            let parent = record.parent;
+            chain.push((at, record));
+            match parent {
+                Some(p) => at = p,
+                None => break,
+            }
+        }
+        for (at, record) in chain.into_iter().rev() {
+            let creator = Caller {
+                component: record.creator,
+                slot: u32::MAX,
+            };
+            if rebuild(at, &record, &creator)? != at {
+                return Err(unknown(at));
+            }
+            self.mark_known(kind, at);
+        }
+        Ok(())
+    }
+
+    /// Records that `caller`'s invocation of creation function `func`, with
+    /// arguments `request` (as they came on the wire), made descriptor `id` of
+    /// `kind`, a child of `parent`.
+    pub fn record_creation(
+        &self,
+        kind: &'static str,
+        id: u64,
+        func: u32,
+        caller: &Caller,
+        parent: Option<u64>,
+        request: &[u8],
+    ) -> Result<(), Dispatched> {
+        let record = CreationRecord {
+            func,
+            creator: caller.component,
+            parent,
+            args: request.to_vec(),
+        };
+        self.created(kind, id, &record).map_err(records_unavailable)
     }
 
     /// Records a descriptor the server just created.

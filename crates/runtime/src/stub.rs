@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use thiserror::Error;
 
-use crate::wire::{Reader, WireError};
+use crate::wire::{Reader, WireError, Writer};
 
 /// Static facts about one interface, emitted by the IDL compiler.
 #[derive(Debug)]
@@ -127,6 +127,48 @@ pub trait InterfaceError: Copy + PartialEq + 'static {
     }
 }
 
+/// Runs a server stub's decoding and dispatch of one request: `body` reads
+/// the arguments from the request and writes the result into the response;
+/// its error is the refusal or the interface error to answer with.
+pub fn serve(
+    request: &[u8],
+    response: &mut [u8],
+    body: impl FnOnce(Reader<'_>, &mut Writer<'_>) -> Result<(), Dispatched>,
+) -> Dispatched {
+    let mut w = Writer::new(response);
+    match body(Reader::new(request), &mut w) {
+        Ok(()) => Dispatched::Ok(w.len()),
+        Err(refused_or_failed) => refused_or_failed,
+    }
+}
+
+/// Declares an interface's `Error` enum with its [`InterfaceError`] table,
+/// `Display` (the descriptions) and `std::error::Error`: what the IDL
+/// compiler emits for `errors { … }`.
+#[macro_export]
+macro_rules! interface_errors {
+    ($interface:literal { $($name:ident = $text:literal),* $(,)? }) => {
+        /// The interface's errors; on the wire, each is its place in the list, from 1.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Error {
+            $($name),*
+        }
+
+        impl $crate::stub::InterfaceError for Error {
+            const INTERFACE: &'static str = $interface;
+            const ALL: &'static [(Self, &'static str)] = &[$((Error::$name, $text)),*];
+        }
+
+        impl ::std::fmt::Display for Error {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str($crate::stub::InterfaceError::describe(*self))
+            }
+        }
+
+        impl ::std::error::Error for Error {}
+    };
+}
+
 /// A server stub's answer for an interface error.
 pub fn app_error<E: InterfaceError>(e: E) -> Dispatched {
     Dispatched::AppError(e.code())
@@ -156,6 +198,25 @@ pub fn retry<T, E>(mut call: impl FnMut() -> Result<T, CallError<E>>) -> Result<
         match call() {
             Err(CallError::Fault(Fault::Stale | Fault::Interrupted)) => continue,
             done => return done,
+        }
+    }
+}
+
+/// [`retry`] for a call that an interrupted attempt may already have done
+/// (a removal, a close): once an attempt's fate was unknown, an error that
+/// `done` recognizes as the duplicate's complaint ("not found" after a
+/// removal) counts as success. A harmless duplicate beats a loss.
+pub fn retry_idempotent<E>(
+    mut call: impl FnMut() -> Result<(), CallError<E>>,
+    done: impl Fn(&CallError<E>) -> bool,
+) -> Result<(), CallError<E>> {
+    let mut interrupted = false;
+    loop {
+        match call() {
+            Err(CallError::Fault(Fault::Stale)) => continue,
+            Err(CallError::Fault(Fault::Interrupted)) => interrupted = true,
+            Err(e) if interrupted && done(&e) => return Ok(()),
+            result => return result,
         }
     }
 }

@@ -16,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::procfs::{area_mappings, mappings, resident, threads, Area, Memory};
+use crate::procfs::{area_mappings, mappings, resident_pages, threads, Area, Memory, PAGE};
 use crate::stop::{Held, Stopped};
 use crate::InjectError;
 
@@ -308,27 +308,19 @@ impl Injector {
         })
     }
 
-    /// A random byte of a resident page of `area`, uniform over its
-    /// mappings' bytes (pages drawn until a resident one comes up).
+    /// A random byte of a resident page of `area`, uniform over the resident
+    /// pages of its mappings (drawing addresses at random and keeping the
+    /// first resident one missed pages of sparse areas: thread stacks and
+    /// allocator arenas reserve far more than they touch).
     fn resident_byte(&mut self, pid: u32, area: Area) -> Result<u64, InjectError> {
-        let maps = area_mappings(pid, area)?;
-        let total: u64 = maps.iter().map(|m| m.end - m.start).sum();
-        if total > 0 {
-            for _ in 0..256 {
-                let mut at = self.rng.gen_range(0..total);
-                for m in &maps {
-                    let len = m.end - m.start;
-                    if at < len {
-                        let addr = m.start + at;
-                        if resident(pid, addr) {
-                            return Ok(addr);
-                        }
-                        break;
-                    }
-                    at -= len;
-                }
-            }
+        let pages: Vec<u64> = area_mappings(pid, area)?
+            .iter()
+            .flat_map(|m| resident_pages(pid, m.start, m.end))
+            .collect();
+        if pages.is_empty() {
+            return Err(InjectError::NoMemory { pid, area });
         }
-        Err(InjectError::NoMemory { pid, area })
+        let page = pages[self.rng.gen_range(0..pages.len())];
+        Ok(page + self.rng.gen_range(0..PAGE))
     }
 }

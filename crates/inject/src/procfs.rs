@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 
 use crate::InjectError;
 
-const PAGE: u64 = 4096;
+pub(crate) const PAGE: u64 = 4096;
 
 fn proc_err(path: &str, source: std::io::Error) -> InjectError {
     InjectError::Proc {
@@ -165,13 +165,29 @@ pub(crate) fn area_mappings(pid: u32, area: Area) -> Result<Vec<Mapping>, Inject
         .collect())
 }
 
-/// Whether page `addr` of process `pid` is resident (`/proc/<pid>/pagemap` bit 63).
-pub(crate) fn resident(pid: u32, addr: u64) -> bool {
+/// The resident pages of `start..end` in process `pid`
+/// (`/proc/<pid>/pagemap` bit 63), by address.
+pub(crate) fn resident_pages(pid: u32, start: u64, end: u64) -> Vec<u64> {
     let Ok(f) = File::open(format!("/proc/{pid}/pagemap")) else {
-        return false;
+        return Vec::new();
     };
-    let mut entry = [0u8; 8];
-    f.read_exact_at(&mut entry, addr / PAGE * 8).is_ok() && u64::from_le_bytes(entry) >> 63 == 1
+    let mut out = Vec::new();
+    let mut at = start / PAGE;
+    // 512 entries (2 MiB of the target) per read.
+    let mut entries = [0u8; 8 * 512];
+    while at < end / PAGE {
+        let n = ((end / PAGE - at) as usize).min(512);
+        if f.read_exact_at(&mut entries[..n * 8], at * 8).is_err() {
+            break;
+        }
+        for (i, e) in entries[..n * 8].chunks_exact(8).enumerate() {
+            if u64::from_le_bytes(e.try_into().expect("8 bytes")) >> 63 == 1 {
+                out.push((at + i as u64) * PAGE);
+            }
+        }
+        at += n as u64;
+    }
+    out
 }
 
 /// The target's memory, through `/proc/<pid>/mem`.
@@ -231,7 +247,8 @@ mod tests {
         assert!(!area_mappings(me, Area::Heap).unwrap().is_empty());
         assert!(!area_mappings(me, Area::Data).unwrap().is_empty());
         let boxed = Box::new([7u8; 64]);
-        assert!(resident(me, boxed.as_ptr() as u64));
+        let page = boxed.as_ptr() as u64 / PAGE * PAGE;
+        assert_eq!(resident_pages(me, page, page + PAGE), [page]);
         let tid = nix::unistd::gettid().as_raw() as u32;
         assert_eq!(
             thread_state(me, tid),

@@ -42,10 +42,13 @@ pub enum VaultRequest {
     Post {
         ops: Vec<VaultOp>,
     },
-    /// Records with keys after `after`, in key order, a page at a time.
+    /// Records with keys after `after` that start with `prefix`, in key
+    /// order, a page at a time.
     List {
         id: u64,
         after: Option<String>,
+        #[serde(default)]
+        prefix: String,
     },
     /// The record under `key`: one record in the reply, or none.
     Get {
@@ -183,8 +186,15 @@ impl Vault {
         }
     }
 
-    /// Every record this component has kept, in key order.
+    /// Every record this component has kept, in key order: its own and
+    /// those its server stubs keep (creation records under `<interface>/`).
     pub fn list(&self) -> Result<Vec<VaultRecord>, VaultError> {
+        self.list_prefix("")
+    }
+
+    /// The records whose keys start with `prefix`, in key order (chosen by
+    /// the vault: the others are not sent).
+    pub fn list_prefix(&self, prefix: &str) -> Result<Vec<VaultRecord>, VaultError> {
         let mut out = Vec::new();
         let mut after = None;
         loop {
@@ -192,6 +202,7 @@ impl Vault {
                 |id| VaultRequest::List {
                     id,
                     after: after.clone(),
+                    prefix: prefix.to_string(),
                 },
                 &[],
             )?;

@@ -104,14 +104,16 @@ impl VaultStore {
                     vec![],
                 )
             }
-            VaultRequest::List { id, after } => {
-                let range = match &after {
-                    Some(k) => records.range::<String, _>((
-                        std::ops::Bound::Excluded(k),
-                        std::ops::Bound::Unbounded,
-                    )),
-                    None => records.range::<String, _>(..),
+            VaultRequest::List { id, after, prefix } => {
+                // Keys in order from the later of `after` and `prefix`, while
+                // they start with `prefix`.
+                let from = match after {
+                    Some(k) if k >= prefix => std::ops::Bound::Excluded(k),
+                    _ => std::ops::Bound::Included(prefix.clone()),
                 };
+                let range = records
+                    .range::<String, _>((from, std::ops::Bound::Unbounded))
+                    .take_while(|(key, _)| key.starts_with(&prefix));
                 let mut headers = Vec::new();
                 let mut out = Vec::new();
                 let mut more = false;
@@ -281,6 +283,26 @@ mod tests {
             "contents"
         );
         assert_eq!(store.len("c"), 301);
+    }
+
+    #[test]
+    fn a_prefix_lists_only_its_records_across_pages() {
+        let store = VaultStore::default();
+        let vault = client(&store);
+        for i in 0..300 {
+            vault
+                .put(&format!("mail/{i:03}"), serde_json::json!(i), None)
+                .unwrap();
+        }
+        vault.put("fs/desc/1", serde_json::json!(0), None).unwrap();
+        vault.put("mailbox", serde_json::json!(0), None).unwrap();
+        vault.put("a", serde_json::json!(0), None).unwrap();
+        let mail = vault.list_prefix("mail/").unwrap();
+        assert_eq!(mail.len(), 300, "pages are joined");
+        assert!(mail.iter().all(|r| r.key.starts_with("mail/")));
+        assert_eq!(mail[299].key, "mail/299");
+        assert!(vault.list_prefix("nothing/").unwrap().is_empty());
+        assert_eq!(vault.list().unwrap().len(), 303);
     }
 
     #[test]

@@ -43,7 +43,7 @@ fn vault_key(key: u32) -> String {
 impl Tally {
     fn restore(rt: &Arc<Runtime>, panic_every: u64) -> anyhow::Result<Self> {
         let mut entries = HashMap::new();
-        for record in rt.vault().list()? {
+        for record in rt.vault().list_prefix("tally/")? {
             if let Some(key) = record.key.strip_prefix("tally/") {
                 entries.insert(key.parse()?, serde_json::from_value(record.value)?);
             }

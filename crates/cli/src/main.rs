@@ -47,7 +47,7 @@ enum Command {
     /// Print each interface's IDL line count.
     IdlLines {
         /// Folder of .kidl files.
-        #[arg(default_value = "interfaces")]
+        #[arg(default_value = "crates/interfaces/idl")]
         dir: PathBuf,
     },
 }

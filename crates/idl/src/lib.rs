@@ -141,7 +141,7 @@ pub fn compile_dir(idl_dir: &Path, out_dir: &Path) -> Result<Vec<PathBuf>, IdlEr
     for input in inputs {
         println!("cargo:rerun-if-changed={}", input.display());
         let text = std::fs::read_to_string(&input).map_err(|e| io(&input, e))?;
-        // Shown as `interfaces/fs.kidl`: the folder's name and the file's.
+        // Shown as `idl/fs.kidl`: the folder's name and the file's.
         let shown = match (
             idl_dir
                 .canonicalize()

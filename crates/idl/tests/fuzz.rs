@@ -4,7 +4,7 @@ use std::path::Path;
 
 use proptest::prelude::*;
 
-const FS: &str = include_str!("../../../interfaces/fs.kidl");
+const FS: &str = include_str!("../../interfaces/idl/fs.kidl");
 
 /// Pieces that keep a mutated spec close to valid, so the fuzzer reaches
 /// the checker and the generator too.

@@ -1,4 +1,4 @@
-//! Golden files: the generated code of every interface in `interfaces/` and
+//! Golden files: the generated code of every interface in `crates/interfaces/idl/` and
 //! of the generator's test interfaces is compared with the expected text in
 //! `tests/golden/<name>.rs`, so that a change to the generator shows in
 //! review as a change to what it emits. After an intended change, bless the
@@ -21,7 +21,7 @@ fn generated_code_matches_the_golden_files() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let golden = root.join("tests/golden");
     let bless = std::env::var_os("KINTSUGI_BLESS").is_some();
-    let mut inputs = kidl_files(&root.join("../../interfaces"));
+    let mut inputs = kidl_files(&root.join("../interfaces/idl"));
     inputs.extend(kidl_files(&root.join("../interfaces/tests/idl")));
     assert!(inputs.len() >= 10, "interfaces found: {inputs:?}");
     let mut differ = Vec::new();

@@ -1,46 +1,46 @@
-//! Client and server stubs for every interface in `interfaces/`, generated at
+//! Client and server stubs for every interface in `idl/`, generated at
 //! build time by `kintsugi-idl` (see `build.rs`). Each module holds the
 //! interface's `INFO`, `Error`, records, descriptor handles, the `Server`
 //! trait with `service()` (the server stub), and the recovering `Client`.
 
 #![forbid(unsafe_code)]
 
-/// `interfaces/fs.kidl`: the file system served by ramfs.
+/// `idl/fs.kidl`: the file system served by ramfs.
 pub mod fs {
     include!(concat!(env!("OUT_DIR"), "/fs.rs"));
 }
 
-/// `interfaces/bench.kidl`: the benchmark interface served by bench-echo.
+/// `idl/bench.kidl`: the benchmark interface served by bench-echo.
 pub mod bench {
     include!(concat!(env!("OUT_DIR"), "/bench.rs"));
 }
 
-/// `interfaces/lock.kidl`: locks shared between components.
+/// `idl/lock.kidl`: locks shared between components.
 pub mod lock {
     include!(concat!(env!("OUT_DIR"), "/lock.rs"));
 }
 
-/// `interfaces/evt.kidl`: events shared between components.
+/// `idl/evt.kidl`: events shared between components.
 pub mod evt {
     include!(concat!(env!("OUT_DIR"), "/evt.rs"));
 }
 
-/// `interfaces/timer.kidl`: periodic and one-shot timers.
+/// `idl/timer.kidl`: periodic and one-shot timers.
 pub mod timer {
     include!(concat!(env!("OUT_DIR"), "/timer.rs"));
 }
 
-/// `interfaces/mm.kidl`: pages granted, aliased and revoked by the memory manager.
+/// `idl/mm.kidl`: pages granted, aliased and revoked by the memory manager.
 pub mod mm {
     include!(concat!(env!("OUT_DIR"), "/mm.rs"));
 }
 
-/// `interfaces/spin.kidl`: work, hangs and waits for the watchdog's tests.
+/// `idl/spin.kidl`: work, hangs and waits for the watchdog's tests.
 pub mod spin {
     include!(concat!(env!("OUT_DIR"), "/spin.rs"));
 }
 
-/// `interfaces/net.kidl`: TCP connections served by netd.
+/// `idl/net.kidl`: TCP connections served by netd.
 pub mod net {
     include!(concat!(env!("OUT_DIR"), "/net.rs"));
 }

@@ -1,4 +1,4 @@
-//! evt: serves `interfaces/evt.kidl`, named events that count their
+//! evt: serves `crates/interfaces/idl/evt.kidl`, named events that count their
 //! triggers.
 //!
 //! The counts live in the component's durable arena (`arena_kib`), so a

@@ -1,4 +1,4 @@
-//! lock: serves `interfaces/lock.kidl`, named locks shared by the threads of
+//! lock: serves `crates/interfaces/idl/lock.kidl`, named locks shared by the threads of
 //! several components.
 //!
 //! Each lock's owner lives in the component's durable arena (`arena_kib`),

@@ -76,6 +76,15 @@ fn an_out_of_tree_service_with_unwinding_panics_is_rebooted_and_loses_nothing() 
         "every panic aborted the server:\n{stdout}"
     );
     assert_eq!(reboots(&stdout, "server"), crashes.len(), "{stdout}");
+    // The supervisor was not built with `tally`: the stubs registered its
+    // function names in the channel, and the panicking call is named.
+    assert!(
+        crashes
+            .iter()
+            .filter(|c| c.by(SIGABRT))
+            .all(|c| c.during("tally.add")),
+        "{stdout}"
+    );
     assert!(leftovers(&tag).is_empty(), "processes left behind");
     let _ = std::fs::remove_dir_all(dir);
 }

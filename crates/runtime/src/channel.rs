@@ -22,8 +22,10 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use crate::counters::SharedName;
 use crate::futex;
 use crate::shm::{Region, SharedPod};
+use crate::stub::InterfaceInfo;
 
 /// Largest byte payload of one invocation (plus room for the other arguments).
 pub const MAX_PAYLOAD: usize = 64 * 1024;
@@ -34,6 +36,8 @@ pub const MAX_SLOTS: u32 = 64;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"kintsug1");
 const HEADER_SIZE: usize = 4096;
+/// Function names an edge's header holds (larger ids go unnamed).
+pub const EDGE_FUNCTIONS: usize = 64;
 const SLOT_HEADER_SIZE: usize = 64;
 const SLOT_SIZE: usize = SLOT_HEADER_SIZE + 2 * BUFFER_SIZE;
 
@@ -112,6 +116,11 @@ pub struct EdgeHeader {
     /// of a call its generated stub made, a reply that does not decode):
     /// the supervisor's watchdog reboots that incarnation.
     pub suspected: AtomicU64,
+    /// The interface's function names by id, written by the first stub
+    /// (server or client) to use the edge, so that the supervisor can name
+    /// calls of interfaces it was not built with. Untrusted: read through
+    /// [`Edge::function_name`].
+    pub functions: [SharedName; EDGE_FUNCTIONS],
 }
 // SAFETY: repr(C), atomics only, all-zero is a valid (unset) header.
 unsafe impl SharedPod for EdgeHeader {}
@@ -334,6 +343,21 @@ impl Edge {
     }
 
     /// Function ids of the calls in flight right now (for fault reports).
+    /// Writes `info`'s function names into the header, where none are yet.
+    pub fn register_functions(&self, info: &InterfaceInfo) {
+        for (entry, name) in self.header().functions.iter().zip(info.functions) {
+            entry.name_once(name);
+        }
+    }
+
+    /// The name the stubs registered for function `func`, if it is one: a
+    /// faulty peer may write anything there, so only an identifier is taken.
+    pub fn function_name(&self, func: u32) -> Option<String> {
+        let name = self.header().functions.get(func as usize)?.get()?;
+        let ident = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        ident.then_some(name)
+    }
+
     pub fn in_flight(&self) -> Vec<u32> {
         (0..self.slots)
             .map(|i| self.slot(i))

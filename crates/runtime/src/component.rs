@@ -254,6 +254,7 @@ impl Runtime {
                 found,
             });
         }
+        listener.edge().register_functions(info);
         Connection::new(
             listener.clone(),
             used.server.clone(),
@@ -678,6 +679,7 @@ fn open_services(
         edge.header()
             .interface_hash
             .store(service.interface().hash, Ordering::SeqCst);
+        edge.register_functions(service.interface());
     }
     Ok(inc)
 }

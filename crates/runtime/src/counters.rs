@@ -38,6 +38,39 @@ impl SharedName {
         Some(String::from_utf8_lossy(&bytes[..len]).into_owned())
     }
 
+    /// Names a free entry `name` and says so; leaves an entry that is named,
+    /// or being named, as it is (never waits: a process that died while
+    /// naming it must not hold up the next). Names longer than [`NAME_LEN`]
+    /// are cut.
+    pub fn name_once(&self, name: &str) -> bool {
+        let mut cut = name.len().min(NAME_LEN);
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        if self
+            .state
+            .compare_exchange(FREE, NAMING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        self.write(&name[..cut]);
+        true
+    }
+
+    fn write(&self, name: &str) {
+        let mut bytes = [0u8; NAME_LEN];
+        bytes[..name.len()].copy_from_slice(name.as_bytes());
+        for (chunk, word) in bytes.chunks(8).zip(&self.name) {
+            word.store(
+                u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
+                Ordering::Relaxed,
+            );
+        }
+        self.len.store(name.len() as u32, Ordering::Relaxed);
+        self.state.store(NAMED, Ordering::Release);
+    }
+
     /// Names a free entry `name` (true), or waits for a concurrent claim to
     /// end and says whether it was for the same name.
     fn claim(&self, name: &str) -> bool {
@@ -46,16 +79,7 @@ impl SharedName {
             .compare_exchange(FREE, NAMING, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            let mut bytes = [0u8; NAME_LEN];
-            bytes[..name.len()].copy_from_slice(name.as_bytes());
-            for (chunk, word) in bytes.chunks(8).zip(&self.name) {
-                word.store(
-                    u64::from_le_bytes(chunk.try_into().unwrap()),
-                    Ordering::Relaxed,
-                );
-            }
-            self.len.store(name.len() as u32, Ordering::Relaxed);
-            self.state.store(NAMED, Ordering::Release);
+            self.write(name);
             return true;
         }
         while self.state.load(Ordering::Acquire) == NAMING {

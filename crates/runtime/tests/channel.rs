@@ -231,3 +231,28 @@ fn a_worker_adopts_the_callers_priority() {
     .join()
     .unwrap();
 }
+
+#[test]
+fn function_names_are_registered_once_and_read_back_as_identifiers_only() {
+    let edge = Edge::create("names", 1).unwrap();
+    assert_eq!(edge.function_name(0), None, "nothing registered yet");
+    edge.register_functions(&ECHO);
+    for (i, name) in ECHO.functions.iter().enumerate() {
+        assert_eq!(edge.function_name(i as u32).as_deref(), Some(*name));
+    }
+    assert_eq!(edge.function_name(ECHO.functions.len() as u32), None);
+    assert_eq!(edge.function_name(u32::MAX), None);
+    // A second registration (a later incarnation, the other side) changes nothing.
+    static OTHER: kintsugi_runtime::stub::InterfaceInfo = kintsugi_runtime::stub::InterfaceInfo {
+        name: "other",
+        hash: 1,
+        functions: &["renamed"],
+    };
+    edge.register_functions(&OTHER);
+    assert_eq!(edge.function_name(0).as_deref(), Some(ECHO.functions[0]));
+    // What a faulty peer writes is taken only if it is an identifier.
+    edge.header().functions[10].name_once("x; rm -rf /");
+    assert_eq!(edge.function_name(10), None);
+    edge.header().functions[11].name_once("ok_name");
+    assert_eq!(edge.function_name(11).as_deref(), Some("ok_name"));
+}

@@ -797,10 +797,11 @@ impl<'a> Supervisor<'a> {
             return;
         };
         let Some(live) = &m.live else { return };
-        let in_flight = self.name_calls(m.served.iter().flat_map(|s| {
-            let hash = s.edge.header().interface_hash.load(Ordering::Relaxed);
-            s.edge.in_flight().into_iter().map(move |f| (hash, f))
-        }));
+        let in_flight = m
+            .served
+            .iter()
+            .flat_map(|s| s.edge.in_flight().into_iter().map(|f| self.name_call(s, f)))
+            .collect();
         let (pid, rss_kib) = (live.proc.pid, live.proc.rss_kib());
         live.proc.signal(sig);
         self.last_victim = Some((pid, Instant::now()));
@@ -829,19 +830,22 @@ impl<'a> Supervisor<'a> {
                 .is_some_and(|m| m.done || m.live.as_ref().is_some_and(|l| l.proc.pid != victim))
     }
 
-    fn name_calls(&self, calls: impl Iterator<Item = (u64, u32)>) -> Vec<String> {
-        calls
-            .map(
-                |(hash, func)| match self.options.interfaces.iter().find(|i| i.hash == hash) {
-                    Some(i) => format!(
-                        "{}.{}",
-                        i.name,
-                        i.functions.get(func as usize).copied().unwrap_or("?")
-                    ),
-                    None => format!("function {func}"),
-                },
-            )
-            .collect()
+    /// `interface.function` for a call of `func` on a served edge: named by
+    /// the interfaces the supervisor was built with, else by the names the
+    /// stubs registered in the edge, else by number.
+    fn name_call(&self, served: &Served, func: u32) -> String {
+        let hash = served.edge.header().interface_hash.load(Ordering::Relaxed);
+        let built_in = self
+            .options
+            .interfaces
+            .iter()
+            .find(|i| i.hash == hash)
+            .and_then(|i| i.functions.get(func as usize))
+            .map(|f| f.to_string());
+        match built_in.or_else(|| served.edge.function_name(func)) {
+            Some(f) => format!("{}.{f}", served.interface),
+            None => format!("{}.#{func}", served.interface),
+        }
     }
 
     /// A watched process exited: find out which, and react.
@@ -943,14 +947,16 @@ impl<'a> Supervisor<'a> {
         let m = &mut self.comps[idx];
         let name = m.spec.name.clone();
         let mut calls = Vec::new();
-        for s in &m.served {
-            let hash = s.edge.header().interface_hash.load(Ordering::Relaxed);
-            calls.extend(s.edge.server_down().into_iter().map(|f| (hash, f)));
+        for (i, s) in m.served.iter().enumerate() {
+            calls.extend(s.edge.server_down().into_iter().map(|f| (i, f)));
         }
         let epoch = m.epoch;
         self.client_gone(idx);
         // Events are emitted after the reboot, so that logging does not delay it.
-        let in_flight = self.name_calls(calls.into_iter());
+        let in_flight = calls
+            .into_iter()
+            .map(|(i, f)| self.name_call(&self.comps[idx].served[i], f))
+            .collect();
         let after_injection = self
             .last_victim
             .filter(|(victim, _)| *victim == pid)

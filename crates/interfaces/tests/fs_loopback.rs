@@ -375,7 +375,7 @@ fn server_stub_refuses_bad_requests() {
 
 #[test]
 fn generated_module_matches_the_idl() {
-    let text = include_str!("../../../interfaces/fs.kidl");
+    let text = include_str!("../idl/fs.kidl");
     let iface = kintsugi_idl::parse(std::path::Path::new("interfaces/fs.kidl"), text).unwrap();
     assert_eq!(fs::INFO.hash, iface.hash());
     let names: Vec<&str> = iface.functions.iter().map(|f| f.name.as_str()).collect();

@@ -503,7 +503,7 @@ fn observe(
     let mut campaign_rebooted = false;
     let mut campaign_reboots = 0;
     let mut last_epoch = member.epoch;
-    let mut outcome = None;
+    let mut lost = false;
     loop {
         std::thread::sleep(Duration::from_millis(2));
         if let Some(h) = held.as_mut() {
@@ -514,7 +514,7 @@ fn observe(
         let events = w.events_since(first_event);
         if let Some(why) = w.lost(&events) {
             record.injection += &format!("; {why}");
-            outcome = Some(Outcome::SystemLost);
+            lost = true;
             break;
         }
         let epoch = w.epoch(target);
@@ -545,7 +545,7 @@ fn observe(
             else {
                 record.injection +=
                     &format!("; no incarnation served after {MAX_CLEARING_REBOOTS} reboots");
-                outcome = Some(Outcome::SystemLost);
+                lost = true;
                 break;
             };
             campaign_reboots += n as u64;
@@ -556,7 +556,7 @@ fn observe(
                 record.injection += &format!(
                     "; stalled again after each of {campaign_reboots} reboots by the campaign"
                 );
-                outcome = Some(Outcome::SystemLost);
+                lost = true;
                 break;
             }
             last_epoch = w.epoch(target);
@@ -580,7 +580,7 @@ fn observe(
         .iter()
         .any(|d| d.starts_with("hang detected:"));
     record.reboots = w.epoch(target) - member.epoch - campaign_reboots;
-    if outcome.is_none() && record.reboots == 0 && campaign_reboots == 0 {
+    if !lost && record.reboots == 0 && campaign_reboots == 0 {
         // No visible effect: clear any latent damage with a fresh incarnation.
         match w.reboot_until_serving(
             target,
@@ -591,11 +591,11 @@ fn observe(
             None => {
                 record.injection +=
                     &format!("; no incarnation served after {MAX_CLEARING_REBOOTS} reboots");
-                outcome = Some(Outcome::SystemLost);
+                lost = true;
             }
         }
     }
-    if outcome == Some(Outcome::SystemLost) {
+    if lost {
         record.diagnosis = w.diagnose(target, first_event);
     }
     let after = w.tally(target);
@@ -613,20 +613,52 @@ fn observe(
             record.collateral.push(format!("{s}:errors"));
         }
     }
-    record.outcome = outcome.unwrap_or(if record.corrupt > 0 {
+    record.outcome = classify(&Observed {
+        lost,
+        reboots: record.reboots,
+        campaign_rebooted,
+        hang_detected,
+        errors: record.errors,
+        corrupt: record.corrupt,
+    });
+    record
+}
+
+/// What was seen after one injection: the input of [`classify`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Observed {
+    /// The system was lost: the restart policy gave up, a workload died, or
+    /// the target did not serve again.
+    lost: bool,
+    /// Reboots of the target that something other than the campaign caused.
+    reboots: u64,
+    /// The target stopped serving and the campaign had to reboot it.
+    campaign_rebooted: bool,
+    /// The watchdog reported a hang of the target.
+    hang_detected: bool,
+    /// Errors and wrong answers the target's workloads counted.
+    errors: u64,
+    corrupt: u64,
+}
+
+/// The outcome of an injection that took place, from what was seen: worst
+/// first (a loss, then a wrong answer, then a fault nothing detected).
+fn classify(o: &Observed) -> Outcome {
+    if o.lost {
+        Outcome::SystemLost
+    } else if o.corrupt > 0 {
         Outcome::Corruption
-    } else if campaign_rebooted || (record.reboots == 0 && record.errors > 0) {
+    } else if o.campaign_rebooted || (o.reboots == 0 && o.errors > 0) {
         Outcome::Undetected
-    } else if hang_detected {
+    } else if o.hang_detected {
         Outcome::HangDetected
-    } else if record.reboots > 0 && record.errors > 0 {
+    } else if o.reboots > 0 && o.errors > 0 {
         Outcome::RecoveredWithError
-    } else if record.reboots > 0 {
+    } else if o.reboots > 0 {
         Outcome::RecoveredTransparently
     } else {
         Outcome::NotActivated
-    });
-    record
+    }
 }
 
 fn load_system(path: Option<&Path>) -> anyhow::Result<kintsugi_system::System> {
@@ -896,5 +928,53 @@ mod tests {
         // The owner names its sink by id: every component keeps its own.
         assert!(system.components.iter().all(|c| ids[&c.name] == c.id));
         assert_eq!(services_of(&system).0, ["mm"]);
+    }
+
+    fn seen(f: impl FnOnce(&mut Observed)) -> Outcome {
+        let mut o = Observed::default();
+        f(&mut o);
+        classify(&o)
+    }
+
+    #[test]
+    fn each_outcome_from_what_was_seen() {
+        assert_eq!(seen(|_| {}), Outcome::NotActivated);
+        assert_eq!(seen(|o| o.reboots = 1), Outcome::RecoveredTransparently);
+        assert_eq!(
+            seen(|o| (o.reboots, o.errors) = (1, 2)),
+            Outcome::RecoveredWithError
+        );
+        assert_eq!(
+            seen(|o| (o.reboots, o.hang_detected) = (1, true)),
+            Outcome::HangDetected
+        );
+        assert_eq!(
+            seen(|o| o.errors = 1),
+            Outcome::Undetected,
+            "errors, no reboot"
+        );
+        assert_eq!(seen(|o| o.campaign_rebooted = true), Outcome::Undetected);
+        assert_eq!(seen(|o| o.corrupt = 1), Outcome::Corruption);
+        assert_eq!(seen(|o| o.lost = true), Outcome::SystemLost);
+    }
+
+    #[test]
+    fn the_worst_of_several_signs_wins() {
+        let all = |o: &mut Observed| {
+            (o.reboots, o.errors, o.corrupt) = (2, 3, 1);
+            (o.campaign_rebooted, o.hang_detected) = (true, true);
+        };
+        assert_eq!(seen(|o| (all(o), o.lost = true).1), Outcome::SystemLost);
+        assert_eq!(seen(all), Outcome::Corruption);
+        assert_eq!(
+            seen(|o| (all(o), o.corrupt = 0).1),
+            Outcome::Undetected,
+            "a stall the campaign had to clear outweighs a hang report"
+        );
+        assert_eq!(
+            seen(|o| (o.reboots, o.errors, o.hang_detected) = (1, 1, true)),
+            Outcome::HangDetected,
+            "a detected hang is counted as such, errors or not"
+        );
     }
 }

@@ -233,10 +233,48 @@ enum ActivationFailure {
 /// How long the injector waits for its last victim to die and be replaced.
 const VICTIM_GRACE: Duration = Duration::from_secs(1);
 
-const TOKEN_SIGNAL: u64 = 1 << 40;
-const TOKEN_LIFELINE: u64 = 1 << 42;
-const TOKEN_ZYGOTE_SOCK: u64 = 1 << 41;
-const TOKEN_FAULT: u64 = 1 << 43;
+/// What a readiness in the supervisor's epoll set is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// A watched process (pidfd) exited.
+    Exit(u32),
+    /// SIGINT or SIGTERM arrived (the signal pipe).
+    Signal,
+    /// A lifeline watcher found an incarnation dead.
+    Lifeline,
+    /// The watchdog or a checker reported a fault.
+    Fault,
+    /// Component `idx`'s zygote socket has a message.
+    Zygote(usize),
+}
+
+impl Source {
+    /// The kind in the token's high bits; a pid or an index in the low 32.
+    const KIND_SHIFT: u32 = 32;
+
+    fn token(self) -> u64 {
+        let (kind, low) = match self {
+            Source::Exit(pid) => (0, u64::from(pid)),
+            Source::Signal => (1, 0),
+            Source::Lifeline => (2, 0),
+            Source::Fault => (3, 0),
+            Source::Zygote(idx) => (4, idx as u64),
+        };
+        kind << Self::KIND_SHIFT | low
+    }
+
+    fn of(token: u64) -> Option<Source> {
+        let low = token & u64::from(u32::MAX);
+        Some(match token >> Self::KIND_SHIFT {
+            0 => Source::Exit(low as u32),
+            1 => Source::Signal,
+            2 => Source::Lifeline,
+            3 => Source::Fault,
+            4 => Source::Zygote(low as usize),
+            _ => return None,
+        })
+    }
+}
 
 /// Runs `system` until it is stopped; `on_event` sees every event as it happens.
 pub fn run(
@@ -311,17 +349,17 @@ impl<'a> Supervisor<'a> {
                 write_end.try_clone()?,
             )?);
         }
-        listen(&epoll, &signal_pipe, TOKEN_SIGNAL)?;
+        listen(&epoll, &signal_pipe, Source::Signal)?;
         let (lifeline_pipe, lifeline_notify) =
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-        listen(&epoll, &lifeline_pipe, TOKEN_LIFELINE)?;
+        listen(&epoll, &lifeline_pipe, Source::Lifeline)?;
         let chaos = options.chaos.take().map(Chaos::new);
         let roster = options.roster.clone().unwrap_or_default();
         let (fault_pipe, fault_notify) = rustix::pipe::pipe_with(
             rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
         )?;
         roster.set_notify(fault_notify);
-        listen(&epoll, &fault_pipe, TOKEN_FAULT)?;
+        listen(&epoll, &fault_pipe, Source::Fault)?;
         Ok(Self {
             options,
             on_event,
@@ -445,8 +483,8 @@ impl<'a> Supervisor<'a> {
             control.clone(),
             served.iter().map(|s| s.edge.clone()).collect(),
         );
-        listen(&self.epoll, &zygote.pidfd, zygote.pid as u64)?;
-        listen(&self.epoll, &zygote_sock, TOKEN_ZYGOTE_SOCK | idx as u64)?;
+        listen(&self.epoll, &zygote.pidfd, Source::Exit(zygote.pid))?;
+        listen(&self.epoll, &zygote_sock, Source::Zygote(idx))?;
         self.comps.push(Managed {
             restarts: RestartWindow::new(spec.restart.max, spec.restart.window),
             spec: spec.clone(),
@@ -559,7 +597,11 @@ impl<'a> Supervisor<'a> {
         let bank = 1 - m.live_bank;
         fdpass::send(
             &m.zygote_sock,
-            &zygote::encode(zygote::FORK | (bank as u32) << 16, generation),
+            &zygote::Command::Fork {
+                generation,
+                bank: bank as u8,
+            }
+            .encode(),
             &[],
         )?;
         m.fork_pending = Some((generation, bank));
@@ -609,8 +651,8 @@ impl<'a> Supervisor<'a> {
             }
         }
         let (msg, _) = fdpass::recv(&m.zygote_sock)?;
-        let (generation, pid) =
-            zygote::decode(&msg).ok_or_else(|| boot_err("malformed zygote reply".into()))?;
+        let zygote::Forked { generation, pid } = zygote::Forked::decode(&msg)
+            .ok_or_else(|| boot_err("malformed zygote reply".into()))?;
         let Some((expected, bank)) = m.fork_pending.take() else {
             return Err(boot_err("zygote answered no request".into()));
         };
@@ -620,7 +662,7 @@ impl<'a> Supervisor<'a> {
             )));
         }
         let proc = Proc::adopt(pid)?;
-        listen(&self.epoll, &proc.pidfd, pid as u64)?;
+        listen(&self.epoll, &proc.pidfd, Source::Exit(pid))?;
         Ok(Incarnation {
             proc,
             generation,
@@ -743,25 +785,32 @@ impl<'a> Supervisor<'a> {
                 Err(rustix::io::Errno::INTR) => continue,
                 r => r?,
             };
-            let tokens: Vec<u64> = events.iter().map(|e| e.data.u64()).collect();
-            for token in tokens {
-                if token == TOKEN_SIGNAL {
-                    let mut b = [0u8; 64];
-                    let _ = rustix::io::read(&self.signal_pipe, &mut b);
-                    return Ok(StopReason::Signal);
-                } else if token == TOKEN_FAULT {
-                    self.on_fault_reports();
-                } else if token == TOKEN_LIFELINE {
-                    if let Some(reason) = self.on_lifelines()? {
-                        return Ok(reason);
+            let sources: Vec<Source> = events
+                .iter()
+                .filter_map(|e| Source::of(e.data.u64()))
+                .collect();
+            for source in sources {
+                let stop = match source {
+                    Source::Signal => {
+                        let mut b = [0u8; 64];
+                        let _ = rustix::io::read(&self.signal_pipe, &mut b);
+                        Some(StopReason::Signal)
                     }
-                } else if token & TOKEN_ZYGOTE_SOCK != 0 {
-                    let idx = (token & !TOKEN_ZYGOTE_SOCK) as usize;
-                    if self.comps[idx].fork_pending.is_some() {
-                        let inc = self.take_fork_reply(idx)?;
-                        self.comps[idx].standby = Some(inc);
+                    Source::Fault => {
+                        self.on_fault_reports();
+                        None
                     }
-                } else if let Some(reason) = self.on_exit(token as u32)? {
+                    Source::Lifeline => self.on_lifelines()?,
+                    Source::Zygote(idx) => {
+                        if self.comps[idx].fork_pending.is_some() {
+                            let inc = self.take_fork_reply(idx)?;
+                            self.comps[idx].standby = Some(inc);
+                        }
+                        None
+                    }
+                    Source::Exit(pid) => self.on_exit(pid)?,
+                };
+                if let Some(reason) = stop {
                     return Ok(reason);
                 }
             }
@@ -1080,7 +1129,7 @@ impl<'a> Supervisor<'a> {
             &m.used,
             &m.durable,
         )?;
-        listen(&self.epoll, &zygote.pidfd, zygote.pid as u64)?;
+        listen(&self.epoll, &zygote.pidfd, Source::Exit(zygote.pid))?;
         let pid = zygote.pid;
         m.zygote = zygote;
         let exec_mode = m.spec.reboot == RebootMode::Exec;
@@ -1143,7 +1192,7 @@ impl<'a> Supervisor<'a> {
             return None;
         }
         let (msg, _) = fdpass::recv(sock.as_fd()).ok()?;
-        let (_, pid) = zygote::decode(&msg)?;
+        let pid = zygote::Forked::decode(&msg)?.pid;
         Proc::adopt(pid).ok()
     }
 }
@@ -1165,12 +1214,36 @@ fn dying_exit(pid: u32) -> Exit {
     }
 }
 
-/// Adds `fd` to the supervisor's epoll set; its readiness comes back as `token`.
-fn listen(epoll: &OwnedFd, fd: impl AsFd, token: u64) -> rustix::io::Result<()> {
+/// Adds `fd` to the supervisor's epoll set; its readiness comes back as `source`.
+fn listen(epoll: &OwnedFd, fd: impl AsFd, source: Source) -> rustix::io::Result<()> {
     epoll::add(
         epoll,
         fd,
-        epoll::EventData::new_u64(token),
+        epoll::EventData::new_u64(source.token()),
         epoll::EventFlags::IN,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Source;
+
+    #[test]
+    fn every_source_comes_back_from_its_token() {
+        let sources = [
+            Source::Exit(1),
+            Source::Exit(u32::MAX),
+            Source::Signal,
+            Source::Lifeline,
+            Source::Fault,
+            Source::Zygote(0),
+            Source::Zygote(4095),
+        ];
+        for s in sources {
+            assert_eq!(Source::of(s.token()), Some(s), "{s:?}");
+        }
+        let tokens: std::collections::HashSet<u64> = sources.iter().map(|s| s.token()).collect();
+        assert_eq!(tokens.len(), sources.len(), "tokens are distinct");
+        assert_eq!(Source::of(99 << 32), None, "an unknown kind is no source");
+    }
 }

@@ -480,7 +480,7 @@ impl Ctx<'_> {
             "/// What this client tracks of a `{}` for itself.",
             d.name
         ));
-        o.line("#[derive(Debug, Clone, Default)]");
+        o.line("#[derive(Debug, Clone, Default, PartialEq)]");
         o.open(format!("pub struct {}Record {{", d.name));
         for f in &d.fields {
             o.line(format!("/// Tracked field `{}`.", f.name));
@@ -505,7 +505,7 @@ impl Ctx<'_> {
             "/// What the client stub keeps per `{}` to rebuild it after a reboot.",
             d.name
         ));
-        o.line("#[derive(Debug, Clone, Default)]");
+        o.line("#[derive(Debug, Clone, Default, PartialEq)]");
         o.open(format!("pub struct {}Record {{", d.name));
         for a in creator.args.iter().filter(|a| a.remember) {
             o.line(format!("/// `{}` as passed to `{}`.", a.name, creator.name));
@@ -1018,9 +1018,19 @@ impl Ctx<'_> {
             Some(Type::Descriptor(d)) => d,
             _ => unreachable!("checked"),
         };
-        let record = if self.is_global(d) { "t." } else { "t.record." };
-        let body = body.replace("@.", record);
-        format!("self.0.{}s.update({a}.0, |t| {body});", snake(d))
+        if self.is_global(d) {
+            let body = body.replace("@.", "t.");
+            return format!("self.0.{}s.update({a}.0, |t| {body});", snake(d));
+        }
+        // A call's effect lands on a descriptor that another thread may have
+        // rebuilt since the call (eager recovery) from the record without
+        // it: then its server descriptor lags, and the next use rebuilds it
+        // again (epoch 0 is no server's).
+        let body = body.replace("@.", "t.record.");
+        format!(
+            "self.0.{}s.update({a}.0, |t| {{ {body}; if t.epoch != {a}_now.epoch {{ t.epoch = 0; }} }});",
+            snake(d)
+        )
     }
 
     fn client_fn(&self, o: &mut Out, f: &Function) {
@@ -1439,10 +1449,21 @@ impl Ctx<'_> {
                 o.close("}");
             }
         }
+        // Published only if no call changed the record meanwhile (a thread's
+        // call can complete while another thread, eager recovery's, rebuilds
+        // from the record as it was): else the server's descriptor would lag
+        // the client's fields. Rebuild again from the newer record.
+        o.line("let mut published = false;");
         o.open(format!("self.{s}s.update({s}.0, |t| {{"));
+        o.open("if t.record == entry.record {");
         o.line("t.server_id = server_id;");
         o.line("t.epoch = epoch;");
+        o.line("published = true;");
+        o.close("}");
         o.close("});");
+        o.open("if !published {");
+        o.line("continue;");
+        o.close("}");
         o.line("self.conn.note_recovered(1);");
         o.line("return Ok(Current { server_id, epoch });");
         o.close("}");

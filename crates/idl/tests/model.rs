@@ -252,14 +252,14 @@ fn generated_timer_replays_its_transitions() {
         "pub state: u8,",
         "pub arm_start_ns: u64,",
         "pub arm_once: bool,",
-        "self.0.timers.update(tm.0, |t| { t.record.state = 1; t.record.arm_start_ns = start_ns; t.record.arm_once = once; });",
-        "self.0.timers.update(tm.0, |t| { t.record.state = 0; });",
+        "self.0.timers.update(tm.0, |t| { { t.record.state = 1; t.record.arm_start_ns = start_ns; t.record.arm_once = once; }; if t.epoch != tm_now.epoch { t.epoch = 0; } });",
+        "self.0.timers.update(tm.0, |t| { { t.record.state = 0; }; if t.epoch != tm_now.epoch { t.epoch = 0; } });",
         "if entry.record.state == 1 {",
         "match self.raw_arm(Some(epoch), server_id, entry.record.arm_start_ns, entry.record.arm_once) {",
         // `from` fills the argument in; `store` keeps the result.
         "pub fn wait(&self, tm: Timer) -> Result<u64, CallError<Error>> {",
         "let after = self.0.timers.get(tm.0).ok_or(CallError::BadDescriptor(tm.0))?.record.tick;",
-        "self.0.timers.update(tm.0, |t| t.record.tick = ret);",
+        "self.0.timers.update(tm.0, |t| { t.record.tick = ret; if t.epoch != tm_now.epoch { t.epoch = 0; } });",
     ] {
         assert!(has(&code, item), "generated timer lacks:\n{item}\n---\n{code}");
     }

@@ -27,7 +27,7 @@ kintsugi_runtime::interface_errors!("bench" { Failed = "failed" });
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Obj(pub u32);
 /// What the client stub keeps per `Obj` to rebuild it after a reboot.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ObjRecord {
     /// `tag` as passed to `make`.
     pub tag: u64,
@@ -227,7 +227,15 @@ impl Client {
                 Ok(ret) => {
                     self.0
                         .objs
-                        .update(o.0, |t| t.record.pos = t.record.pos.wrapping_add(ret));
+                        .update(
+                            o.0,
+                            |t| {
+                                t.record.pos = t.record.pos.wrapping_add(ret);
+                                if t.epoch != o_now.epoch {
+                                    t.epoch = 0;
+                                }
+                            },
+                        );
                     Ok(ret)
                 }
                 Err(e) => Err(e),
@@ -240,7 +248,17 @@ impl Client {
             let o_now = self.0.current_obj(o)?;
             match self.0.raw_put(Some(o_now.epoch), o_now.server_id, pos) {
                 Ok(ret) => {
-                    self.0.objs.update(o.0, |t| t.record.pos = pos);
+                    self.0
+                        .objs
+                        .update(
+                            o.0,
+                            |t| {
+                                t.record.pos = pos;
+                                if t.epoch != o_now.epoch {
+                                    t.epoch = 0;
+                                }
+                            },
+                        );
                     Ok(ret)
                 }
                 Err(e) => Err(e),
@@ -371,14 +389,21 @@ impl Inner {
                     Err(e) => return Err(e),
                 }
             }
+            let mut published = false;
             self.objs
                 .update(
                     obj.0,
                     |t| {
-                        t.server_id = server_id;
-                        t.epoch = epoch;
+                        if t.record == entry.record {
+                            t.server_id = server_id;
+                            t.epoch = epoch;
+                            published = true;
+                        }
                     },
                 );
+            if !published {
+                continue;
+            }
             self.conn.note_recovered(1);
             return Ok(Current { server_id, epoch });
         }

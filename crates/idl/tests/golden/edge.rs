@@ -79,7 +79,7 @@ impl Item {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Cursor(pub u32);
 /// What the client stub keeps per `Cursor` to rebuild it after a reboot.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CursorRecord {
     /// `name` as passed to `begin`.
     pub name: String,
@@ -101,7 +101,7 @@ pub struct CursorRecord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Lock(pub u32);
 /// What the client stub keeps per `Lock` to rebuild it after a reboot.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct LockRecord {}
 /// Where a descriptor lives in the server's current incarnation.
 #[derive(Debug, Clone, Copy)]
@@ -434,7 +434,12 @@ impl Client {
                         .cursors
                         .update(
                             c.0,
-                            |t| t.record.pos = t.record.pos.wrapping_add(u64::from(ret)),
+                            |t| {
+                                t.record.pos = t.record.pos.wrapping_add(u64::from(ret));
+                                if t.epoch != c_now.epoch {
+                                    t.epoch = 0;
+                                }
+                            },
                         );
                     Ok(ret)
                 }
@@ -454,6 +459,9 @@ impl Client {
                             c.0,
                             |t| {
                                 t.record.pos = t.record.pos.wrapping_add(ret.len() as u64);
+                                if t.epoch != c_now.epoch {
+                                    t.epoch = 0;
+                                }
                             },
                         );
                     Ok(ret)
@@ -468,7 +476,17 @@ impl Client {
             let c_now = self.0.current_cursor(c)?;
             match self.0.raw_go(Some(c_now.epoch), c_now.server_id, pos) {
                 Ok(ret) => {
-                    self.0.cursors.update(c.0, |t| t.record.pos = pos);
+                    self.0
+                        .cursors
+                        .update(
+                            c.0,
+                            |t| {
+                                t.record.pos = pos;
+                                if t.epoch != c_now.epoch {
+                                    t.epoch = 0;
+                                }
+                            },
+                        );
                     Ok(ret)
                 }
                 Err(e) => Err(e),
@@ -481,7 +499,17 @@ impl Client {
             let c_now = self.0.current_cursor(c)?;
             match self.0.raw_mark(Some(c_now.epoch), c_now.server_id, m) {
                 Ok(ret) => {
-                    self.0.cursors.update(c.0, |t| t.record.mark = m);
+                    self.0
+                        .cursors
+                        .update(
+                            c.0,
+                            |t| {
+                                t.record.mark = m;
+                                if t.epoch != c_now.epoch {
+                                    t.epoch = 0;
+                                }
+                            },
+                        );
                     Ok(ret)
                 }
                 Err(e) => Err(e),
@@ -852,14 +880,21 @@ impl Inner {
                     Err(e) => return Err(e),
                 }
             }
+            let mut published = false;
             self.cursors
                 .update(
                     cursor.0,
                     |t| {
-                        t.server_id = server_id;
-                        t.epoch = epoch;
+                        if t.record == entry.record {
+                            t.server_id = server_id;
+                            t.epoch = epoch;
+                            published = true;
+                        }
                     },
                 );
+            if !published {
+                continue;
+            }
             self.conn.note_recovered(1);
             return Ok(Current { server_id, epoch });
         }
@@ -904,14 +939,21 @@ impl Inner {
                 Err(CallError::Fault(Fault::Stale | Fault::Interrupted)) => continue,
                 Err(e) => return Err(e),
             };
+            let mut published = false;
             self.locks
                 .update(
                     lock.0,
                     |t| {
-                        t.server_id = server_id;
-                        t.epoch = epoch;
+                        if t.record == entry.record {
+                            t.server_id = server_id;
+                            t.epoch = epoch;
+                            published = true;
+                        }
                     },
                 );
+            if !published {
+                continue;
+            }
             self.conn.note_recovered(1);
             return Ok(Current { server_id, epoch });
         }

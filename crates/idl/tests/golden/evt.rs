@@ -23,7 +23,7 @@ kintsugi_runtime::interface_errors!("evt" { NotFound = "not found" });
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Evt(pub u64);
 /// What this client tracks of a `Evt` for itself.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct EvtRecord {
     /// Tracked field `seen`.
     pub seen: u64,

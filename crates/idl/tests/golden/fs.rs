@@ -66,7 +66,7 @@ impl Stat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct File(pub u32);
 /// What the client stub keeps per `File` to rebuild it after a reboot.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct FileRecord {
     /// `path` as passed to `open`.
     pub path: String,
@@ -296,6 +296,9 @@ impl Client {
                                     .record
                                     .offset
                                     .wrapping_add(ret.len() as u64);
+                                if t.epoch != fd_now.epoch {
+                                    t.epoch = 0;
+                                }
                             },
                         );
                     Ok(ret)
@@ -319,6 +322,9 @@ impl Client {
                                     .record
                                     .offset
                                     .wrapping_add(u64::from(ret));
+                                if t.epoch != fd_now.epoch {
+                                    t.epoch = 0;
+                                }
                             },
                         );
                     Ok(ret)
@@ -333,7 +339,17 @@ impl Client {
             let fd_now = self.0.current_file(fd)?;
             match self.0.raw_seek(Some(fd_now.epoch), fd_now.server_id, pos) {
                 Ok(ret) => {
-                    self.0.files.update(fd.0, |t| t.record.offset = pos);
+                    self.0
+                        .files
+                        .update(
+                            fd.0,
+                            |t| {
+                                t.record.offset = pos;
+                                if t.epoch != fd_now.epoch {
+                                    t.epoch = 0;
+                                }
+                            },
+                        );
                     Ok(ret)
                 }
                 Err(e) => Err(e),
@@ -603,14 +619,21 @@ impl Inner {
                     Err(e) => return Err(e),
                 }
             }
+            let mut published = false;
             self.files
                 .update(
                     file.0,
                     |t| {
-                        t.server_id = server_id;
-                        t.epoch = epoch;
+                        if t.record == entry.record {
+                            t.server_id = server_id;
+                            t.epoch = epoch;
+                            published = true;
+                        }
                     },
                 );
+            if !published {
+                continue;
+            }
             self.conn.note_recovered(1);
             return Ok(Current { server_id, epoch });
         }

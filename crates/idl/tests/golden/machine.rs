@@ -25,7 +25,7 @@ kintsugi_runtime::interface_errors!("machine" { Wrong = "wrong" });
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Unit(pub u32);
 /// What the client stub keeps per `Unit` to rebuild it after a reboot.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct UnitRecord {
     /// `tag` as passed to `make`.
     pub tag: u64,
@@ -192,8 +192,13 @@ impl Client {
                         .update(
                             m.0,
                             |t| {
-                                t.record.state = 1;
-                                t.record.prime_level = level;
+                                {
+                                    t.record.state = 1;
+                                    t.record.prime_level = level;
+                                };
+                                if t.epoch != m_now.epoch {
+                                    t.epoch = 0;
+                                }
                             },
                         );
                     Ok(ret)
@@ -213,8 +218,13 @@ impl Client {
                         .update(
                             m.0,
                             |t| {
-                                t.record.state = 2;
-                                t.record.start_speed = speed.to_owned();
+                                {
+                                    t.record.state = 2;
+                                    t.record.start_speed = speed.to_owned();
+                                };
+                                if t.epoch != m_now.epoch {
+                                    t.epoch = 0;
+                                }
                             },
                         );
                     Ok(ret)
@@ -234,7 +244,12 @@ impl Client {
                         .update(
                             m.0,
                             |t| {
-                                t.record.state = 1;
+                                {
+                                    t.record.state = 1;
+                                };
+                                if t.epoch != m_now.epoch {
+                                    t.epoch = 0;
+                                }
                             },
                         );
                     Ok(ret)
@@ -256,7 +271,17 @@ impl Client {
                 .seen;
             match self.0.raw_poll(Some(m_now.epoch), m_now.server_id, since) {
                 Ok(ret) => {
-                    self.0.units.update(m.0, |t| t.record.seen = ret);
+                    self.0
+                        .units
+                        .update(
+                            m.0,
+                            |t| {
+                                t.record.seen = ret;
+                                if t.epoch != m_now.epoch {
+                                    t.epoch = 0;
+                                }
+                            },
+                        );
                     Ok(ret)
                 }
                 Err(e) => Err(e),
@@ -419,14 +444,21 @@ impl Inner {
                 }
                 _ => {}
             }
+            let mut published = false;
             self.units
                 .update(
                     unit.0,
                     |t| {
-                        t.server_id = server_id;
-                        t.epoch = epoch;
+                        if t.record == entry.record {
+                            t.server_id = server_id;
+                            t.epoch = epoch;
+                            published = true;
+                        }
                     },
                 );
+            if !published {
+                continue;
+            }
             self.conn.note_recovered(1);
             return Ok(Current { server_id, epoch });
         }

@@ -28,7 +28,7 @@ kintsugi_runtime::interface_errors!(
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Acceptor(pub u32);
 /// What the client stub keeps per `Acceptor` to rebuild it after a reboot.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct AcceptorRecord {
     /// `worker` as passed to `acceptor`.
     pub worker: u32,
@@ -40,7 +40,7 @@ pub struct AcceptorRecord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Conn(pub u32);
 /// What the client stub keeps per `Conn` to rebuild it after a reboot.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ConnRecord {
     /// `id` as passed to `adopt`.
     pub id: u64,
@@ -250,7 +250,17 @@ impl Client {
                 .last;
             match self.0.raw_accept(Some(a_now.epoch), a_now.server_id, last) {
                 Ok(ret) => {
-                    self.0.acceptors.update(a.0, |t| t.record.last = ret);
+                    self.0
+                        .acceptors
+                        .update(
+                            a.0,
+                            |t| {
+                                t.record.last = ret;
+                                if t.epoch != a_now.epoch {
+                                    t.epoch = 0;
+                                }
+                            },
+                        );
                     Ok(ret)
                 }
                 Err(e) => Err(e),
@@ -295,7 +305,12 @@ impl Client {
                         .conns
                         .update(
                             c.0,
-                            |t| t.record.rx = t.record.rx.wrapping_add(ret.len() as u64),
+                            |t| {
+                                t.record.rx = t.record.rx.wrapping_add(ret.len() as u64);
+                                if t.epoch != c_now.epoch {
+                                    t.epoch = 0;
+                                }
+                            },
                         );
                     Ok(ret)
                 }
@@ -320,7 +335,12 @@ impl Client {
                         .conns
                         .update(
                             c.0,
-                            |t| t.record.tx = t.record.tx.wrapping_add(u64::from(ret)),
+                            |t| {
+                                t.record.tx = t.record.tx.wrapping_add(u64::from(ret));
+                                if t.epoch != c_now.epoch {
+                                    t.epoch = 0;
+                                }
+                            },
                         );
                     Ok(ret)
                 }
@@ -476,14 +496,21 @@ impl Inner {
                 Err(CallError::Fault(Fault::Stale | Fault::Interrupted)) => continue,
                 Err(e) => return Err(e),
             };
+            let mut published = false;
             self.acceptors
                 .update(
                     acceptor.0,
                     |t| {
-                        t.server_id = server_id;
-                        t.epoch = epoch;
+                        if t.record == entry.record {
+                            t.server_id = server_id;
+                            t.epoch = epoch;
+                            published = true;
+                        }
                     },
                 );
+            if !published {
+                continue;
+            }
             self.conn.note_recovered(1);
             return Ok(Current { server_id, epoch });
         }
@@ -528,14 +555,21 @@ impl Inner {
                 Err(CallError::Fault(Fault::Stale | Fault::Interrupted)) => continue,
                 Err(e) => return Err(e),
             };
+            let mut published = false;
             self.conns
                 .update(
                     conn.0,
                     |t| {
-                        t.server_id = server_id;
-                        t.epoch = epoch;
+                        if t.record == entry.record {
+                            t.server_id = server_id;
+                            t.epoch = epoch;
+                            published = true;
+                        }
                     },
                 );
+            if !published {
+                continue;
+            }
             self.conn.note_recovered(1);
             return Ok(Current { server_id, epoch });
         }

@@ -26,7 +26,7 @@ kintsugi_runtime::interface_errors!(
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Timer(pub u32);
 /// What the client stub keeps per `Timer` to rebuild it after a reboot.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TimerRecord {
     /// `period_us` as passed to `create`.
     pub period_us: u64,
@@ -202,9 +202,14 @@ impl Client {
                         .update(
                             tm.0,
                             |t| {
-                                t.record.state = 1;
-                                t.record.arm_start_ns = start_ns;
-                                t.record.arm_once = once;
+                                {
+                                    t.record.state = 1;
+                                    t.record.arm_start_ns = start_ns;
+                                    t.record.arm_once = once;
+                                };
+                                if t.epoch != tm_now.epoch {
+                                    t.epoch = 0;
+                                }
                             },
                         );
                     Ok(ret)
@@ -224,7 +229,12 @@ impl Client {
                         .update(
                             tm.0,
                             |t| {
-                                t.record.state = 0;
+                                {
+                                    t.record.state = 0;
+                                };
+                                if t.epoch != tm_now.epoch {
+                                    t.epoch = 0;
+                                }
                             },
                         );
                     Ok(ret)
@@ -246,7 +256,17 @@ impl Client {
                 .tick;
             match self.0.raw_wait(Some(tm_now.epoch), tm_now.server_id, after) {
                 Ok(ret) => {
-                    self.0.timers.update(tm.0, |t| t.record.tick = ret);
+                    self.0
+                        .timers
+                        .update(
+                            tm.0,
+                            |t| {
+                                t.record.tick = ret;
+                                if t.epoch != tm_now.epoch {
+                                    t.epoch = 0;
+                                }
+                            },
+                        );
                     Ok(ret)
                 }
                 Err(e) => Err(e),
@@ -380,14 +400,21 @@ impl Inner {
                     Err(e) => return Err(e),
                 }
             }
+            let mut published = false;
             self.timers
                 .update(
                     timer.0,
                     |t| {
-                        t.server_id = server_id;
-                        t.epoch = epoch;
+                        if t.record == entry.record {
+                            t.server_id = server_id;
+                            t.epoch = epoch;
+                            published = true;
+                        }
                     },
                 );
+            if !published {
+                continue;
+            }
             self.conn.note_recovered(1);
             return Ok(Current { server_id, epoch });
         }

@@ -11,6 +11,13 @@ struct Out {
 }
 
 impl Out {
+    fn at(depth: usize) -> Self {
+        Self {
+            s: String::new(),
+            depth,
+        }
+    }
+
     fn line(&mut self, l: impl AsRef<str>) {
         let l = l.as_ref();
         if !l.is_empty() {
@@ -197,18 +204,12 @@ struct Ctx<'a> {
 
 pub(crate) fn generate(iface: &Interface) -> String {
     let cx = Ctx { iface };
-    let mut body = Out {
-        s: String::new(),
-        depth: 0,
-    };
+    let mut body = Out::at(0);
     cx.types(&mut body);
     cx.server(&mut body);
     cx.client(&mut body);
     // The header imports what the body names, no more.
-    let mut o = Out {
-        s: String::new(),
-        depth: 0,
-    };
+    let mut o = Out::at(0);
     cx.header(&mut o, &body.s);
     o.s + &body.s
 }
@@ -899,10 +900,7 @@ impl Ctx<'_> {
         }
         for f in &i.functions {
             o.line("");
-            let mut method = Out {
-                s: String::new(),
-                depth: o.depth,
-            };
+            let mut method = Out::at(o.depth);
             self.client_fn(&mut method, f);
             o.s.push_str(&direct_retry(&method.s));
         }
@@ -1068,15 +1066,12 @@ impl Ctx<'_> {
         // interrupted attempt may have done already goes to
         // `retry_idempotent`, which takes its duplicate's complaint for success.
         // What a global close must forget once it is done.
-        let mut forget_after = Out {
-            s: String::new(),
-            depth: 0,
-        };
-        if global_close {
-            let (a, d) = f.descriptor_args().next().expect("checked");
-            self.forget(&mut forget_after, a, d);
-        }
-        if !forget_after.s.is_empty() {
+        let forget_after = f
+            .descriptor_args()
+            .next()
+            .filter(|_| global_close)
+            .and_then(|(a, d)| self.forget(a, d));
+        if forget_after.is_some() {
             o.open("let done = retry_idempotent(|| {");
         } else if retry_ok || global_close {
             o.open("retry_idempotent(|| {");
@@ -1101,7 +1096,9 @@ impl Ctx<'_> {
                 ));
                 o.open(format!("if {}_now.epoch != self.0.conn.epoch() {{", a.name));
                 o.line(format!("// The server rebooted since `{}` was built: its new incarnation never had it.", a.name));
-                self.forget(o, a, d);
+                if let Some(forget) = self.forget(a, d) {
+                    o.line(forget);
+                }
                 o.line("return Ok(());");
                 o.close("}");
                 format!("Some({}_now.epoch)", a.name)
@@ -1254,13 +1251,10 @@ impl Ctx<'_> {
             (Role::Terminal, _) if global_close => o.line("Ok(ret) => Ok(ret),"),
             (Role::Terminal, _) => {
                 let (a, d) = f.descriptor_args().next().expect("checked");
-                let mut forget = Out {
-                    s: String::new(),
-                    depth: 0,
-                };
-                self.forget(&mut forget, a, d);
                 o.open("Ok(()) => {");
-                o.lines(forget.s.lines().map(String::from).collect());
+                if let Some(forget) = self.forget(a, d) {
+                    o.line(forget);
+                }
                 o.line("Ok(())");
                 o.close("}");
             }
@@ -1282,29 +1276,25 @@ impl Ctx<'_> {
             ));
         } else if !global_close {
             o.close("})");
-        } else if forget_after.s.is_empty() {
+        } else if forget_after.is_none() {
             o.close("}, |e| matches!(e, CallError::Fault(Fault::NoDescriptor(_))))");
         } else {
             o.close("}, |e| matches!(e, CallError::Fault(Fault::NoDescriptor(_))));");
             o.open("if done.is_ok() {");
-            o.lines(forget_after.s.lines().map(String::from).collect());
+            o.lines(forget_after.into_iter().collect());
             o.close("}");
             o.line("done");
         }
         o.close("}");
     }
 
-    /// Stops tracking descriptor argument `a` after it was closed.
-    fn forget(&self, o: &mut Out, a: &Arg, d: &str) {
-        let s = snake(d);
+    /// The statement that stops tracking descriptor argument `a` after it
+    /// was closed, if the client stub tracks it at all.
+    fn forget(&self, a: &Arg, d: &str) -> Option<String> {
         let desc = self.iface.descriptor(d).expect("checked");
-        if desc.namespace == Namespace::Global {
-            if !desc.fields.is_empty() {
-                o.line(format!("self.0.{s}s.remove({}.0);", a.name));
-            }
-            return;
-        }
-        o.line(format!("self.0.{s}s.remove({}.0);", a.name));
+        // A global descriptor is tracked only for its fields.
+        let tracked = desc.namespace == Namespace::Local || !desc.fields.is_empty();
+        tracked.then(|| format!("self.0.{}s.remove({}.0);", snake(d), a.name))
     }
 
     /// Arguments replaying `f` for the descriptor rebuilt as `server_id`,

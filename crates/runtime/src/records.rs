@@ -195,16 +195,16 @@ impl GlobalRecords {
         format!("{}/{kind}/{id:016x}", self.interface)
     }
 
-    pub fn is_known(&self, kind: &'static str, id: u64) -> bool {
+    fn is_known(&self, kind: &'static str, id: u64) -> bool {
         self.known.read().unwrap().contains(&(kind, id))
     }
 
-    pub fn mark_known(&self, kind: &'static str, id: u64) {
+    fn mark_known(&self, kind: &'static str, id: u64) {
         self.known.write().unwrap().insert((kind, id));
     }
 
     /// Held while descriptors are rebuilt, so that each is rebuilt once.
-    pub fn rebuilding(&self) -> MutexGuard<'_, ()> {
+    fn rebuilding(&self) -> MutexGuard<'_, ()> {
         self.rebuild.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -273,7 +273,7 @@ impl GlobalRecords {
     }
 
     /// Records a descriptor the server just created.
-    pub fn created(
+    fn created(
         &self,
         kind: &'static str,
         id: u64,

@@ -306,7 +306,7 @@ pub(crate) fn kill_repeatedly(
 ) -> anyhow::Result<Vec<Event>> {
     let plan = ChaosPlan {
         target: target.into(),
-        signals: vec![Signal::KILL],
+        signals: vec![nix::sys::signal::Signal::SIGKILL],
         min_interval: every.0,
         max_interval: every.1,
         count: Some(kills),

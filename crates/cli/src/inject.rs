@@ -39,7 +39,7 @@ pub struct FaultArgs {
     /// For --kind memory: heap, stack or data.
     #[arg(long, default_value = "heap", value_parser = parse_area)]
     pub area: Area,
-    /// For --kind signal: segv, bus, abrt or kill.
+    /// For --kind signal: segv, bus, abrt, ill, fpe, term or kill.
     #[arg(long, default_value = "segv", value_parser = parse_signal)]
     pub signal: Signal,
     /// For --kind delay.
@@ -64,13 +64,8 @@ fn parse_area(s: &str) -> Result<Area, String> {
 }
 
 fn parse_signal(s: &str) -> Result<Signal, String> {
-    match s.trim_start_matches("SIG").to_ascii_lowercase().as_str() {
-        "segv" => Ok(Signal::SIGSEGV),
-        "bus" => Ok(Signal::SIGBUS),
-        "abrt" | "abort" => Ok(Signal::SIGABRT),
-        "kill" => Ok(Signal::SIGKILL),
-        _ => Err(format!("`{s}`: expected segv, bus, abrt or kill")),
-    }
+    kintsugi_inject::parse_signal(s)
+        .ok_or_else(|| format!("`{s}`: expected segv, bus, abrt, ill, fpe, term or kill"))
 }
 
 impl FaultArgs {

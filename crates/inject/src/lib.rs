@@ -6,16 +6,20 @@
 //! held stopped) and a delay. Everything goes through ptrace and `/proc`
 //! (`PTRACE_SEIZE`/`PTRACE_INTERRUPT`, `/proc/<pid>/mem`, `pagemap`): no
 //! cooperation from the target and no `unsafe`. Every random choice comes
-//! from the [`Injector`]'s seeded generator.
+//! from the [`Injector`]'s seeded generator. The [`Schedule`] of crash
+//! signals that the supervisor delivers (`kintsugi run --kill`) lives here
+//! too: this crate is the one place faults are chosen.
 
 #![forbid(unsafe_code)]
 
 mod fault;
 mod procfs;
+mod schedule;
 mod stop;
 
 pub use fault::{Fault, Flip, Injection, Injector, GPRS};
 pub use procfs::{describe_threads, threads, Area, ThreadInfo};
+pub use schedule::{parse_signal, ChaosPlan, Schedule};
 pub use stop::{hold_until_death, Held, Stopped};
 
 use thiserror::Error;

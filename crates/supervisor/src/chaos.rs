@@ -1,121 +1,150 @@
-//! Crash injection for demos and tests: signals sent to a component's live
-//! incarnation at random instants, reproducible from a seed.
+//! Carrying out a crash schedule ([`kintsugi_inject::Schedule`]) against a
+//! component, one fault at a time: the next signal is sent only once the
+//! last victim has been replaced by a new incarnation (or visibly survived),
+//! so that each injection is one fault and none lands on a process already
+//! dying.
 
 use std::time::{Duration, Instant};
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use kintsugi_inject::{ChaosPlan, Schedule};
 use rustix::process::Signal;
 
-/// When, what and how often to kill.
-#[derive(Debug, Clone)]
-pub struct ChaosPlan {
-    pub target: String,
-    pub signals: Vec<Signal>,
-    pub min_interval: Duration,
-    pub max_interval: Duration,
-    /// Stop injecting after this many (None: until the system stops).
-    pub count: Option<u32>,
-    pub seed: u64,
+/// How long the injector waits for its last victim to die and be replaced.
+pub(crate) const VICTIM_GRACE: Duration = Duration::from_secs(1);
+
+/// The target component as the supervisor sees it now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// An incarnation with this pid is live.
+    Live(u32),
+    /// Between incarnations (rebooting).
+    Down,
+    /// It will not run again.
+    Retired,
 }
 
-/// A plan being carried out.
-pub struct Chaos {
-    pub plan: ChaosPlan,
-    rng: StdRng,
-    next: Instant,
-    pub sent: u32,
+pub(crate) struct Chaos {
+    schedule: Schedule,
+    /// The process last signalled, and when.
+    last_victim: Option<(u32, Instant)>,
 }
 
 impl Chaos {
-    pub fn new(plan: ChaosPlan) -> Self {
-        let mut rng = StdRng::seed_from_u64(plan.seed);
-        let next = Instant::now() + Self::gap(&plan, &mut rng);
+    pub(crate) fn new(plan: ChaosPlan) -> Self {
         Self {
-            plan,
-            rng,
-            next,
-            sent: 0,
+            schedule: Schedule::new(plan),
+            last_victim: None,
         }
     }
 
-    fn gap(plan: &ChaosPlan, rng: &mut StdRng) -> Duration {
-        let lo = plan.min_interval.as_micros() as u64;
-        let hi = plan
-            .max_interval
-            .as_micros()
-            .max(plan.min_interval.as_micros()) as u64;
-        Duration::from_micros(rng.gen_range(lo..=hi))
+    pub(crate) fn target(&self) -> &str {
+        &self.schedule.plan.target
     }
 
-    pub fn done(&self) -> bool {
-        self.plan.count.is_some_and(|c| self.sent >= c)
+    /// True once the last victim's component runs a new incarnation, is
+    /// retired, or the victim visibly survived its signal (the grace passed).
+    pub(crate) fn victim_replaced(&self, now: Instant, target: Target) -> bool {
+        let Some((victim, at)) = self.last_victim else {
+            return true;
+        };
+        now.duration_since(at) >= VICTIM_GRACE
+            || match target {
+                Target::Live(pid) => pid != victim,
+                Target::Down => false,
+                Target::Retired => true,
+            }
     }
 
-    /// The next injection's instant, if any remain.
-    pub fn deadline(&self) -> Option<Instant> {
-        (!self.done()).then_some(self.next)
-    }
-
-    /// If due, picks the signal to send and schedules the next one.
-    pub fn due(&mut self, now: Instant) -> Option<Signal> {
-        if self.done() || now < self.next {
+    /// The signal to send now, if one is due and the last victim is replaced.
+    pub(crate) fn due(&mut self, now: Instant, target: Target) -> Option<Signal> {
+        if !self.victim_replaced(now, target) {
             return None;
         }
-        let sig = self.plan.signals[self.rng.gen_range(0..self.plan.signals.len())];
-        self.sent += 1;
-        self.next = now + Self::gap(&self.plan, &mut self.rng);
-        Some(sig)
+        let sig = self.schedule.due(now)?;
+        Some(Signal::from_named_raw(sig as i32).expect("crash signals are named"))
     }
-}
 
-/// Parses a signal name (`kill`, `SIGSEGV`, `bus`, `abrt`, …).
-pub fn parse_signal(name: &str) -> Option<Signal> {
-    let n = name.trim().to_ascii_uppercase();
-    Some(match n.strip_prefix("SIG").unwrap_or(&n) {
-        "KILL" => Signal::KILL,
-        "SEGV" => Signal::SEGV,
-        "BUS" => Signal::BUS,
-        "ABRT" => Signal::ABORT,
-        "ILL" => Signal::ILL,
-        "FPE" => Signal::FPE,
-        "TERM" => Signal::TERM,
-        _ => return None,
-    })
+    /// Records that `pid` was signalled at `at`.
+    pub(crate) fn hit(&mut self, pid: u32, at: Instant) {
+        self.last_victim = Some((pid, at));
+    }
+
+    /// Every injection is made and its victim replaced.
+    pub(crate) fn finished(&self, now: Instant, target: Target) -> bool {
+        self.schedule.done() && self.victim_replaced(now, target)
+    }
+
+    /// When the event loop must wake for the injector: the next injection,
+    /// or, while the last victim is still dying, the end of its grace.
+    pub(crate) fn wake(&self, now: Instant, target: Target) -> Option<Instant> {
+        match self.victim_replaced(now, target) {
+            true => self.schedule.deadline(),
+            false => self.last_victim.map(|(_, at)| at + VICTIM_GRACE),
+        }
+    }
+
+    /// How long after its injection `pid`'s death was detected, if the
+    /// injector killed it.
+    pub(crate) fn after_injection(&self, pid: u32, detected: Instant) -> Option<Duration> {
+        self.last_victim
+            .filter(|(victim, _)| *victim == pid)
+            .map(|(_, at)| detected.duration_since(at))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::sys::signal::Signal as NixSignal;
 
-    #[test]
-    fn same_seed_same_schedule() {
-        let plan = ChaosPlan {
-            target: "x".into(),
-            signals: vec![Signal::KILL, Signal::SEGV],
+    fn chaos(count: u32) -> Chaos {
+        Chaos::new(ChaosPlan {
+            target: "fs".into(),
+            signals: vec![NixSignal::SIGSEGV],
             min_interval: Duration::ZERO,
             max_interval: Duration::ZERO,
-            count: Some(20),
-            seed: 7,
-        };
-        let run = |p: ChaosPlan| {
-            let mut c = Chaos::new(p);
-            let mut v = Vec::new();
-            while let Some(s) = c.due(Instant::now() + Duration::from_secs(1)) {
-                v.push(s);
-            }
-            v
-        };
-        let a = run(plan.clone());
-        assert_eq!(a.len(), 20);
-        assert_eq!(a, run(plan));
-        assert!(a.contains(&Signal::KILL) && a.contains(&Signal::SEGV));
+            count: Some(count),
+            seed: 3,
+        })
     }
 
     #[test]
-    fn signal_names() {
-        assert_eq!(parse_signal("sigsegv"), Some(Signal::SEGV));
-        assert_eq!(parse_signal("KILL"), Some(Signal::KILL));
-        assert_eq!(parse_signal("nope"), None);
+    fn no_second_signal_until_the_victim_is_replaced() {
+        let mut c = chaos(3);
+        let t = Instant::now() + Duration::from_millis(1);
+        assert_eq!(c.due(t, Target::Live(10)), Some(Signal::SEGV));
+        c.hit(10, t);
+        assert_eq!(c.due(t, Target::Live(10)), None, "victim still live");
+        assert_eq!(c.due(t, Target::Down), None, "victim's component rebooting");
+        assert_eq!(c.wake(t, Target::Down), Some(t + VICTIM_GRACE));
+        assert_eq!(c.due(t, Target::Live(11)), Some(Signal::SEGV), "replaced");
+        c.hit(11, t);
+        assert_eq!(c.due(t, Target::Retired), Some(Signal::SEGV), "retired");
+    }
+
+    #[test]
+    fn a_victim_that_survives_its_grace_no_longer_blocks() {
+        let mut c = chaos(2);
+        let t = Instant::now() + Duration::from_millis(1);
+        c.due(t, Target::Live(10)).expect("due");
+        c.hit(10, t);
+        let later = t + VICTIM_GRACE;
+        assert!(c.victim_replaced(later, Target::Live(10)));
+        assert_eq!(c.due(later, Target::Live(10)), Some(Signal::SEGV));
+    }
+
+    #[test]
+    fn finished_waits_for_the_last_victim() {
+        let mut c = chaos(1);
+        let t = Instant::now() + Duration::from_millis(1);
+        c.due(t, Target::Live(10)).expect("due");
+        c.hit(10, t);
+        assert!(!c.finished(t, Target::Live(10)));
+        assert!(c.finished(t, Target::Live(12)));
+        assert_eq!(
+            c.after_injection(10, t + Duration::from_micros(70)),
+            Some(Duration::from_micros(70))
+        );
+        assert_eq!(c.after_injection(12, t), None, "not a victim");
     }
 }

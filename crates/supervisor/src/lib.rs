@@ -6,19 +6,25 @@
 
 #![deny(unsafe_code)]
 
-pub mod chaos;
+mod chaos;
 pub mod events;
+mod managed;
+mod options;
 mod policy;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod process;
+mod reboot;
 pub mod roster;
+mod source;
 mod supervisor;
 mod vault;
 mod watch;
 pub mod watchdog;
+mod zygote;
 
-pub use chaos::{parse_signal, ChaosPlan};
 pub use events::{Event, Exit};
+pub use kintsugi_inject::{parse_signal, ChaosPlan};
+pub use options::{Options, Report, StopReason, SupervisorError};
 pub use roster::{FaultReport, Member, Roster};
-pub use supervisor::{run, Options, Report, StopReason, SupervisorError};
+pub use supervisor::run;
 pub use watchdog::{Detection, HangKind};

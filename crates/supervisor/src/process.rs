@@ -101,6 +101,27 @@ impl Proc {
     }
 }
 
+/// How a process whose threads have all died is ending, read from
+/// `/proc/PID/stat` while the kernel still tears it down (the exit code is
+/// set before the address space is freed).
+pub fn dying_exit(pid: u32) -> Exit {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| exit_in_stat(&s))
+        .unwrap_or(Exit::Signal(0))
+}
+
+/// The exit status in a `/proc/PID/stat` line (its 52nd field, after the
+/// command name, which may itself hold spaces and parentheses).
+fn exit_in_stat(stat: &str) -> Option<Exit> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let status: i32 = rest.split_whitespace().nth(49)?.parse().ok()?;
+    Some(match status & 0x7f {
+        0 => Exit::Code((status >> 8) & 0xff),
+        sig => Exit::Signal(sig),
+    })
+}
+
 /// Execs `binary` as a component: `boot_json` in its environment, `pass` the
 /// only inherited descriptors besides stdio, its own process group (so a
 /// terminal's Ctrl-C reaches the supervisor alone), `nice` applied.
@@ -132,4 +153,24 @@ pub fn spawn_component(
     }
     let child = cmd.spawn()?;
     Proc::adopt(child.id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stat line of a process named `name` with exit status `status`.
+    fn stat(name: &str, status: i32) -> String {
+        let middle = (0..49).map(|i| i.to_string()).collect::<Vec<_>>().join(" ");
+        format!("4242 ({name}) {middle} {status}")
+    }
+
+    #[test]
+    fn exit_status_is_read_after_the_command_name() {
+        assert_eq!(exit_in_stat(&stat("fs", 9)), Some(Exit::Signal(9)));
+        assert_eq!(exit_in_stat(&stat("a) (b", 3 << 8)), Some(Exit::Code(3)));
+        assert_eq!(exit_in_stat(&stat("x", 0)), Some(Exit::Code(0)));
+        assert_eq!(exit_in_stat("4242 (x) S 1"), None, "too short");
+        assert_eq!(exit_in_stat("garbage"), None);
+    }
 }

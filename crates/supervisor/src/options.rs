@@ -1,0 +1,118 @@
+//! How a run is steered ([`Options`]), how it ended ([`Report`]) and what
+//! can stop it from starting ([`SupervisorError`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kintsugi_inject::ChaosPlan;
+use kintsugi_runtime::stub::InterfaceInfo;
+use thiserror::Error;
+
+use crate::events::Exit;
+use crate::roster::Roster;
+
+#[derive(Debug, Error)]
+pub enum SupervisorError {
+    #[error("component `{component}`: cannot start `{binary}`: {source}")]
+    Spawn {
+        component: String,
+        binary: String,
+        source: std::io::Error,
+    },
+    #[error("component `{component}` failed to boot: {detail}")]
+    Boot { component: String, detail: String },
+    #[error("chaos target `{0}` is not a component of this system")]
+    UnknownTarget(String),
+    #[error("supervisor: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<rustix::io::Errno> for SupervisorError {
+    fn from(e: rustix::io::Errno) -> Self {
+        SupervisorError::Io(e.into())
+    }
+}
+
+/// How a run is steered.
+pub struct Options {
+    pub chaos: Option<ChaosPlan>,
+    /// Stop the system once the chaos plan's count is reached.
+    pub stop_after_chaos: bool,
+    /// Stop the system when this component ends by itself.
+    pub stop_when_finished: Option<String>,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+    /// How long an incarnation may take to initialize.
+    pub ready_timeout: Duration,
+    /// How long a component may take to stop after SIGTERM.
+    pub stop_grace: Duration,
+    /// Interfaces known by name, to name the functions in flight at a fault.
+    pub interfaces: Vec<&'static InterfaceInfo>,
+    /// Detect deaths through lifelines as well as pidfds (see
+    /// `kintsugi_runtime::lifeline`); off, only the pidfd reports them.
+    pub lifelines: bool,
+    /// A live view of the system for observers; one is made if not given.
+    pub roster: Option<Arc<Roster>>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            chaos: None,
+            stop_after_chaos: false,
+            stop_when_finished: None,
+            duration: None,
+            ready_timeout: Duration::from_secs(10),
+            stop_grace: Duration::from_secs(20),
+            interfaces: Vec::new(),
+            lifelines: true,
+            roster: None,
+        }
+    }
+}
+
+/// Why a run ended, and how each component's last incarnation ended.
+#[derive(Debug)]
+pub struct Report {
+    pub reason: StopReason,
+    pub exits: Vec<(String, Exit)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    Signal,
+    ChaosDone,
+    Finished(String),
+    Duration,
+    GaveUp(String),
+    /// An observer asked through the roster ([`Roster::request_stop`]).
+    Requested,
+}
+
+impl Report {
+    /// True if the run ended as planned and no active component failed.
+    pub fn success(&self) -> bool {
+        !matches!(self.reason, StopReason::GaveUp(_))
+            && self
+                .exits
+                .iter()
+                .all(|(_, e)| matches!(e, Exit::Code(0) | Exit::Signal(15)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_succeeds_only_if_it_was_not_given_up_and_every_exit_is_clean() {
+        let report = |reason, exits: &[Exit]| Report {
+            reason,
+            exits: exits.iter().map(|e| ("c".to_string(), *e)).collect(),
+        };
+        assert!(report(StopReason::Duration, &[Exit::Code(0), Exit::Signal(15)]).success());
+        assert!(!report(StopReason::Duration, &[Exit::Code(1)]).success());
+        assert!(!report(StopReason::Duration, &[Exit::Signal(9)]).success());
+        assert!(!report(StopReason::GaveUp("c".into()), &[]).success());
+    }
+}

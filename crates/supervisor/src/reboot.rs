@@ -1,0 +1,225 @@
+//! Micro-reboot (the C3 and NewtOS recovery path): a dead incarnation's
+//! edges are marked down, its standby is activated as the next epoch, and
+//! the restart policy decides when to stop trying.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use kintsugi_runtime::boot::{Activation, ControlBlock};
+use kintsugi_runtime::futex::timespec;
+use kintsugi_system::RebootMode;
+use rustix::event::{poll, PollFd, PollFlags};
+use thiserror::Error;
+
+use crate::events::{Event, Exit};
+use crate::managed::{Incarnation, Phase};
+use crate::options::{StopReason, SupervisorError};
+use crate::supervisor::Supervisor;
+use crate::watch::Watch;
+
+/// Why an incarnation did not become live.
+#[derive(Debug, Error)]
+pub(crate) enum ActivationFailure {
+    /// It failed, died or timed out during initialization.
+    #[error("{0}")]
+    Init(String),
+    /// A signal asked the supervisor to stop while it waited.
+    #[error("stopped by a signal during initialization")]
+    Interrupted,
+}
+
+impl Supervisor<'_> {
+    /// Lets `inc` run as the next epoch and waits until it is ready, until
+    /// it dies or fails, or until the supervisor is asked to stop; an
+    /// incarnation that does not become ready is killed and reaped.
+    pub(crate) fn activate(
+        &mut self,
+        idx: usize,
+        inc: Incarnation,
+    ) -> Result<(), ActivationFailure> {
+        let timeout = self.options.ready_timeout;
+        let m = &mut self.comps[idx];
+        m.epoch += 1;
+        let ctl: &ControlBlock = m.wiring.control.at(0);
+        ctl.activate(inc.generation, m.epoch);
+        let signal_pipe = &self.signal_pipe;
+        let outcome = ctl.wait_ready(inc.generation, timeout, || {
+            let mut fds = [
+                PollFd::new(&inc.proc.pidfd, PollFlags::IN),
+                PollFd::new(signal_pipe, PollFlags::IN),
+            ];
+            match poll(&mut fds, Some(&timespec(Duration::ZERO))) {
+                Ok(_) if !fds[0].revents().is_empty() => Some(Activation::Died),
+                Ok(_) if !fds[1].revents().is_empty() => Some(Activation::Interrupted),
+                _ => None,
+            }
+        });
+        if outcome == Activation::Ready {
+            for s in &m.wiring.served {
+                s.edge.server_live(m.epoch, inc.proc.pid);
+            }
+            m.standby.went_live(inc.bank);
+            self.roster
+                .set_live(&m.spec.name, Some(inc.proc.pid), m.epoch);
+            m.phase = Phase::Live { inc, watch: None };
+            return Ok(());
+        }
+        let exit = inc.proc.kill();
+        Err(match outcome {
+            Activation::Interrupted => ActivationFailure::Interrupted,
+            Activation::Failed => {
+                ActivationFailure::Init(format!("initialization failed ({exit})"))
+            }
+            Activation::Died => {
+                ActivationFailure::Init(format!("died during initialization ({exit})"))
+            }
+            _ => ActivationFailure::Init(format!(
+                "not ready within {} ms ({exit})",
+                timeout.as_millis()
+            )),
+        })
+    }
+
+    /// Starts watching the live incarnation's lifelines (after the reboot is
+    /// done: spawning the watcher is not on the reboot's path).
+    pub(crate) fn watch_live(&mut self, idx: usize) {
+        if !self.options.lifelines {
+            return;
+        }
+        let m = &mut self.comps[idx];
+        if let Phase::Live { inc, watch } = &mut m.phase {
+            *watch = Some(Watch::start(
+                m.wiring.control.clone(),
+                inc.bank,
+                idx as u32,
+                inc.generation,
+                self.lifeline_notify.clone(),
+            ));
+        }
+    }
+
+    /// Component `idx`'s incarnation is gone: its slot claims on the edges it
+    /// used are void, and its servers are told, so that they release what it held.
+    pub(crate) fn client_gone(&mut self, idx: usize) {
+        for u in &self.comps[idx].wiring.used {
+            u.edge.client_down();
+            if let Some(server) = self.comps.iter().find(|c| c.spec.name == u.server) {
+                let ctl: &ControlBlock = server.wiring.control.at(0);
+                ctl.client_died();
+            }
+        }
+    }
+
+    /// Micro-reboots component `idx` after its incarnation `pid` died.
+    pub(crate) fn reboot(
+        &mut self,
+        idx: usize,
+        pid: u32,
+        exit: Exit,
+        detected: Instant,
+    ) -> Result<Option<StopReason>, SupervisorError> {
+        let m = &mut self.comps[idx];
+        let name = m.spec.name.clone();
+        let mut calls = Vec::new();
+        for (i, s) in m.wiring.served.iter().enumerate() {
+            calls.extend(s.edge.server_down().into_iter().map(|f| (i, f)));
+        }
+        let epoch = m.epoch;
+        self.client_gone(idx);
+        // Events are emitted after the reboot, so that logging does not delay it.
+        let in_flight = calls
+            .into_iter()
+            .map(|(i, f)| self.name_call(&self.comps[idx].wiring.served[i], f))
+            .collect();
+        let after_injection = self
+            .chaos
+            .as_ref()
+            .and_then(|c| c.after_injection(pid, detected));
+        let mut pending = vec![Event::Crashed {
+            component: name.clone(),
+            pid,
+            epoch,
+            exit,
+            in_flight,
+            after_injection,
+        }];
+        pending.extend(self.recoveries(idx));
+        let mut failed = 0;
+        loop {
+            let m = &mut self.comps[idx];
+            if !m.restarts.attempt(Instant::now(), failed) {
+                let (restarts, window) = (m.restarts.recent(), m.spec.restart.window);
+                m.retire();
+                pending.push(Event::GaveUp {
+                    component: name.clone(),
+                    restarts,
+                    window,
+                });
+                pending.into_iter().for_each(|e| self.emit(e));
+                return Ok(Some(StopReason::GaveUp(name)));
+            }
+            if m.spec.reboot == RebootMode::Exec {
+                self.respawn_zygote(idx)?;
+            }
+            let inc = self.fork_now(idx)?;
+            let new_pid = inc.proc.pid;
+            match self.activate(idx, inc) {
+                Ok(()) => {
+                    let m = &self.comps[idx];
+                    let ctl: &ControlBlock = m.wiring.control.at(0);
+                    pending.push(Event::Rebooted {
+                        component: name.clone(),
+                        epoch: m.epoch,
+                        pid: new_pid,
+                        took: detected.elapsed(),
+                        init: Duration::from_nanos(ctl.init_ns.load(Ordering::SeqCst)),
+                    });
+                    self.watch_live(idx);
+                    pending.into_iter().for_each(|e| self.emit(e));
+                    if self.comps[idx].spec.reboot == RebootMode::Standby {
+                        self.request_fork(idx)?;
+                    }
+                    return Ok(None);
+                }
+                Err(ActivationFailure::Interrupted) => {
+                    pending.into_iter().for_each(|e| self.emit(e));
+                    return Ok(Some(StopReason::Signal));
+                }
+                Err(failure) => {
+                    failed += 1;
+                    tracing::warn!("{name}: new incarnation {new_pid} failed: {failure}");
+                }
+            }
+        }
+    }
+
+    /// How many descriptors each client rebuilt during the epoch that ended,
+    /// and what the epoch's eager recovery took, if it had one.
+    fn recoveries(&mut self, idx: usize) -> Vec<Event> {
+        let mut out = Vec::new();
+        let m = &mut self.comps[idx];
+        let ctl: &ControlBlock = m.wiring.control.at(0);
+        let eager_ns = ctl.eager_ns.swap(0, Ordering::SeqCst);
+        if eager_ns != 0 {
+            out.push(Event::EagerRecovery {
+                component: m.spec.name.clone(),
+                epoch: m.epoch,
+                descriptors: ctl.eager_descriptors.load(Ordering::SeqCst),
+                took: Duration::from_nanos(eager_ns),
+            });
+        }
+        for s in &mut m.wiring.served {
+            let now = s.edge.header().recovered.load(Ordering::Relaxed);
+            if now > s.recovered_seen {
+                out.push(Event::Recovered {
+                    server: m.spec.name.clone(),
+                    client: s.client.clone(),
+                    epoch: m.epoch,
+                    descriptors: now - s.recovered_seen,
+                });
+                s.recovered_seen = now;
+            }
+        }
+        out
+    }
+}

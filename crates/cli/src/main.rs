@@ -2,14 +2,8 @@
 
 #![forbid(unsafe_code)]
 
-mod bench;
-mod bench_recovery;
-mod bench_watchdog;
-mod bench_web;
-mod campaign;
 mod inject;
 mod run;
-mod stats;
 
 use std::path::PathBuf;
 
@@ -38,12 +32,16 @@ enum Command {
     Inject(inject::InjectArgs),
     /// Run a system with checking workloads, inject faults one at a time
     /// and classify what each did.
-    Campaign(campaign::CampaignArgs),
+    Campaign(kintsugi_campaign::CampaignArgs),
     /// Check a system file and print its start order.
     Check { system: PathBuf },
-    /// Benchmarks (build with --release).
-    #[command(subcommand)]
-    Bench(bench::Bench),
+    /// Benchmarks (build with --release): runs `kintsugi-bench`, found next
+    /// to this executable or on $PATH (`kintsugi bench --help` lists them).
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Print each interface's IDL line count.
     IdlLines {
         /// Folder of .kidl files.
@@ -66,8 +64,8 @@ fn main() -> std::process::ExitCode {
         Command::Run(args) => run::run(args),
         Command::Check { system } => run::check(&system),
         Command::Inject(args) => inject::inject(args),
-        Command::Campaign(args) => campaign::campaign(args),
-        Command::Bench(b) => bench::run(b),
+        Command::Campaign(args) => kintsugi_campaign::campaign(args),
+        Command::Bench { args } => bench(&args),
         Command::IdlLines { dir } => idl_lines(&dir),
     };
     match result {
@@ -78,6 +76,24 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(2)
         }
     }
+}
+
+/// Hands `kintsugi bench ARGS` over to the `kintsugi-bench` binary.
+fn bench(args: &[std::ffi::OsString]) -> anyhow::Result<bool> {
+    use std::os::unix::process::CommandExt;
+    let dirs = kintsugi_system::search_dirs();
+    let Some(binary) = dirs
+        .iter()
+        .map(|d| d.join("kintsugi-bench"))
+        .find(|p| p.is_file())
+    else {
+        anyhow::bail!(
+            "`kintsugi bench` runs the kintsugi-bench binary, found neither next to \
+             this executable nor on $PATH (install it: cargo install --path crates/bench)"
+        );
+    };
+    let err = std::process::Command::new(&binary).args(args).exec();
+    Err(anyhow::anyhow!("{}: {err}", binary.display()))
 }
 
 fn idl_lines(dir: &std::path::Path) -> anyhow::Result<bool> {

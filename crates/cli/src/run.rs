@@ -5,9 +5,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use kintsugi_supervisor::stats::Summary;
 use kintsugi_supervisor::{parse_signal, ChaosPlan, Event, Options};
-
-use crate::stats::Summary;
 
 /// The demo's system, built in so that the demo runs from anywhere.
 const DEMO_SYSTEM: &str = include_str!("../../../systems/demo.toml");
@@ -56,51 +55,51 @@ pub struct RunArgs {
     /// Detect deaths only through pidfds, not lifelines (for comparison).
     #[arg(long)]
     pub no_lifelines: bool,
-    /// Web systems: the directory the server of `net`'s client serves
-    /// (copied into ramfs at start).
-    #[arg(long)]
-    pub docroot: Option<PathBuf>,
-    /// Web systems: the port on 127.0.0.1 the provider of `net` listens on.
-    #[arg(long)]
-    pub port: Option<u16>,
+    /// Set a key of a component's config, overriding the system file:
+    /// `COMPONENT.KEY=VALUE`, VALUE read as JSON if it is JSON, else as a
+    /// string (`--set netd.port=8080 --set httpd.docroot=/srv/www`).
+    #[arg(long = "set", value_name = "COMPONENT.KEY=VALUE", value_parser = Setting::parse)]
+    pub settings: Vec<Setting>,
 }
 
-/// Points a web system at `docroot` and `port`: sets `port` in the config of
-/// the component that provides `net`, and `docroot` in that of its clients.
-pub fn serve_web(
-    system: &mut kintsugi_system::System,
-    docroot: Option<&Path>,
-    port: Option<u16>,
-) -> anyhow::Result<()> {
-    if let Some(port) = port {
-        let netd = system
-            .components
-            .iter_mut()
-            .find(|c| c.provides.iter().any(|p| p == "net"))
-            .with_context(|| format!("--port: no component of `{}` provides `net`", system.name))?;
-        netd.set_config("port", port.into());
+/// One `--set COMPONENT.KEY=VALUE`.
+#[derive(Debug, Clone)]
+pub struct Setting {
+    component: String,
+    key: String,
+    value: serde_json::Value,
+}
+
+impl Setting {
+    fn parse(s: &str) -> Result<Self, String> {
+        let (path, value) = s
+            .split_once('=')
+            .ok_or_else(|| format!("`{s}`: expected COMPONENT.KEY=VALUE"))?;
+        let (component, key) = path
+            .split_once('.')
+            .filter(|(c, k)| !c.is_empty() && !k.is_empty())
+            .ok_or_else(|| format!("`{path}`: expected COMPONENT.KEY"))?;
+        let value = serde_json::from_str(value).unwrap_or_else(|_| value.into());
+        Ok(Self {
+            component: component.into(),
+            key: key.into(),
+            value,
+        })
     }
-    if let Some(dir) = docroot {
-        let dir = dir
-            .canonicalize()
-            .with_context(|| format!("--docroot {}", dir.display()))?;
-        anyhow::ensure!(dir.is_dir(), "--docroot {}: not a directory", dir.display());
-        let mut found = false;
-        for c in system
-            .components
-            .iter_mut()
-            .filter(|c| c.uses.iter().any(|u| u.interface == "net"))
-        {
-            c.set_config("docroot", dir.to_string_lossy().into_owned().into());
-            found = true;
-        }
-        anyhow::ensure!(
-            found,
-            "--docroot: no component of `{}` uses `net`",
-            system.name
-        );
+
+    fn apply(&self, system: &mut kintsugi_system::System) -> anyhow::Result<()> {
+        let name = system.name.clone();
+        system
+            .component_mut(&self.component)
+            .with_context(|| {
+                format!(
+                    "--set: system `{name}` has no component `{}`",
+                    self.component
+                )
+            })?
+            .set_config(&self.key, self.value.clone());
+        Ok(())
     }
-    Ok(())
 }
 
 #[derive(Args, Debug)]
@@ -112,26 +111,8 @@ pub struct DemoArgs {
     pub seed: Option<u64>,
 }
 
-/// Where component binaries are looked for: next to this executable (and its
-/// parent folder, for test binaries in target/*/deps), then $PATH.
-pub fn search_dirs() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    if let Ok(exe) = std::env::current_exe() {
-        if let Some(d) = exe.parent() {
-            dirs.push(d.to_path_buf());
-            if let Some(p) = d.parent() {
-                dirs.push(p.to_path_buf());
-            }
-        }
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        dirs.extend(std::env::split_paths(&path));
-    }
-    dirs
-}
-
 pub(crate) fn load(path: &Path) -> anyhow::Result<kintsugi_system::System> {
-    kintsugi_system::load(path, &search_dirs()).map_err(|e| anyhow::anyhow!("{e}"))
+    kintsugi_system::load(path, &kintsugi_system::search_dirs()).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 pub fn chaos_plan(args: &ChaosArgs) -> anyhow::Result<Option<ChaosPlan>> {
@@ -290,7 +271,9 @@ fn execute(
 
 pub fn run(args: RunArgs) -> anyhow::Result<bool> {
     let mut system = load(&args.system)?;
-    serve_web(&mut system, args.docroot.as_deref(), args.port)?;
+    for setting in &args.settings {
+        setting.apply(&mut system)?;
+    }
     let options = Options {
         chaos: chaos_plan(&args.chaos)?,
         stop_after_chaos: args.chaos.stop_after_kills,
@@ -304,10 +287,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
 }
 
 pub fn demo(args: DemoArgs) -> anyhow::Result<bool> {
-    let mut system = kintsugi_system::parse(Path::new("systems/demo.toml (built in)"), DEMO_SYSTEM)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    system
-        .resolve_binaries(&search_dirs())
+    let system = kintsugi_system::parse_builtin("systems/demo.toml (built in)", DEMO_SYSTEM)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     println!("kintsugi demo: ramfs serves a workload that verifies every byte; ramfs is killed at random.");
     let chaos = ChaosArgs {
@@ -352,4 +332,25 @@ pub fn check(path: &Path) -> anyhow::Result<bool> {
         );
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Setting;
+
+    #[test]
+    fn a_setting_names_a_component_a_key_and_a_json_or_string_value() {
+        let s = Setting::parse("netd.port=8080").unwrap();
+        assert_eq!((s.component.as_str(), s.key.as_str()), ("netd", "port"));
+        assert_eq!(s.value, serde_json::json!(8080));
+        let s = Setting::parse("httpd.docroot=/srv/a=b").unwrap();
+        assert_eq!(s.value, serde_json::json!("/srv/a=b"));
+        assert_eq!(
+            Setting::parse("x.flag=true").unwrap().value,
+            serde_json::json!(true)
+        );
+        for bad in ["netd.port", "port=1", ".port=1", "netd.=1"] {
+            assert!(Setting::parse(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -69,10 +69,13 @@ fn free_port() -> u16 {
 )]
 fn start(tag: &str, root: &Path, port: u16, extra: &[String]) -> Child {
     let mut child = run_system(tag, &system())
-        .arg("--docroot")
-        .arg(root)
-        .arg("--port")
-        .arg(port.to_string())
+        .arg("--set")
+        .arg(format!(
+            "httpd.docroot={}",
+            root.canonicalize().unwrap().display()
+        ))
+        .arg("--set")
+        .arg(format!("netd.port={port}"))
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

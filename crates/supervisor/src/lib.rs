@@ -16,6 +16,7 @@ mod process;
 mod reboot;
 pub mod roster;
 mod source;
+pub mod stats;
 mod supervisor;
 mod vault;
 mod watch;

@@ -299,6 +299,14 @@ impl System {
         self.components.iter_mut().find(|c| c.name == name)
     }
 
+    /// Restarts every component whatever the number of its faults (for
+    /// benchmarks and campaigns, which cause faults on purpose).
+    pub fn restart_always(&mut self) {
+        for c in &mut self.components {
+            c.set_restart(u32::MAX, Duration::from_secs(1));
+        }
+    }
+
     /// The component with id `id`.
     pub fn component_by_id(&self, id: u32) -> Option<&ComponentSpec> {
         self.components.iter().find(|c| c.id == id)
@@ -412,6 +420,33 @@ pub fn load(path: &Path, search_dirs: &[PathBuf]) -> Result<System, SystemError>
     })?;
     let mut system = parse(path, &text)?;
     system.resolve_binaries(search_dirs)?;
+    Ok(system)
+}
+
+/// Where component binaries are looked for by default: next to the running
+/// executable (and its parent folder, for test binaries in `target/*/deps`),
+/// then `$PATH`.
+pub fn search_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(d) = exe.parent() {
+            dirs.push(d.to_path_buf());
+            if let Some(p) = d.parent() {
+                dirs.push(p.to_path_buf());
+            }
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    dirs
+}
+
+/// Validates a system description built into a program (`name` stands for
+/// its path in errors) and resolves its binaries in [`search_dirs`].
+pub fn parse_builtin(name: &str, text: &str) -> Result<System, SystemError> {
+    let mut system = parse(Path::new(name), text)?;
+    system.resolve_binaries(&search_dirs())?;
     Ok(system)
 }
 

@@ -1,28 +1,47 @@
-//! `kintsugi bench …`: each benchmark measures kintsugi and a baseline in
-//! the same run and prints a markdown table with ratios.
+//! `kintsugi-bench`, run as `kintsugi bench …`: each benchmark measures
+//! kintsugi and a baseline in the same run and prints a markdown table with
+//! ratios and percentiles with their sample counts. The benchmarks, their
+//! plots and progress bars live in this binary, out of the product's
+//! `kintsugi`, which only hands `kintsugi bench …` over to it.
+
+#![forbid(unsafe_code)]
+
+mod recovery;
+mod watchdog;
+mod web;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Subcommand;
+use clap::{Parser, Subcommand};
 use kintsugi_interfaces::bench::{self, Error};
 use kintsugi_runtime::channel::Edge;
 use kintsugi_runtime::server::SlotWorker;
 use kintsugi_runtime::{futex, process, Caller};
+use kintsugi_supervisor::stats::Summary;
 use kintsugi_supervisor::{ChaosPlan, Event, Options};
 use kintsugi_system::RebootMode;
 use rustix::process::{Pid, Signal};
 
-use crate::stats::Summary;
-
 const BENCH_SYSTEM: &str = include_str!("../../../systems/bench.toml");
 const RECOVERY_SYSTEM: &str = include_str!("../../../systems/bench-recovery.toml");
 
+#[derive(Parser)]
+#[command(
+    name = "kintsugi bench",
+    bin_name = "kintsugi bench",
+    version,
+    about = "kintsugi's benchmarks (build with --release)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
 #[derive(Subcommand)]
-pub enum Bench {
+enum Bench {
     /// Null-invocation round trip between two processes, against a Unix
     /// socket and a pipe round trip.
     Ipc {
@@ -86,10 +105,29 @@ pub enum Bench {
     /// The SuperGlue web benchmark: kintsugi's web server (recovery tracking
     /// on and off, then under a fault every 10 s) against nginx and Apache,
     /// with ab and wrk; a markdown table and an SVG plot.
-    Web(crate::bench_web::WebArgs),
+    Web(web::WebArgs),
 }
 
-pub fn run(b: Bench) -> anyhow::Result<bool> {
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KINTSUGI_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .without_time()
+        .init();
+    match run(cli.bench) {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn run(b: Bench) -> anyhow::Result<bool> {
     if cfg!(debug_assertions) {
         eprintln!("warning: a debug build; benchmark figures come from `cargo run --release`");
     }
@@ -104,18 +142,18 @@ pub fn run(b: Bench) -> anyhow::Result<bool> {
             kills,
             descriptors,
             hogs,
-        } => crate::bench_recovery::recovery(kills, descriptors, hogs),
+        } => recovery::recovery(kills, descriptors, hogs),
         Bench::Interference {
             rounds,
             descriptors,
-        } => crate::bench_recovery::interference(rounds, &descriptors),
+        } => recovery::interference(rounds, &descriptors),
         Bench::Watchdog {
             hangs,
             fp_calls,
             overhead_calls,
             rounds,
-        } => crate::bench_watchdog::watchdog(hangs, fp_calls, overhead_calls, rounds),
-        Bench::Web(args) => crate::bench_web::web(args),
+        } => watchdog::watchdog(hangs, fp_calls, overhead_calls, rounds),
+        Bench::Web(args) => web::web(args),
     }
 }
 
@@ -283,15 +321,12 @@ fn ipc(iterations: usize) -> anyhow::Result<bool> {
     Ok(true)
 }
 
+/// A built-in system, its binaries resolved, every component restarted
+/// whatever the number of faults.
 pub(crate) fn parse_system(name: &str, text: &str) -> anyhow::Result<kintsugi_system::System> {
     let mut system =
-        kintsugi_system::parse(Path::new(name), text).map_err(|e| anyhow::anyhow!("{e}"))?;
-    system
-        .resolve_binaries(&crate::run::search_dirs())
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    for c in &mut system.components {
-        c.set_restart(u32::MAX, Duration::from_secs(1));
-    }
+        kintsugi_system::parse_builtin(name, text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    system.restart_always();
     Ok(system)
 }
 

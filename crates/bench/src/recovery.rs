@@ -10,8 +10,8 @@ use std::time::Duration;
 use kintsugi_supervisor::{Event, Options};
 use kintsugi_system::{RecoveryMode, System};
 
-use crate::bench::{kill_repeatedly, parse_system, run_collecting};
-use crate::stats::Summary;
+use crate::{kill_repeatedly, parse_system, run_collecting};
+use kintsugi_supervisor::stats::Summary;
 
 const TABLE1_SYSTEM: &str = include_str!("../../../systems/bench-table1.toml");
 const INTERFERENCE_SYSTEM: &str = include_str!("../../../systems/bench-interference.toml");

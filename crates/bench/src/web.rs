@@ -120,14 +120,15 @@ struct Kintsugi {
 
 impl Kintsugi {
     fn start(docroot: &Path, port: u16, tracking: bool) -> anyhow::Result<Self> {
-        let mut system = crate::bench::parse_system("systems/web.toml", WEB_SYSTEM)?;
-        crate::run::serve_web(&mut system, Some(docroot), Some(port))?;
+        let mut system = crate::parse_system("systems/web.toml", WEB_SYSTEM)?;
+        let netd = system.component_mut("netd").context("web.toml has netd")?;
+        netd.set_config("port", port.into());
+        netd.set_config("tracking", tracking.into());
+        let docroot = docroot.canonicalize().context("the docroot")?;
         system
-            .components
-            .iter_mut()
-            .find(|c| c.provides.iter().any(|p| p == "net"))
-            .expect("serve_web found the provider of net")
-            .set_config("tracking", tracking.into());
+            .component_mut("httpd")
+            .context("web.toml has httpd")?
+            .set_config("docroot", docroot.to_string_lossy().into_owned().into());
         let roster = Roster::new();
         let events = Arc::new(Mutex::new(Vec::new()));
         let options = Options {

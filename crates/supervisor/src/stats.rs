@@ -1,4 +1,5 @@
-//! Percentiles of timing samples.
+//! Percentiles of timing samples: how `kintsugi run` summarizes reboot
+//! times and how the benchmarks report theirs.
 
 #[derive(Debug, Clone, Copy)]
 pub struct Summary {

@@ -10,8 +10,8 @@ use std::time::Duration;
 use kintsugi_runtime::clock::monotonic_ns;
 use kintsugi_supervisor::{Detection, Event, Options, Roster};
 
-use crate::stats::Summary;
 use kintsugi_inject::hold_until_death;
+use kintsugi_supervisor::stats::Summary;
 
 /// The system, with `[watchdog]` on or off and the given configs.
 fn system(
@@ -27,7 +27,7 @@ fn system(
     let text = format!(
         "[system]\nname = \"bench-watchdog\"\n{wd}\n[[component]]\nname = \"spinner\"\nbinary = \"kintsugi-spinner\"\nprovides = [\"spin\"]\nslots = 2\n[component.config]\n{spinner}\n\n[[component]]\nname = \"workload\"\nbinary = \"kintsugi-spin-workload\"\nuses = [\"spin\"]\n[component.config]\nprint = false\n{workload}\n"
     );
-    crate::bench::parse_system("bench-watchdog.toml", &text)
+    crate::parse_system("bench-watchdog.toml", &text)
 }
 
 /// What one run gave: the hang detections with their latency from the

@@ -1,8 +1,8 @@
-//! Compiles `idl/*.kidl` into `$OUT_DIR/<interface>.rs`.
+//! Compiles `idl/tally.kidl` into `$OUT_DIR/tally.rs`, which `src/lib.rs`
+//! includes.
 
-fn main() {
-    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
-    if let Err(e) = kintsugi_idl::compile_dir(std::path::Path::new("idl"), &out) {
-        panic!("{e}"); // `idl/tally.kidl:3:14: ...`
-    }
+fn main() -> Result<(), kintsugi_idl::IdlError> {
+    // An error reads `idl/tally.kidl:3:14: ...`.
+    kintsugi_idl::compile(&["idl/tally.kidl"])?;
+    Ok(())
 }

@@ -12,11 +12,24 @@
 //! fn close(fd: File) terminal;
 //! ```
 //!
-//! From `build.rs`, [`compile_dir`] turns a folder of such files into one Rust
-//! module each; [`parse`] and [`generate`] are the two steps it runs.
+//! From a crate's `build.rs`, a [`Builder`] turns such files into one Rust
+//! module each in `$OUT_DIR`, which the crate includes with
+//! `kintsugi_runtime::include_interface!`:
+//!
+//! ```no_run
+//! // build.rs
+//! fn main() -> Result<(), kintsugi_idl::IdlError> {
+//!     kintsugi_idl::compile(&["idl/tally.kidl"])?;
+//!     // or: kintsugi_idl::configure().compile_dir("idl")?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! [`parse`] and [`generate`] are the two steps it runs on each file.
 
 #![forbid(unsafe_code)]
 
+mod build;
 mod check;
 mod gen;
 mod lexer;
@@ -26,6 +39,7 @@ mod parser;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub use build::{compile, configure, Builder};
 pub use model::*;
 
 /// A lexical, syntax or semantic error in an IDL file, or a failure to read
@@ -120,57 +134,7 @@ pub fn spec_lines(text: &str) -> usize {
 }
 
 /// Compiles every `*.kidl` file in `idl_dir` into `out_dir/<interface>.rs`,
-/// returning the paths written. Meant for `build.rs`: prints
-/// `cargo:rerun-if-changed` for the folder and each file.
+/// returning the paths written: `configure().out_dir(out_dir).compile_dir(idl_dir)`.
 pub fn compile_dir(idl_dir: &Path, out_dir: &Path) -> Result<Vec<PathBuf>, IdlError> {
-    let io = |path: &Path, e: std::io::Error| IdlError {
-        path: path.to_path_buf(),
-        line: 0,
-        col: 0,
-        message: e.to_string(),
-    };
-    println!("cargo:rerun-if-changed={}", idl_dir.display());
-    let mut inputs: Vec<PathBuf> = std::fs::read_dir(idl_dir)
-        .map_err(|e| io(idl_dir, e))?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "kidl"))
-        .collect();
-    inputs.sort();
-    std::fs::create_dir_all(out_dir).map_err(|e| io(out_dir, e))?;
-    let mut written = Vec::new();
-    for input in inputs {
-        println!("cargo:rerun-if-changed={}", input.display());
-        let text = std::fs::read_to_string(&input).map_err(|e| io(&input, e))?;
-        // Shown as `idl/fs.kidl`: the folder's name and the file's.
-        let shown = match (
-            idl_dir
-                .canonicalize()
-                .ok()
-                .as_deref()
-                .and_then(Path::file_name),
-            input.file_name(),
-        ) {
-            (Some(dir), Some(file)) => Path::new(dir).join(file),
-            _ => input.clone(),
-        };
-        let iface = parse(&shown, &text)?;
-        let stem = input
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or_default();
-        if iface.name != stem {
-            return Err(Fail::new(
-                iface.name_span,
-                format!(
-                    "interface `{}` must be in a file named `{}.kidl`",
-                    iface.name, iface.name
-                ),
-            )
-            .at(&shown));
-        }
-        let out = out_dir.join(format!("{}.rs", iface.name));
-        std::fs::write(&out, generate(&iface)).map_err(|e| io(&out, e))?;
-        written.push(out);
-    }
-    Ok(written)
+    configure().out_dir(out_dir).compile_dir(idl_dir)
 }

@@ -203,6 +203,38 @@ fn compile_dir_writes_one_module_per_interface() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn the_builder_compiles_the_files_it_is_given_into_its_out_dir() {
+    let dir = std::env::temp_dir().join(format!("kidl-builder-{}", std::process::id()));
+    let (idl, out) = (dir.join("idl"), dir.join("generated"));
+    std::fs::create_dir_all(&idl).unwrap();
+    std::fs::write(idl.join("fs.kidl"), FS).unwrap();
+    std::fs::write(idl.join("bench.kidl"), BENCH).unwrap();
+    let builder = kintsugi_idl::configure()
+        .out_dir(&out)
+        .emit_rerun_if_changed(false);
+    let written = builder.compile(&[idl.join("fs.kidl")]).unwrap();
+    assert_eq!(written, [out.join("fs.rs")]);
+    assert!(!out.join("bench.rs").exists(), "only the files given");
+    let generated = std::fs::read_to_string(out.join("fs.rs")).unwrap();
+    assert!(generated.contains("pub struct Client"), "{generated}");
+
+    std::fs::write(idl.join("wrong.kidl"), BENCH).unwrap();
+    let e = builder.compile(&[idl.join("wrong.kidl")]).unwrap_err();
+    assert!(
+        e.to_string().starts_with("idl/wrong.kidl:")
+            && e.to_string().contains("named `bench.kidl`"),
+        "{e}"
+    );
+    let e = builder.compile(&[idl.join("missing.kidl")]).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with(&format!("{}:", idl.join("missing.kidl").display())),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Global descriptors: the server stub keeps creation records and rebuilds
 /// from them, parents first; the client passes global ids through.
 #[test]

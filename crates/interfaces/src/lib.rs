@@ -7,42 +7,42 @@
 
 /// `idl/fs.kidl`: the file system served by ramfs.
 pub mod fs {
-    include!(concat!(env!("OUT_DIR"), "/fs.rs"));
+    kintsugi_runtime::include_interface!("fs");
 }
 
 /// `idl/bench.kidl`: the benchmark interface served by bench-echo.
 pub mod bench {
-    include!(concat!(env!("OUT_DIR"), "/bench.rs"));
+    kintsugi_runtime::include_interface!("bench");
 }
 
 /// `idl/lock.kidl`: locks shared between components.
 pub mod lock {
-    include!(concat!(env!("OUT_DIR"), "/lock.rs"));
+    kintsugi_runtime::include_interface!("lock");
 }
 
 /// `idl/evt.kidl`: events shared between components.
 pub mod evt {
-    include!(concat!(env!("OUT_DIR"), "/evt.rs"));
+    kintsugi_runtime::include_interface!("evt");
 }
 
 /// `idl/timer.kidl`: periodic and one-shot timers.
 pub mod timer {
-    include!(concat!(env!("OUT_DIR"), "/timer.rs"));
+    kintsugi_runtime::include_interface!("timer");
 }
 
 /// `idl/mm.kidl`: pages granted, aliased and revoked by the memory manager.
 pub mod mm {
-    include!(concat!(env!("OUT_DIR"), "/mm.rs"));
+    kintsugi_runtime::include_interface!("mm");
 }
 
 /// `idl/spin.kidl`: work, hangs and waits for the watchdog's tests.
 pub mod spin {
-    include!(concat!(env!("OUT_DIR"), "/spin.rs"));
+    kintsugi_runtime::include_interface!("spin");
 }
 
 /// `idl/net.kidl`: TCP connections served by netd.
 pub mod net {
-    include!(concat!(env!("OUT_DIR"), "/net.rs"));
+    kintsugi_runtime::include_interface!("net");
 }
 
 pub mod mm_map;

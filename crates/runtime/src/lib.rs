@@ -40,6 +40,21 @@ pub mod vault;
 pub mod watchdog;
 pub mod wire;
 
+/// Includes the module that `kintsugi_idl` generated for interface `name`
+/// in the build script (`$OUT_DIR/<name>.rs`):
+///
+/// ```ignore
+/// pub mod tally {
+///     kintsugi_runtime::include_interface!("tally");
+/// }
+/// ```
+#[macro_export]
+macro_rules! include_interface {
+    ($name:literal) => {
+        include!(concat!(env!("OUT_DIR"), "/", $name, ".rs"));
+    };
+}
+
 pub use client::{Connection, RecoveryScope};
 pub use component::{run, ConnectError, Incarnation, Runtime};
 pub use stub::{CallError, Caller, Callers, Fault};

@@ -16,75 +16,20 @@ const RUST_KEYWORDS: &[&str] = &[
     "typeof", "union", "unsafe", "unsized", "use", "virtual", "where", "while", "yield",
 ];
 
-/// Type names the generated module defines itself.
+/// Type names the generated module gives its own items (and `S`, its
+/// server stub's type parameter). Everything else it names from std or the
+/// runtime goes through `rt::`, which no interface name can shadow.
 const RESERVED_TYPES: &[&str] = &[
     "Error",
     "Client",
     "Server",
     "ServerStub",
-    "Raw",
+    "Inner",
     "Current",
-    "Arc",
-    "Mutex",
-    "CallError",
-    "Caller",
-    "DescTable",
-    "Dispatched",
-    "Fault",
-    "InterfaceInfo",
-    "Refusal",
-    "ReplyStatus",
-    "Service",
-    "Reader",
-    "WireError",
-    "Writer",
-    "ConnectError",
-    "Connection",
-    "Runtime",
-    "String",
-    "Vec",
-    "Option",
-    "Result",
-    "Box",
-    "Some",
-    "None",
-    "Ok",
-    "Err",
+    "S",
 ];
-/// Client method names the generated module defines itself.
-const RESERVED_FNS: &[&str] = &["connect", "connection", "from_connection", "raw"];
-/// Local names the generated stubs use next to the arguments.
-const RESERVED_ARGS: &[&str] = &[
-    "caller",
-    "r",
-    "w",
-    "out",
-    "ret",
-    "epoch",
-    "status",
-    "interrupted",
-    "code",
-    "fault",
-    "reply",
-    "server_id",
-    "record",
-    "e",
-    "t",
-    "current",
-    "entry",
-    "value",
-    "func",
-    "request",
-    "response",
-];
-
-/// `n0`, `item1`, ...: the generated code's list locals.
-fn is_list_local(name: &str) -> bool {
-    ["n", "item"].iter().any(|p| {
-        name.strip_prefix(p)
-            .is_some_and(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()))
-    })
-}
+/// Methods of the generated `Client` besides the interface's functions.
+const RESERVED_FNS: &[&str] = &["connect", "connection", "from_connection", "recover_all"];
 
 fn is_snake(s: &str) -> bool {
     s.starts_with(|c: char| c.is_ascii_lowercase())
@@ -161,15 +106,10 @@ pub(crate) fn check(iface: &mut Interface) -> Result<(), Fail> {
     let mut fns = HashSet::new();
     for f in &iface.functions {
         name_ok(&f.name, f.span, "a function", false)?;
-        let helper = iface.descriptors.iter().any(|d| {
-            let s = crate::gen::snake(&d.name);
-            [
-                format!("tracked_{s}s"),
-                format!("peek_{s}"),
-                format!("current_{s}"),
-            ]
-            .contains(&f.name)
-        });
+        let helper = iface
+            .descriptors
+            .iter()
+            .any(|d| f.name == format!("tracked_{}s", crate::gen::snake(&d.name)));
         if RESERVED_FNS.contains(&f.name.as_str()) || helper {
             return Err(Fail::new(
                 f.span,
@@ -316,20 +256,9 @@ fn field_of<'a>(
 
 fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
     let mut names = HashSet::new();
-    let desc_args: Vec<&str> = f.descriptor_args().map(|(a, _)| a.name.as_str()).collect();
     for a in &f.args {
         name_ok(&a.name, a.span, "an argument", false)?;
         unique(&mut names, &a.name, a.span, "argument")?;
-        let is_local = |n: &str| desc_args.iter().any(|d| n == format!("{d}_now"));
-        if RESERVED_ARGS.contains(&a.name.as_str()) || is_local(&a.name) || is_list_local(&a.name) {
-            return Err(Fail::new(
-                a.span,
-                format!(
-                    "argument name `{}` is reserved by the generated stubs",
-                    a.name
-                ),
-            ));
-        }
         if a.ty == Type::Unit {
             return Err(Fail::new(
                 a.ty_span,

@@ -29,7 +29,7 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use kintsugi_runtime::shm::Region;
+use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::Runtime;
 use thiserror::Error;
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use kintsugi_interfaces::bench::{self, Error};
-use kintsugi_runtime::channel::Edge;
+use kintsugi_runtime::abi::channel::Edge;
 use kintsugi_runtime::server::SlotWorker;
 use kintsugi_runtime::{futex, process, Caller};
 use kintsugi_supervisor::stats::Summary;

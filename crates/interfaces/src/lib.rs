@@ -57,7 +57,7 @@ pub mod fs_flags {
 }
 
 /// Every interface this crate knows, for naming functions in event logs.
-pub static ALL: &[&kintsugi_runtime::stub::InterfaceInfo] = &[
+pub static ALL: &[&kintsugi_runtime::InterfaceInfo] = &[
     &fs::INFO,
     &bench::INFO,
     &lock::INFO,

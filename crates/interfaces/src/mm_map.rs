@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use kintsugi_runtime::shm::{Mapping, Region};
+use kintsugi_runtime::abi::shm::{Mapping, Region};
 use kintsugi_runtime::{upcall, CallError};
 
 use crate::mm::{self, Page};
@@ -232,7 +232,7 @@ mod tests {
 
     #[test]
     fn an_unmap_drops_exactly_the_overlapping_mappings() {
-        let ps = kintsugi_runtime::shm::page_size() as u64;
+        let ps = kintsugi_runtime::abi::shm::page_size() as u64;
         let pool = Region::create("mm-map-test", 8 * ps as usize).unwrap();
         let mut t = Table::default();
         for (page, offset) in [(1u64, 0u64), (2, ps), (3, 3 * ps)] {

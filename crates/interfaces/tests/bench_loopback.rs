@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kintsugi_interfaces::bench::{self, Error};
-use kintsugi_runtime::stub::{CallError, Caller, Fault};
 use kintsugi_runtime::testing::Loopback;
+use kintsugi_runtime::{CallError, Caller, Fault};
 
 #[derive(Default)]
 struct Bench {

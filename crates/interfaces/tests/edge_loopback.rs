@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use kintsugi_runtime::stub::{CallError, Caller, Fault, InterfaceError};
 use kintsugi_runtime::testing::Loopback;
+use kintsugi_runtime::{CallError, Caller, Fault, InterfaceError};
 
 mod common;
 use common::Log;

@@ -9,9 +9,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use kintsugi_runtime::records::{MemoryStore, RecordStore};
-use kintsugi_runtime::stub::{CallError, Caller, Fault};
-use kintsugi_runtime::testing::Loopback;
+use kintsugi_runtime::testing::{Loopback, MemoryStore};
+use kintsugi_runtime::RecordStore;
+use kintsugi_runtime::{CallError, Caller, Fault};
 
 mod common;
 use common::Log;

@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use kintsugi_runtime::records::{MemoryStore, RecordStore};
-use kintsugi_runtime::stub::Caller;
-use kintsugi_runtime::testing::Loopback;
+use kintsugi_runtime::testing::{Loopback, MemoryStore};
+use kintsugi_runtime::Caller;
+use kintsugi_runtime::RecordStore;
 
 #[allow(dead_code)]
 mod shadow {

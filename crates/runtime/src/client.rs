@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::channel::{flags, liveness, state, status, Edge};
+use crate::abi::channel::{flags, liveness, state, status, Edge};
 use crate::futex;
 use crate::priority;
 use crate::stub::{CallError, Fault, InterfaceError, InterfaceInfo, Refusal, ReplyStatus};
@@ -54,7 +54,7 @@ struct Inner {
     upcalls: Arc<Listener>,
     server: String,
     info: &'static InterfaceInfo,
-    /// Whether a supervisor's watchdog acts on suspicions ([`EdgeHeader::suspected`](crate::channel::EdgeHeader)).
+    /// Whether a supervisor's watchdog acts on suspicions ([`EdgeHeader::suspected`](crate::abi::channel::EdgeHeader)).
     watched: bool,
 }
 
@@ -219,7 +219,7 @@ impl Connection {
         let result = match outcome {
             state::RESPONSE => {
                 let len = (s.response_len.load(Ordering::Relaxed) as usize)
-                    .min(crate::channel::BUFFER_SIZE);
+                    .min(crate::abi::channel::BUFFER_SIZE);
                 // SAFETY: in RESPONSE the client owns the response buffer.
                 let response = unsafe { &edge.response_buffer(slot)[..len] };
                 let reply = match s.status.load(Ordering::Relaxed) {

@@ -129,13 +129,13 @@ impl Counter {
     }
 }
 
-/// The table, embedded in [`crate::boot::ControlBlock`].
+/// The table, embedded in [`crate::abi::boot::ControlBlock`].
 #[repr(C)]
 pub struct CounterTable {
     counters: [Counter; COUNTERS],
 }
 // SAFETY: repr(C), atomics only; all-zero is an empty table.
-unsafe impl crate::shm::SharedPod for CounterTable {}
+unsafe impl crate::abi::shm::SharedPod for CounterTable {}
 
 /// Why a counter could not be had.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -266,7 +266,7 @@ pub struct WorkloadFailed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shm::Region;
+    use crate::abi::shm::Region;
 
     #[test]
     fn counters_are_found_by_name_and_keep_their_values() {

@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use crate::boot::BootInfo;
-use crate::shm::Region;
+use crate::abi::boot::BootInfo;
+use crate::abi::shm::Region;
 
 /// A component's durable memory, mapped at boot.
 pub(crate) struct Durable {

@@ -3,13 +3,28 @@
 //! from servers to clients, thread priorities, the types that generated
 //! stubs use, the component lifecycle (pristine image, warm standby,
 //! incarnation), and the state vault's protocol.
+//!
+//! It has three audiences, each with its own part:
+//!
+//! - **Component authors** use the crate root: [`run`], [`Runtime`] (the
+//!   connections, the vault, the arena and pool a component is granted),
+//!   [`Incarnation`], [`CallError`], [`Fault`], [`Caller`], [`Callers`],
+//!   [`include_interface!`]; and the modules [`vault`], [`counters`],
+//!   [`clock`], [`futex`], [`priority`], [`watchdog`] (sections a hang
+//!   detector may watch), [`wire`] and [`testing`] (a loopback server and an
+//!   in-memory record store for unit tests).
+//! - **The supervisor** uses [`abi`]: the shared-memory layout and the
+//!   socket protocols between it and components.
+//! - **Generated stubs** use `generated`, through which they name
+//!   everything, and the modules behind it (`stub`, `client`, `server`,
+//!   `records`, `upcall`, `process`); these are hidden from the docs and are
+//!   not a stable interface for hand-written code.
 
 #![deny(unsafe_code)]
 
-#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
-pub mod boot;
-#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
-pub mod channel;
+pub mod abi;
+
+#[doc(hidden)]
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod client;
 pub mod clock;
@@ -18,22 +33,22 @@ pub mod component;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod counters;
 mod durable;
-pub mod fdpass;
 pub mod futex;
-#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
-pub mod lifeline;
 mod logging;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod priority;
+#[doc(hidden)]
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod process;
+#[doc(hidden)]
 pub mod records;
+#[doc(hidden)]
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod server;
-#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
-pub mod shm;
+#[doc(hidden)]
 pub mod stub;
 pub mod testing;
+#[doc(hidden)]
 pub mod upcall;
 pub mod vault;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
@@ -84,4 +99,5 @@ pub mod generated {
 
 pub use client::{Connection, RecoveryScope};
 pub use component::{run, ConnectError, Incarnation, Runtime};
-pub use stub::{CallError, Caller, Callers, Fault};
+pub use records::RecordStore;
+pub use stub::{CallError, Caller, Callers, Fault, InterfaceError, InterfaceInfo};

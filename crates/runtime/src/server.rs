@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::channel::{flags, state, status, Edge};
+use crate::abi::channel::{flags, state, status, Edge};
 use crate::futex;
 use crate::priority;
 use crate::stub::{Caller, Dispatched, Service};
@@ -108,7 +108,8 @@ impl SlotWorker {
     fn handle(&self, service: &dyn Service, caller: &Caller) {
         let s = self.edge.slot(self.slot);
         let func = s.func.load(Ordering::Relaxed);
-        let len = (s.request_len.load(Ordering::Relaxed) as usize).min(crate::channel::BUFFER_SIZE);
+        let len =
+            (s.request_len.load(Ordering::Relaxed) as usize).min(crate::abi::channel::BUFFER_SIZE);
         // SAFETY: the slot is in REQUEST, so this worker owns both buffers
         // until it publishes RESPONSE.
         let (request, response) = unsafe {

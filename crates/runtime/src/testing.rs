@@ -8,11 +8,15 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::channel::Edge;
+use crate::abi::channel::Edge;
 use crate::client::Connection;
 use crate::server::{wake_workers, SlotWorker};
 use crate::stub::{InterfaceInfo, Service};
 use crate::upcall::{self, Listener, Mailbox, UpcallError};
+
+/// An in-memory store of creation records, for serving global descriptors
+/// in a unit test.
+pub use crate::records::MemoryStore;
 
 /// How long a loopback upcall waits for the client's answer.
 const UPCALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -87,7 +91,7 @@ impl Loopback {
             .expect("start the loopback upcall thread")
     }
 
-    /// The epoch a watched client suspected ([`crate::channel::EdgeHeader::suspected`]).
+    /// The epoch a watched client suspected ([`crate::abi::channel::EdgeHeader::suspected`]).
     pub fn suspected(&self) -> u64 {
         self.edge
             .header()

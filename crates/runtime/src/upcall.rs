@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use crate::channel::{liveness, Edge, EdgeHeader};
+use crate::abi::channel::{liveness, Edge, EdgeHeader};
 use crate::client::RecoveryScope;
 use crate::futex;
 use crate::priority::{self, Priority};

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::fdpass;
+use crate::abi::fdpass;
 
 /// One change to a component's records.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

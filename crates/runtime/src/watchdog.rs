@@ -26,9 +26,9 @@ use std::sync::OnceLock;
 
 use rustix::time::{clock_gettime, ClockId};
 
-use crate::boot::LIFELINES;
+use crate::abi::boot::LIFELINES;
+use crate::abi::shm::SharedPod;
 use crate::counters::{claim_by_name, SharedName, NAME_LEN};
-use crate::shm::SharedPod;
 
 /// Watched worker threads per component (one per channel slot it serves).
 pub const WORKERS: usize = LIFELINES;
@@ -155,7 +155,7 @@ pub const ACTIVE_FREE: u32 = 0;
 pub const ACTIVE_FILLING: u32 = 1;
 pub const ACTIVE_IN: u32 = 2;
 
-/// The watchdog's part of [`crate::boot::ControlBlock`].
+/// The watchdog's part of [`crate::abi::boot::ControlBlock`].
 #[repr(C)]
 pub struct WatchTable {
     pub workers: [WorkerEntry; WORKERS],
@@ -359,7 +359,7 @@ impl Drop for Entered {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shm::Region;
+    use crate::abi::shm::Region;
 
     #[test]
     fn exit_history_keeps_the_window_maximum() {

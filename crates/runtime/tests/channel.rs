@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::{echo, EchoService, ECHO};
-use kintsugi_runtime::channel::Edge;
+use kintsugi_runtime::abi::channel::Edge;
 use kintsugi_runtime::priority::{self, Priority};
 use kintsugi_runtime::server::SlotWorker;
 use kintsugi_runtime::stub::{Fault, ReplyStatus};
@@ -120,7 +120,7 @@ fn a_dead_server_fails_the_call_in_flight() {
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let s = edge.slot(0);
-        while s.state.load(Ordering::SeqCst) != kintsugi_runtime::channel::state::REQUEST {
+        while s.state.load(Ordering::SeqCst) != kintsugi_runtime::abi::channel::state::REQUEST {
             std::hint::spin_loop();
         }
         // SAFETY: ends the forked child without running the parent's handlers.

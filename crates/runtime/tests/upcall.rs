@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{echo, EchoService, ECHO};
-use kintsugi_runtime::channel::{state, Edge};
+use kintsugi_runtime::abi::channel::{state, Edge};
 use kintsugi_runtime::server::{RecoveryGate, SlotWorker};
 use kintsugi_runtime::testing::{connection_for_tests, Loopback};
 use kintsugi_runtime::upcall::{self, Mailbox, Recover, UpcallError};

@@ -5,10 +5,10 @@
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
-use kintsugi_runtime::boot::{BootInfo, ProvidedEdge, UsedEdge};
-use kintsugi_runtime::channel::Edge;
-use kintsugi_runtime::component::zygote;
-use kintsugi_runtime::shm::Region;
+use kintsugi_runtime::abi::boot::{BootInfo, ProvidedEdge, UsedEdge};
+use kintsugi_runtime::abi::channel::Edge;
+use kintsugi_runtime::abi::shm::Region;
+use kintsugi_runtime::abi::zygote;
 use kintsugi_system::ComponentSpec;
 
 use crate::policy::RestartWindow;
@@ -332,7 +332,7 @@ impl Managed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kintsugi_runtime::component::zygote::{Command, Forked};
+    use kintsugi_runtime::abi::zygote::{Command, Forked};
 
     #[test]
     fn one_fork_at_a_time_on_the_bank_the_live_incarnation_does_not_use() {

@@ -49,7 +49,7 @@ pub struct Options {
     /// Interfaces known by name, to name the functions in flight at a fault.
     pub interfaces: Vec<&'static InterfaceInfo>,
     /// Detect deaths through lifelines as well as pidfds (see
-    /// `kintsugi_runtime::lifeline`); off, only the pidfd reports them.
+    /// `kintsugi_runtime::abi::lifeline`); off, only the pidfd reports them.
     pub lifelines: bool,
     /// A live view of the system for observers; one is made if not given.
     pub roster: Option<Arc<Roster>>,

@@ -133,7 +133,7 @@ pub fn spawn_component(
 ) -> std::io::Result<Proc> {
     let pass = pass.to_vec();
     let mut cmd = Command::new(binary);
-    cmd.env(kintsugi_runtime::boot::BOOT_ENV, boot_json)
+    cmd.env(kintsugi_runtime::abi::boot::BOOT_ENV, boot_json)
         .stdin(Stdio::null())
         .process_group(0);
     // SAFETY: the closure runs in the forked child before exec and calls only

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use kintsugi_runtime::boot::{Activation, ControlBlock};
+use kintsugi_runtime::abi::boot::{Activation, ControlBlock};
 use kintsugi_runtime::futex::timespec;
 use kintsugi_system::RebootMode;
 use rustix::event::{poll, PollFd, PollFlags};

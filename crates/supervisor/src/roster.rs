@@ -6,9 +6,9 @@
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
-use kintsugi_runtime::boot::ControlBlock;
-use kintsugi_runtime::channel::Edge;
-use kintsugi_runtime::shm::Region;
+use kintsugi_runtime::abi::boot::ControlBlock;
+use kintsugi_runtime::abi::channel::Edge;
+use kintsugi_runtime::abi::shm::Region;
 
 /// One component as the roster sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

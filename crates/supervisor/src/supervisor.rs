@@ -10,10 +10,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kintsugi_runtime::boot::ControlBlock;
-use kintsugi_runtime::channel::Edge;
+use kintsugi_runtime::abi::boot::ControlBlock;
+use kintsugi_runtime::abi::channel::Edge;
+use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::futex::timespec;
-use kintsugi_runtime::shm::Region;
 use kintsugi_system::{ComponentSpec, RebootMode, System};
 use rustix::event::epoll;
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
-use kintsugi_runtime::fdpass;
+use kintsugi_runtime::abi::fdpass;
 use kintsugi_runtime::vault::{
     RecordHeader, VaultMessage, VaultOp, VaultReply, VaultRequest, LIST_PAGE,
 };

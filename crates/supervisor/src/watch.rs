@@ -1,5 +1,5 @@
 //! Watching a live incarnation's lifelines, to learn of its death before the
-//! kernel has torn it down (see `kintsugi_runtime::lifeline`).
+//! kernel has torn it down (see `kintsugi_runtime::abi::lifeline`).
 //!
 //! One thread per live incarnation sleeps on its main thread's lifeline. When
 //! the kernel marks it, the thread waits until every lifeline of the
@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kintsugi_runtime::boot::ControlBlock;
+use kintsugi_runtime::abi::boot::ControlBlock;
+use kintsugi_runtime::abi::lifeline::{Lifeline, OWNER_DIED, WAITERS};
+use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::futex;
-use kintsugi_runtime::lifeline::{Lifeline, OWNER_DIED, WAITERS};
-use kintsugi_runtime::shm::Region;
 
 /// How long the rest of an incarnation's threads may take to die once its
 /// main thread has.

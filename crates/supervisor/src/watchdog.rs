@@ -48,8 +48,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kintsugi_runtime::boot::ControlBlock;
-use kintsugi_runtime::channel::{state as slot_state, Edge};
+use kintsugi_runtime::abi::boot::ControlBlock;
+use kintsugi_runtime::abi::channel::{state as slot_state, Edge};
 use kintsugi_runtime::stub::InterfaceInfo;
 use kintsugi_runtime::watchdog::{WatchTable, ACTIVE_IN, EXITS, WORKERS};
 use kintsugi_system::WatchdogSettings;

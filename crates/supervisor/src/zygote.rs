@@ -1,12 +1,12 @@
 //! The supervisor's side of the zygote protocol
-//! ([`kintsugi_runtime::component::zygote`]): exec a component's pristine
+//! ([`kintsugi_runtime::abi::zygote`]): exec a component's pristine
 //! image, ask it for standbys, read its replies, and replace it when it dies.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use kintsugi_runtime::component::zygote;
-use kintsugi_runtime::fdpass;
+use kintsugi_runtime::abi::fdpass;
+use kintsugi_runtime::abi::zygote;
 use kintsugi_runtime::futex::timespec;
 use kintsugi_system::{ComponentSpec, RebootMode};
 use rustix::event::{poll, PollFd, PollFlags};

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kintsugi_interfaces::bench::{self, Error};
-use kintsugi_runtime::shm::page_size;
+use kintsugi_runtime::abi::shm::page_size;
 use kintsugi_runtime::{Caller, Incarnation, Runtime};
 use serde::Deserialize;
 

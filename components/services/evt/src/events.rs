@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 
 use kintsugi_arena_slots::{Deaths, Slot, Slots};
 use kintsugi_interfaces::evt::{Error, Server};
-use kintsugi_runtime::shm::Region;
+use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::Caller;
 use kintsugi_runtime::{futex, watchdog};
 

@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use kintsugi_arena_slots::{Deaths, Slot, Slots, SLOT_BYTES};
 use kintsugi_interfaces::lock::{Error, Server};
-use kintsugi_runtime::shm::Region;
+use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::{futex, watchdog};
 use kintsugi_runtime::{Caller, Callers};
 

@@ -28,7 +28,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use kintsugi_runtime::shm::Mapping;
+use kintsugi_runtime::abi::shm::Mapping;
 
 const HEADER: usize = 64;
 const SLOT: usize = 32;
@@ -237,7 +237,7 @@ impl Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kintsugi_runtime::shm::Region;
+    use kintsugi_runtime::abi::shm::Region;
 
     fn arena(pool_pages: usize) -> (Region, Arena) {
         let region = Region::create("mm-arena-test", 64 * 1024).unwrap();

@@ -26,8 +26,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kintsugi_interfaces::mm::{self, Error, Extent};
+use kintsugi_runtime::abi::shm::page_size;
 use kintsugi_runtime::records::GlobalRecords;
-use kintsugi_runtime::shm::page_size;
 use kintsugi_runtime::upcall::{self, UpcallError};
 use kintsugi_runtime::{Caller, Runtime};
 

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use kintsugi_interfaces::mm::Page;
 use kintsugi_interfaces::mm_map::Mapped;
-use kintsugi_runtime::shm::page_size;
+use kintsugi_runtime::abi::shm::page_size;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use kintsugi_interfaces::mm::{self, Page};
 use kintsugi_interfaces::mm_map::{Mapped, Mapper};
+use kintsugi_runtime::abi::shm::Region;
 pub use kintsugi_runtime::counters::Failures;
-use kintsugi_runtime::shm::Region;
 use kintsugi_runtime::Runtime;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
@@ -242,7 +242,7 @@ mod tests {
 
     #[test]
     fn the_kernel_shows_a_pool_mapping_until_it_is_dropped() {
-        let ps = kintsugi_runtime::shm::page_size();
+        let ps = kintsugi_runtime::abi::shm::page_size();
         let pool = Region::create("mm-workload-test", 4 * ps).unwrap();
         let maps = KernelMaps::new(&pool).unwrap();
         let m = pool.map_range(ps, 2 * ps).unwrap();

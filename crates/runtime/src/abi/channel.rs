@@ -22,9 +22,9 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use crate::abi::shm::{Region, SharedPod};
 use crate::counters::SharedName;
 use crate::futex;
-use crate::shm::{Region, SharedPod};
 use crate::stub::InterfaceInfo;
 
 /// Largest byte payload of one invocation (plus room for the other arguments).

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::abi::lifeline::Lifeline;
+use crate::abi::shm::SharedPod;
 use crate::counters::CounterTable;
 use crate::futex;
-use crate::lifeline::Lifeline;
-use crate::shm::SharedPod;
 use crate::watchdog::WatchTable;
 
 /// Lifelines per incarnation: its main thread and its slot workers.
@@ -213,7 +213,7 @@ impl ControlBlock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shm::Region;
+    use crate::abi::shm::Region;
 
     fn block() -> Region {
         Region::create("boot-test", std::mem::size_of::<ControlBlock>()).unwrap()

@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
-use crate::shm::SharedPod;
+use crate::abi::shm::SharedPod;
 
 /// The kernel's `FUTEX_OWNER_DIED` bit.
 pub const OWNER_DIED: u32 = 0x4000_0000;
@@ -90,8 +90,8 @@ impl Lifeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::abi::shm::Region;
     use crate::futex;
-    use crate::shm::Region;
     use std::time::Duration;
 
     #[test]

@@ -220,28 +220,34 @@ impl Connection {
             state::RESPONSE => {
                 let len = (s.response_len.load(Ordering::Relaxed) as usize)
                     .min(crate::abi::channel::BUFFER_SIZE);
-                // SAFETY: in RESPONSE the client owns the response buffer.
-                let response = unsafe { &edge.response_buffer(slot)[..len] };
-                let reply = match s.status.load(Ordering::Relaxed) {
-                    status::OK => Ok(ReplyStatus::Ok(Reader::new(response))),
-                    status::APP_ERROR => Ok(ReplyStatus::AppError(s.code.load(Ordering::Relaxed))),
-                    status::STALE => Err(Fault::Stale),
-                    _ => {
-                        let why = String::from_utf8_lossy(response).into_owned();
-                        let code = s.code.load(Ordering::Relaxed);
-                        impossible = Refusal::is_server_fault(code);
-                        Err(match code == Refusal::UnknownDescriptor(0).code() {
-                            true => Fault::NoDescriptor(why),
-                            false => Fault::Refused(why),
+                crate::scratch::with_copy(
+                    len,
+                    |private| edge.copy_response(slot, private),
+                    |response| {
+                        let reply = match s.status.load(Ordering::Relaxed) {
+                            status::OK => Ok(ReplyStatus::Ok(Reader::new(response))),
+                            status::APP_ERROR => {
+                                Ok(ReplyStatus::AppError(s.code.load(Ordering::Relaxed)))
+                            }
+                            status::STALE => Err(Fault::Stale),
+                            _ => {
+                                let why = String::from_utf8_lossy(response).into_owned();
+                                let code = s.code.load(Ordering::Relaxed);
+                                impossible = Refusal::is_server_fault(code);
+                                Err(match code == Refusal::UnknownDescriptor(0).code() {
+                                    true => Fault::NoDescriptor(why),
+                                    false => Fault::Refused(why),
+                                })
+                            }
+                        };
+                        reply.and_then(|r| {
+                            decode(r).map_err(|e| {
+                                impossible = true;
+                                Fault::Decode(e)
+                            })
                         })
-                    }
-                };
-                reply.and_then(|r| {
-                    decode(r).map_err(|e| {
-                        impossible = true;
-                        Fault::Decode(e)
-                    })
-                })
+                    },
+                )
             }
             _ => match edge.header().liveness.load(Ordering::SeqCst) {
                 liveness::GONE => Err(self.lost()),

@@ -42,6 +42,7 @@ pub mod priority;
 pub mod process;
 #[doc(hidden)]
 pub mod records;
+mod scratch;
 #[doc(hidden)]
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod server;

@@ -110,15 +110,15 @@ impl SlotWorker {
         let func = s.func.load(Ordering::Relaxed);
         let len =
             (s.request_len.load(Ordering::Relaxed) as usize).min(crate::abi::channel::BUFFER_SIZE);
-        // SAFETY: the slot is in REQUEST, so this worker owns both buffers
-        // until it publishes RESPONSE.
-        let (request, response) = unsafe {
-            (
-                &self.edge.request_buffer(self.slot)[..len],
-                self.edge.response_buffer(self.slot),
-            )
-        };
-        let (st, code, resp_len) = match service.dispatch(caller, func, request, response) {
+        // SAFETY: the slot is in REQUEST, so this worker owns the response
+        // buffer until it publishes RESPONSE.
+        let response = unsafe { self.edge.response_buffer(self.slot) };
+        let dispatched = crate::scratch::with_copy(
+            len,
+            |private| self.edge.copy_request(self.slot, private),
+            |request| service.dispatch(caller, func, request, response),
+        );
+        let (st, code, resp_len) = match dispatched {
             Dispatched::Ok(n) => (status::OK, 0, n),
             Dispatched::AppError(code) => (status::APP_ERROR, code, 0),
             Dispatched::Refused(why) => {

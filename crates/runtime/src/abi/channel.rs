@@ -228,7 +228,7 @@ impl Edge {
         self.region.at(self.slot_offset(slot))
     }
 
-    /// The slot's request buffer.
+    /// The slot's request buffer, for the client to write.
     ///
     /// # Safety
     /// The caller must own the slot's request buffer under the protocol
@@ -242,7 +242,24 @@ impl Edge {
         }
     }
 
-    /// The slot's response buffer.
+    /// Copies the first `dst.len()` bytes of the slot's request out of
+    /// shared memory (volatile reads: the client may be writing them, if it
+    /// is faulty). How a server reads a request.
+    pub fn copy_request(&self, slot: u32, dst: &mut [u8]) {
+        assert!(dst.len() <= BUFFER_SIZE, "request longer than its buffer");
+        self.region
+            .copy_out(self.slot_offset(slot) + SLOT_HEADER_SIZE, dst);
+    }
+
+    /// Copies the first `dst.len()` bytes of the slot's response out of
+    /// shared memory, as [`Edge::copy_request`]. How a client reads a reply.
+    pub fn copy_response(&self, slot: u32, dst: &mut [u8]) {
+        assert!(dst.len() <= BUFFER_SIZE, "response longer than its buffer");
+        self.region
+            .copy_out(self.slot_offset(slot) + SLOT_HEADER_SIZE + BUFFER_SIZE, dst);
+    }
+
+    /// The slot's response buffer, for the server to write.
     ///
     /// # Safety
     /// As for [`Edge::request_buffer`]: server in REQUEST, client in RESPONSE.

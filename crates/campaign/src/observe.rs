@@ -154,6 +154,10 @@ impl Watch {
     }
 }
 
+/// How many reboots in a row, none followed by progress of the target's
+/// workloads, make a crash loop: the damage outlives the target's reboots.
+const MAX_UNSERVED_REBOOTS: u32 = 10;
+
 /// How many of the supervisor's last events a lost system's diagnosis shows.
 const DIAGNOSIS_EVENTS: usize = 40;
 
@@ -243,6 +247,10 @@ pub(crate) fn observe(
     let mut campaign_rebooted = false;
     let mut campaign_reboots = 0;
     let mut last_epoch = member.epoch;
+    // Reboots of the target since its workloads last progressed: a crash
+    // loop (each incarnation dies or is found hung before it serves) would
+    // otherwise keep the watch going for ever.
+    let mut unserved_reboots = 0;
     let mut lost = false;
     loop {
         std::thread::sleep(Duration::from_millis(2));
@@ -263,8 +271,17 @@ pub(crate) fn observe(
             last_epoch = epoch;
             stalled_since = Instant::now();
             base = w.ops_now(target);
+            unserved_reboots += 1;
+            if unserved_reboots > MAX_UNSERVED_REBOOTS {
+                record.injection += &format!(
+                    "; rebooted {unserved_reboots} times in a row without serving its workloads"
+                );
+                lost = true;
+                break;
+            }
         }
         if w.progressed(target, &base) {
+            unserved_reboots = 0;
             stalled_since = Instant::now();
             base = w.ops_now(target);
             if injected_at.elapsed() >= limits.window {

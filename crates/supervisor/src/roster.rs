@@ -33,8 +33,9 @@ pub struct FaultReport {
 struct Entry {
     member: Member,
     control: Arc<Region>,
-    /// The edges it serves, in the order its workers are numbered.
-    served: Vec<Arc<Edge>>,
+    /// The edges it serves, each with its interface's name, in the order
+    /// its workers are numbered.
+    served: Vec<(String, Arc<Edge>)>,
 }
 
 /// Shared between the supervisor and its observers.
@@ -135,9 +136,9 @@ impl Roster {
         std::mem::take(&mut *self.faults.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// The edges component `name` serves, in the order its slot workers
-    /// are numbered.
-    pub fn served(&self, name: &str) -> Vec<Arc<Edge>> {
+    /// The edges component `name` serves, each with its interface's name,
+    /// in the order its slot workers are numbered.
+    pub fn served(&self, name: &str) -> Vec<(String, Arc<Edge>)> {
         self.lock()
             .iter()
             .find(|e| e.member.name == name)
@@ -145,7 +146,7 @@ impl Roster {
             .unwrap_or_default()
     }
 
-    pub(crate) fn add(&self, name: &str, control: Arc<Region>, served: Vec<Arc<Edge>>) {
+    pub(crate) fn add(&self, name: &str, control: Arc<Region>, served: Vec<(String, Arc<Edge>)>) {
         self.lock().push(Entry {
             member: Member {
                 name: name.to_string(),

@@ -230,7 +230,11 @@ impl<'a> Supervisor<'a> {
         self.roster.add(
             &spec.name,
             wiring.control.clone(),
-            wiring.served.iter().map(|s| s.edge.clone()).collect(),
+            wiring
+                .served
+                .iter()
+                .map(|s| (s.interface.clone(), s.edge.clone()))
+                .collect(),
         );
         listen(&self.epoll, &proc.pidfd, Source::Exit(proc.pid))?;
         listen(&self.epoll, &zygote_sock, Source::Zygote(idx))?;

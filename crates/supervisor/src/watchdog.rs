@@ -292,11 +292,12 @@ impl Sampler {
             if st.reported {
                 continue;
             }
-            let edges = roster.served(&member.name);
+            let served = roster.served(&member.name);
+            let edges: Vec<Arc<Edge>> = served.iter().map(|(_, e)| e.clone()).collect();
             let found = suspected(&self.interfaces, &edges).or_else(|| {
                 check(&self.settings, &ctl.watch, pid, st)
                     .or_else(|| unserved(&self.settings, &ctl.watch, &edges, pid, st))
-                    .map(|d| name_call(&self.interfaces, d).to_string())
+                    .map(|d| name_call(&self.interfaces, &served, d).to_string())
             });
             if let Some(detail) = found {
                 st.reported = true;
@@ -326,15 +327,30 @@ fn suspected(interfaces: &[&'static InterfaceInfo], edges: &[Arc<Edge>]) -> Opti
     })
 }
 
-/// Replaces a function number (`call` = "interface#func") by its name.
-fn name_call(interfaces: &[&'static InterfaceInfo], mut d: Detection) -> Detection {
+/// Replaces a function number (`call` = "interface#func") by its name:
+/// from the interfaces the supervisor was built with, else from the names
+/// the stubs registered in a `served` edge of that interface.
+fn name_call(
+    interfaces: &[&'static InterfaceInfo],
+    served: &[(String, Arc<Edge>)],
+    mut d: Detection,
+) -> Detection {
     if let Some(raw) = d.call.take() {
         let (iface, func) = raw.split_once('#').unwrap_or((raw.as_str(), "0"));
-        let func: usize = func.parse().unwrap_or(0);
-        let name = interfaces
+        let func: u32 = func.parse().unwrap_or(0);
+        let built_in = interfaces
             .iter()
             .find(|i| i.name == iface)
-            .and_then(|i| i.functions.get(func))
+            .and_then(|i| i.functions.get(func as usize))
+            .map(|f| f.to_string());
+        let registered = || {
+            served
+                .iter()
+                .filter(|(i, _)| i == iface)
+                .find_map(|(_, e)| e.function_name(func))
+        };
+        let name = built_in
+            .or_else(registered)
             .map_or_else(|| format!("{iface}.#{func}"), |f| format!("{iface}.{f}"));
         d.call = Some(name);
     }
@@ -547,6 +563,40 @@ fn unserved(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_is_named_by_the_built_in_interfaces_else_by_the_edge_it_is_served_on() {
+        static TALLY: InterfaceInfo = InterfaceInfo {
+            name: "tally",
+            hash: 7,
+            functions: &["add", "total"],
+        };
+        let edge = Arc::new(Edge::create("watchdog-names", 1).unwrap());
+        edge.register_functions(&TALLY);
+        let served = vec![("tally".to_string(), edge)];
+        let detection = |call: &str| Detection {
+            kind: HangKind::Stuck,
+            tid: 1,
+            thread: "tally:0".into(),
+            call: Some(call.into()),
+            section: None,
+            measured: Duration::ZERO,
+            bound: Duration::ZERO,
+        };
+        let named = |interfaces: &[&'static InterfaceInfo], call: &str| {
+            name_call(interfaces, &served, detection(call))
+                .call
+                .unwrap()
+        };
+        assert_eq!(
+            named(&[], "tally#1"),
+            "tally.total",
+            "registered in the edge"
+        );
+        assert_eq!(named(&[&TALLY], "tally#0"), "tally.add", "built in");
+        assert_eq!(named(&[], "tally#9"), "tally.#9", "no such function");
+        assert_eq!(named(&[], "other#0"), "other.#0", "no such edge");
+    }
 
     #[test]
     fn a_detection_reads_back_from_its_detail() {

@@ -18,6 +18,9 @@ pub(crate) fn with_copy<R>(
     fill: impl FnOnce(&mut [u8]),
     use_: impl FnOnce(&[u8]) -> R,
 ) -> R {
+    if len == 0 {
+        return use_(&[]);
+    }
     let mut buf = FREE.with(|f| f.borrow_mut().pop()).unwrap_or_default();
     if buf.len() < len {
         buf.resize(len, 0);

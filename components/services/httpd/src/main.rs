@@ -49,7 +49,8 @@ const CACHE_MAX: u64 = 256 * 4096;
 struct Config {
     #[serde(default = "workers")]
     workers: u32,
-    /// Keep-alive connections idle this long are closed.
+    /// Connections idle this long, or whose request has not arrived whole
+    /// this long after it began, are closed.
     #[serde(default = "idle_ms")]
     idle_ms: u64,
     /// A host directory copied into ramfs at the first start.
@@ -86,7 +87,8 @@ struct Cached {
     len: u64,
 }
 
-/// The connection a worker waits on for a new request, and since when.
+/// The connection a worker waits on for a request's bytes, and since when
+/// it has been idle or its request has been arriving.
 type Waiting = Mutex<Option<(net::Conn, Instant)>>;
 
 struct Httpd {
@@ -112,16 +114,15 @@ impl Httpd {
         // What has arrived and is not answered yet, ending at stream offset `got`.
         let mut buf: Vec<u8> = Vec::new();
         let mut got = 0;
+        // Since when the connection is idle, or its current request has been
+        // arriving: a request must be complete within `idle` of it, however
+        // slowly its bytes trickle in (slowloris), or the reaper ends it.
+        let mut since = Instant::now();
         loop {
             let req = loop {
                 match http::parse(&buf) {
                     Parse::Partial => {
-                        if buf.is_empty() {
-                            *self.waiting[worker].lock().unwrap() = Some((c, Instant::now()));
-                        }
-                        let more = self.recv(c, &mut buf, &mut got);
-                        *self.waiting[worker].lock().unwrap() = None;
-                        if !more? {
+                        if !self.recv_until(worker, since, c, &mut buf, &mut got)? {
                             return Ok(());
                         }
                     }
@@ -135,7 +136,7 @@ impl Httpd {
             };
             let total = req.head_len + req.body as usize;
             while buf.len() < total {
-                if !self.recv(c, &mut buf, &mut got)? {
+                if !self.recv_until(worker, since, c, &mut buf, &mut got)? {
                     return Ok(());
                 }
             }
@@ -167,7 +168,24 @@ impl Httpd {
             if !req.keep_alive {
                 return Ok(());
             }
+            since = Instant::now();
         }
+    }
+
+    /// [`Httpd::recv`], with the connection in `worker`'s waiting slot for
+    /// the reaper, which ends it `idle` after `since`.
+    fn recv_until(
+        &self,
+        worker: usize,
+        since: Instant,
+        c: net::Conn,
+        buf: &mut Vec<u8>,
+        got: &mut u64,
+    ) -> Result<bool, CallError<net::Error>> {
+        *self.waiting[worker].lock().unwrap() = Some((c, since));
+        let more = self.recv(c, buf, got);
+        *self.waiting[worker].lock().unwrap() = None;
+        more
     }
 
     /// Appends what arrives next to `buf`; false at end of stream. netd keeps
@@ -283,7 +301,9 @@ impl Httpd {
             let mut log = self.log.lock().unwrap();
             let first = log.is_empty();
             if (log.len() as u64) < LOG_MAX {
-                let _ = writeln!(log, "\"{:?} {}\" {status}", req.method, req.path);
+                // Escaped: a decoded `%0a` must not forge a line.
+                let path = req.path.escape_default();
+                let _ = writeln!(log, "\"{:?} {path}\" {status}", req.method);
             }
             first
         };
@@ -360,7 +380,8 @@ impl Httpd {
         }
     }
 
-    /// Ends keep-alive connections idle longer than `idle`, on a timer's ticks.
+    /// Ends connections idle, or with a request arriving, for longer than
+    /// `idle`, on a timer's ticks.
     fn reap_idle(&self, timers: &timer::Client) -> anyhow::Result<()> {
         let period = (self.idle.as_micros() as u64 / 4).max(1000);
         let tm = timers.create(period)?;
@@ -379,8 +400,27 @@ impl Httpd {
     }
 }
 
-/// Copies the host directory `from` into ramfs at `to`.
-fn load(fsc: &fs::Client, from: &Path, to: &str) -> anyhow::Result<u64> {
+/// Copies the document root into ramfs. Only regular files and
+/// directories are copied: a symbolic link is followed only if what it
+/// names lies inside the document root (a link to `/etc/shadow` is not an
+/// escape), and dangling links, links that loop, FIFOs, sockets and devices
+/// are skipped with a warning, as are files that cannot be read, so that
+/// no docroot can keep httpd from starting.
+fn load(fsc: &fs::Client, docroot: &Path) -> anyhow::Result<u64> {
+    let root = docroot
+        .canonicalize()
+        .with_context(|| format!("docroot {}", docroot.display()))?;
+    let mut visited = vec![root.clone()];
+    load_dir(fsc, &root, &root, ROOT, &mut visited)
+}
+
+fn load_dir(
+    fsc: &fs::Client,
+    root: &Path,
+    from: &Path,
+    to: &str,
+    visited: &mut Vec<std::path::PathBuf>,
+) -> anyhow::Result<u64> {
     fsc.mkdir(to).or_else(|e| match e {
         CallError::Server(fs::Error::Exists) => Ok(()),
         e => Err(e),
@@ -393,16 +433,41 @@ fn load(fsc: &fs::Client, from: &Path, to: &str) -> anyhow::Result<u64> {
     for e in entries {
         let name = e.file_name().to_string_lossy().into_owned();
         let at = format!("{to}/{name}");
-        if e.file_type()?.is_dir() {
-            files += load(fsc, &e.path(), &at)?;
-        } else {
-            let data = std::fs::read(e.path()).with_context(|| e.path().display().to_string())?;
+        let path = e.path();
+        // Where it leads, inside the root, and what it is there.
+        let Some((real, meta)) = path
+            .canonicalize()
+            .ok()
+            .filter(|real| real.starts_with(root))
+            .and_then(|real| Some((real.clone(), std::fs::metadata(&real).ok()?)))
+        else {
+            tracing::warn!(
+                "docroot: skipped {} (dangling, or outside the docroot)",
+                path.display()
+            );
+            continue;
+        };
+        if meta.is_dir() {
+            if visited.contains(&real) {
+                tracing::warn!("docroot: skipped {} (a loop)", path.display());
+                continue;
+            }
+            visited.push(real.clone());
+            files += load_dir(fsc, root, &real, &at, visited)?;
+            visited.pop();
+        } else if meta.is_file() {
+            let Ok(data) = std::fs::read(&real) else {
+                tracing::warn!("docroot: skipped {} (unreadable)", path.display());
+                continue;
+            };
             let f = fsc.open(&at, fs_flags::CREATE | fs_flags::TRUNCATE)?;
             for chunk in data.chunks(CHUNK) {
                 fsc.write(f, chunk)?;
             }
             fsc.close(f)?;
             files += 1;
+        } else {
+            tracing::warn!("docroot: skipped {} (not a regular file)", path.display());
         }
     }
     Ok(files)
@@ -416,7 +481,7 @@ fn main() {
             let fsc = fs::Client::connect(&rt)?;
             if let Some(dir) = &config.docroot {
                 if let Err(CallError::Server(fs::Error::NotFound)) = fsc.stat(LOADED) {
-                    let n = load(&fsc, Path::new(dir), ROOT)?;
+                    let n = load(&fsc, Path::new(dir))?;
                     fsc.close(fsc.open(LOADED, fs_flags::CREATE)?)?;
                     tracing::info!("loaded {n} files from {dir} into ramfs");
                 }

@@ -51,6 +51,10 @@ const LISTENER: &str = "listen";
 const CONN: &str = "c/";
 /// How long `accept` waits on the listener between looks at handed-over connections.
 const POLL: Duration = Duration::from_millis(20);
+/// The most a client may hold of a stream without having answered it: more
+/// than a socket's receive queue holds (`tcp_rmem`'s default maximum is
+/// 6 MiB), so no correct client reaches it.
+const MAX_UNANSWERED: usize = 16 << 20;
 /// A connection restored from the vault that no client claims for this long
 /// was closed by a call that died with the previous incarnation.
 const UNCLAIMED: Duration = Duration::from_secs(2);
@@ -443,8 +447,13 @@ impl net::Server for Netd {
         }
         io.rx_mark = io.discarded;
         io.tx_mark = io.sent;
-        // The client already has `skip` bytes of its unanswered request.
-        let skip = (seen - keep) as usize;
+        // The client already has `skip` bytes of its unanswered request;
+        // no more than a socket can queue (a faulty client must not make
+        // netd allocate what it asks for).
+        let skip = usize::try_from(seen - keep)
+            .ok()
+            .filter(|&s| s <= MAX_UNANSWERED)
+            .ok_or(Error::Invalid)?;
         if skip == 0 {
             return peek(&e.fd, &mut out[..max], RecvFlags::empty());
         }

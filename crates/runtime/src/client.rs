@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::abi::channel::{flags, liveness, state, status, Edge};
+use crate::abi::channel::{flags, liveness, state, status, Edge, SlotHeader};
 use crate::futex;
 use crate::priority;
 use crate::stub::{CallError, Fault, InterfaceError, InterfaceInfo, Refusal, ReplyStatus};
@@ -224,23 +224,7 @@ impl Connection {
                     len,
                     |private| edge.copy_response(slot, private),
                     |response| {
-                        let reply = match s.status.load(Ordering::Relaxed) {
-                            status::OK => Ok(ReplyStatus::Ok(Reader::new(response))),
-                            status::APP_ERROR => {
-                                Ok(ReplyStatus::AppError(s.code.load(Ordering::Relaxed)))
-                            }
-                            status::STALE => Err(Fault::Stale),
-                            _ => {
-                                let why = String::from_utf8_lossy(response).into_owned();
-                                let code = s.code.load(Ordering::Relaxed);
-                                impossible = Refusal::is_server_fault(code);
-                                Err(match code == Refusal::UnknownDescriptor(0).code() {
-                                    true => Fault::NoDescriptor(why),
-                                    false => Fault::Refused(why),
-                                })
-                            }
-                        };
-                        reply.and_then(|r| {
+                        reply(s, response, &mut impossible).and_then(|r| {
                             decode(r).map_err(|e| {
                                 impossible = true;
                                 Fault::Decode(e)
@@ -423,4 +407,27 @@ fn claimed_slot(edge: &Arc<Edge>) -> u32 {
         });
         slot
     })
+}
+
+/// What a slot in RESPONSE says, its reply bytes copied out as `response`;
+/// `impossible` is set for a refusal no correct server gives.
+fn reply<'a>(
+    s: &SlotHeader,
+    response: &'a [u8],
+    impossible: &mut bool,
+) -> Result<ReplyStatus<'a>, Fault> {
+    match s.status.load(Ordering::Relaxed) {
+        status::OK => Ok(ReplyStatus::Ok(Reader::new(response))),
+        status::APP_ERROR => Ok(ReplyStatus::AppError(s.code.load(Ordering::Relaxed))),
+        status::STALE => Err(Fault::Stale),
+        _ => {
+            let why = String::from_utf8_lossy(response).into_owned();
+            let code = s.code.load(Ordering::Relaxed);
+            *impossible = Refusal::is_server_fault(code);
+            Err(match code == Refusal::UnknownDescriptor(0).code() {
+                true => Fault::NoDescriptor(why),
+                false => Fault::Refused(why),
+            })
+        }
+    }
 }

@@ -4,11 +4,13 @@
 //! supervisor then treats as a crash of that incarnation.
 
 use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use kintsugi_runtime::abi::boot::ControlBlock;
 use kintsugi_runtime::abi::channel::Edge;
 use kintsugi_runtime::abi::shm::Region;
+use kintsugi_runtime::InterfaceInfo;
 
 /// One component as the roster sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,5 +166,28 @@ impl Roster {
             e.member.pid = pid;
             e.member.epoch = epoch;
         }
+    }
+}
+
+/// `interface.function` for a call of `func` on `edge`, which serves
+/// `interface`: named by the interfaces the supervisor was built with (by
+/// the hash in the edge), else by the names the stubs registered in the
+/// edge (identifiers only: a faulty component may write anything there),
+/// else by number.
+pub(crate) fn call_name(
+    interfaces: &[&'static InterfaceInfo],
+    interface: &str,
+    edge: &Edge,
+    func: u32,
+) -> String {
+    let hash = edge.header().interface_hash.load(Ordering::Relaxed);
+    let built_in = interfaces
+        .iter()
+        .find(|i| i.hash == hash)
+        .and_then(|i| i.functions.get(func as usize))
+        .map(|f| f.to_string());
+    match built_in.or_else(|| edge.function_name(func)) {
+        Some(f) => format!("{interface}.{f}"),
+        None => format!("{interface}.#{func}"),
     }
 }

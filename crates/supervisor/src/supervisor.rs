@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,7 +24,7 @@ use crate::managed::{Durable, Managed, Phase, Role, Served, Standby, Used, Wirin
 use crate::options::{Options, Report, StopReason, SupervisorError};
 use crate::policy::RestartWindow;
 use crate::process::dying_exit;
-use crate::roster::Roster;
+use crate::roster::{call_name, Roster};
 use crate::source::{listen, Source};
 use crate::vault::VaultStore;
 use crate::watchdog::Monitor;
@@ -392,22 +391,14 @@ impl<'a> Supervisor<'a> {
         });
     }
 
-    /// `interface.function` for a call of `func` on a served edge: named by
-    /// the interfaces the supervisor was built with, else by the names the
-    /// stubs registered in the edge, else by number.
+    /// `interface.function` for a call of `func` on a served edge.
     pub(crate) fn name_call(&self, served: &Served, func: u32) -> String {
-        let hash = served.edge.header().interface_hash.load(Ordering::Relaxed);
-        let built_in = self
-            .options
-            .interfaces
-            .iter()
-            .find(|i| i.hash == hash)
-            .and_then(|i| i.functions.get(func as usize))
-            .map(|f| f.to_string());
-        match built_in.or_else(|| served.edge.function_name(func)) {
-            Some(f) => format!("{}.{f}", served.interface),
-            None => format!("{}.#{func}", served.interface),
-        }
+        call_name(
+            &self.options.interfaces,
+            &served.interface,
+            &served.edge,
+            func,
+        )
     }
 
     /// A watched process exited: find out which, and react.

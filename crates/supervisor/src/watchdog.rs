@@ -54,7 +54,7 @@ use kintsugi_runtime::stub::InterfaceInfo;
 use kintsugi_runtime::watchdog::{WatchTable, ACTIVE_IN, EXITS, WORKERS};
 use kintsugi_system::WatchdogSettings;
 
-use crate::roster::{FaultReport, Roster};
+use crate::roster::{call_name, FaultReport, Roster};
 
 /// How a hang was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -327,9 +327,8 @@ fn suspected(interfaces: &[&'static InterfaceInfo], edges: &[Arc<Edge>]) -> Opti
     })
 }
 
-/// Replaces a function number (`call` = "interface#func") by its name:
-/// from the interfaces the supervisor was built with, else from the names
-/// the stubs registered in a `served` edge of that interface.
+/// Replaces a function number (`call` = "interface#func") by its name, as
+/// [`call_name`] names it on a `served` edge of that interface.
 fn name_call(
     interfaces: &[&'static InterfaceInfo],
     served: &[(String, Arc<Edge>)],
@@ -338,21 +337,10 @@ fn name_call(
     if let Some(raw) = d.call.take() {
         let (iface, func) = raw.split_once('#').unwrap_or((raw.as_str(), "0"));
         let func: u32 = func.parse().unwrap_or(0);
-        let built_in = interfaces
-            .iter()
-            .find(|i| i.name == iface)
-            .and_then(|i| i.functions.get(func as usize))
-            .map(|f| f.to_string());
-        let registered = || {
-            served
-                .iter()
-                .filter(|(i, _)| i == iface)
-                .find_map(|(_, e)| e.function_name(func))
-        };
-        let name = built_in
-            .or_else(registered)
-            .map_or_else(|| format!("{iface}.#{func}"), |f| format!("{iface}.{f}"));
-        d.call = Some(name);
+        d.call = Some(match served.iter().find(|(i, _)| i == iface) {
+            Some((_, edge)) => call_name(interfaces, iface, edge, func),
+            None => format!("{iface}.#{func}"),
+        });
     }
     d
 }
@@ -573,6 +561,9 @@ mod tests {
         };
         let edge = Arc::new(Edge::create("watchdog-names", 1).unwrap());
         edge.register_functions(&TALLY);
+        edge.header()
+            .interface_hash
+            .store(TALLY.hash, std::sync::atomic::Ordering::Relaxed);
         let served = vec![("tally".to_string(), edge)];
         let detection = |call: &str| Detection {
             kind: HangKind::Stuck,

@@ -7,9 +7,15 @@
 //! and mapped here), evt (the access log: a worker that queues the first
 //! line of a batch triggers an event the log writer waits on, which appends
 //! the batch to a log file in ramfs) and timer (a periodic timer drives the
-//! idle timeouts of keep-alive connections). Each worker thread serves one
-//! connection at a time; the system gives each edge a channel slot per
-//! thread. Requests served are counted in counter `requests`.
+//! send timeout: a peer that does not take a response's bytes within
+//! `idle_ms` is disconnected). Each worker thread serves one connection at
+//! a time, and only while it has bytes: a worker waits at most `linger_us`
+//! for a connection's next bytes, then parks it with netd (`net.park`),
+//! which hands it out again once more bytes arrive and closes it when it
+//! stays silent for what is left of `idle_ms`. A request must arrive whole
+//! within `idle_ms` of its first byte. So idle, slow and stalled
+//! connections hold no worker. The system gives each edge a channel slot
+//! per thread. Requests served are counted in counter `requests`.
 //!
 //! With `docroot` set, the first incarnation copies that directory into
 //! ramfs under `/www` (and marks it done), so later incarnations and a crash
@@ -53,6 +59,10 @@ struct Config {
     /// this long after it began, are closed.
     #[serde(default = "idle_ms")]
     idle_ms: u64,
+    /// How long a worker waits for a connection's next bytes before it
+    /// parks the connection with netd (and serves others meanwhile).
+    #[serde(default = "linger_us")]
+    linger_us: u64,
     /// A host directory copied into ramfs at the first start.
     #[serde(default)]
     docroot: Option<String>,
@@ -72,6 +82,10 @@ fn idle_ms() -> u64 {
     5000
 }
 
+fn linger_us() -> u64 {
+    2000
+}
+
 fn cache_lock() -> u64 {
     0x6874_7470
 }
@@ -87,9 +101,21 @@ struct Cached {
     len: u64,
 }
 
-/// The connection a worker waits on for a request's bytes, and since when
-/// it has been idle or its request has been arriving.
+/// The connection a worker is sending to, and since when.
 type Waiting = Mutex<Option<(net::Conn, Instant)>>;
+
+/// Parked connections with a request not yet whole kept before their
+/// starts are pruned.
+const PARTIAL_MAX: usize = 4096;
+
+/// What a worker parks a connection with: where its request begins and
+/// since when it has been arriving, if it has begun.
+fn parked(r: &Reading) -> After {
+    After::Park {
+        keep: r.keep(),
+        partial: (!r.buf.is_empty()).then_some(r.since),
+    }
+}
 
 struct Httpd {
     rt: Arc<Runtime>,
@@ -106,106 +132,151 @@ struct Httpd {
     /// Access log lines not written yet.
     log: Mutex<Vec<u8>>,
     waiting: Vec<Waiting>,
+    /// Since when parked connections' requests have been arriving, by id.
+    partial: Mutex<HashMap<u64, Instant>>,
     idle: Duration,
+    linger: Duration,
+}
+
+/// A connection's bytes not answered yet, and the clocks of its request.
+struct Reading {
+    c: net::Conn,
+    /// What has arrived and is not answered yet, ending at stream offset `got`.
+    buf: Vec<u8>,
+    got: u64,
+    /// Since when the connection is idle, or its current request has been
+    /// arriving: a request must be complete within `idle` of it, however
+    /// slowly its bytes trickle in (slowloris), or the connection is closed.
+    since: Instant,
+    /// Since when this worker waits for the connection's bytes: after
+    /// `linger` it parks the connection rather than wait longer.
+    held: Instant,
+}
+
+impl Reading {
+    /// Where the first unanswered request begins.
+    fn keep(&self) -> u64 {
+        self.got - self.buf.len() as u64
+    }
+}
+
+/// What a worker does with a connection it stops serving.
+enum After {
+    Close,
+    /// Gives it back to netd until more bytes arrive; `partial`: since when
+    /// the request not yet whole has been arriving.
+    Park {
+        keep: u64,
+        partial: Option<Instant>,
+    },
+}
+
+/// What waiting for a connection's next bytes gave.
+enum More {
+    Bytes,
+    Ended,
+    Park,
 }
 
 impl Httpd {
-    fn serve_conn(&self, worker: usize, c: net::Conn) -> anyhow::Result<()> {
-        // What has arrived and is not answered yet, ending at stream offset `got`.
-        let mut buf: Vec<u8> = Vec::new();
-        let mut got = 0;
-        // Since when the connection is idle, or its current request has been
-        // arriving: a request must be complete within `idle` of it, however
-        // slowly its bytes trickle in (slowloris), or the reaper ends it.
-        let mut since = Instant::now();
+    /// Serves a connection's requests until it closes, or sends nothing
+    /// for `linger` (then it is parked with netd).
+    fn serve_conn(&self, worker: usize, id: u64, c: net::Conn) -> anyhow::Result<After> {
+        let now = Instant::now();
+        let since = self.partial.lock().unwrap().remove(&id).unwrap_or(now);
+        let mut r = Reading {
+            c,
+            buf: Vec::new(),
+            got: 0,
+            since,
+            held: now,
+        };
         loop {
             let req = loop {
-                match http::parse(&buf) {
-                    Parse::Partial => {
-                        if !self.recv_until(worker, since, c, &mut buf, &mut got)? {
-                            return Ok(());
-                        }
-                    }
-                    Parse::Done(r) => break r,
+                let more = match http::parse(&r.buf) {
+                    Parse::Partial => self.more(&mut r)?,
+                    Parse::Done(req) => break req,
                     Parse::Fail(status) => {
                         let body = http::reason(status).as_bytes();
-                        self.respond(c, status, "text/plain", body, false, false)?;
-                        return Ok(());
+                        self.respond(worker, c, status, "text/plain", body, false, false)?;
+                        return Ok(After::Close);
                     }
+                };
+                match more {
+                    More::Bytes => {}
+                    More::Ended => return Ok(After::Close),
+                    More::Park => return Ok(parked(&r)),
                 }
             };
             let total = req.head_len + req.body as usize;
-            while buf.len() < total {
-                if !self.recv_until(worker, since, c, &mut buf, &mut got)? {
-                    return Ok(());
+            while r.buf.len() < total {
+                match self.more(&mut r)? {
+                    More::Bytes => {}
+                    More::Ended => return Ok(After::Close),
+                    More::Park => return Ok(parked(&r)),
                 }
             }
-            buf.drain(..total);
-            let head_only = req.method == Method::Head;
-            let status = match req.method {
-                Method::Other => {
-                    let body = http::reason(405).as_bytes();
-                    self.respond(c, 405, "text/plain", body, false, req.keep_alive)?;
-                    405
-                }
-                Method::Get | Method::Head => match self.file(&req.path)? {
-                    Some((path, data)) => {
-                        let ctype = http::content_type(&path);
-                        self.respond(c, 200, ctype, &data, head_only, req.keep_alive)?;
-                        200
-                    }
-                    None => {
-                        let body = http::reason(404).as_bytes();
-                        self.respond(c, 404, "text/plain", body, head_only, req.keep_alive)?;
-                        404
-                    }
-                },
-            };
+            r.buf.drain(..total);
+            let status = self.answer(worker, c, &req)?;
             self.log(&req, status);
             if let Ok(n) = self.rt.counter("requests") {
                 n.add(1);
             }
             if !req.keep_alive {
-                return Ok(());
+                return Ok(After::Close);
             }
-            since = Instant::now();
+            r.since = Instant::now();
+            r.held = r.since;
         }
     }
 
-    /// [`Httpd::recv`], with the connection in `worker`'s waiting slot for
-    /// the reaper, which ends it `idle` after `since`.
-    fn recv_until(
+    /// Responds to a whole request; its status.
+    fn answer(
         &self,
         worker: usize,
-        since: Instant,
         c: net::Conn,
-        buf: &mut Vec<u8>,
-        got: &mut u64,
-    ) -> Result<bool, CallError<net::Error>> {
-        *self.waiting[worker].lock().unwrap() = Some((c, since));
-        let more = self.recv(c, buf, got);
-        *self.waiting[worker].lock().unwrap() = None;
-        more
+        req: &http::Request,
+    ) -> anyhow::Result<u16> {
+        let head_only = req.method == Method::Head;
+        let keep_alive = req.keep_alive;
+        let (status, ctype, body) = match req.method {
+            Method::Other => (405, "text/plain", None),
+            Method::Get | Method::Head => match self.file(&req.path)? {
+                Some((path, data)) => (200, http::content_type(&path), Some(data)),
+                None => (404, "text/plain", None),
+            },
+        };
+        let body = body.as_deref().unwrap_or(http::reason(status).as_bytes());
+        self.respond(worker, c, status, ctype, body, head_only, keep_alive)?;
+        Ok(status)
     }
 
-    /// Appends what arrives next to `buf`; false at end of stream. netd keeps
-    /// the bytes of `buf` (unanswered requests) for a successor of this
-    /// incarnation, should it die before answering them.
-    fn recv(
-        &self,
-        c: net::Conn,
-        buf: &mut Vec<u8>,
-        got: &mut u64,
-    ) -> Result<bool, CallError<net::Error>> {
-        let data = self.net.recv(c, *got - buf.len() as u64, CHUNK as u32)?;
-        *got += data.len() as u64;
-        buf.extend_from_slice(&data);
-        Ok(!data.is_empty())
+    /// Waits up to what is left of `linger` for the connection's next bytes.
+    fn more(&self, r: &mut Reading) -> Result<More, CallError<net::Error>> {
+        if r.since.elapsed() > self.idle {
+            return Ok(More::Ended); // a request arriving too slowly
+        }
+        let Some(wait) = self.linger.checked_sub(r.held.elapsed()) else {
+            return Ok(More::Park);
+        };
+        let wait_us = (wait.as_micros() as u32).max(1);
+        match self.net.recv(r.c, r.keep(), CHUNK as u32, wait_us) {
+            Ok(data) if data.is_empty() => Ok(More::Ended),
+            Ok(data) => {
+                r.got += data.len() as u64;
+                r.buf.extend_from_slice(&data);
+                Ok(More::Bytes)
+            }
+            Err(CallError::Server(net::Error::Again)) => Ok(More::Park),
+            Err(e) => Err(e),
+        }
     }
 
     /// Sends a response: its head and, unless `head_only`, the body.
+    #[allow(clippy::too_many_arguments)]
     fn respond(
         &self,
+        worker: usize,
         c: net::Conn,
         status: u16,
         ctype: &str,
@@ -217,11 +288,20 @@ impl Httpd {
         let body = if head_only { &[][..] } else { body };
         let n = body.len().min(CHUNK - first.len());
         first.extend_from_slice(&body[..n]);
-        self.net.send(c, &first)?;
+        self.send(worker, c, &first)?;
         for chunk in body[n..].chunks(CHUNK) {
-            self.net.send(c, chunk)?;
+            self.send(worker, c, chunk)?;
         }
         Ok(())
+    }
+
+    /// Sends bytes, with the connection in `worker`'s waiting slot for the
+    /// reaper, which ends it if the peer does not take them within `idle`.
+    fn send(&self, worker: usize, c: net::Conn, data: &[u8]) -> Result<(), CallError<net::Error>> {
+        *self.waiting[worker].lock().unwrap() = Some((c, Instant::now()));
+        let sent = self.net.send(c, data);
+        *self.waiting[worker].lock().unwrap() = None;
+        sent.map(drop)
     }
 
     /// The file `path` names (its ramfs path and contents), or none.
@@ -373,15 +453,46 @@ impl Httpd {
                     continue;
                 }
             };
-            if let Err(e) = self.serve_conn(worker, c) {
+            let after = self.serve_conn(worker, id, c).unwrap_or_else(|e| {
                 tracing::debug!("connection {id}: {e:#}");
+                After::Close
+            });
+            if let After::Park { keep, partial } = after {
+                match self.park(id, c, keep, partial) {
+                    Ok(()) => continue,
+                    // With netd's tracking off, only between requests.
+                    Err(e) => tracing::debug!("park {id}: {e}"),
+                }
             }
             let _ = self.net.close(c);
         }
     }
 
-    /// Ends connections idle, or with a request arriving, for longer than
-    /// `idle`, on a timer's ticks.
+    /// Parks a connection with netd for what is left of its idle time; a
+    /// request not yet whole keeps its start for when it comes back.
+    fn park(
+        &self,
+        id: u64,
+        c: net::Conn,
+        keep: u64,
+        partial: Option<Instant>,
+    ) -> Result<(), CallError<net::Error>> {
+        let since = partial.unwrap_or_else(Instant::now);
+        let left = self.idle.saturating_sub(since.elapsed());
+        let idle_ms = (left.as_millis() as u32).max(1);
+        if let Some(since) = partial {
+            let mut starts = self.partial.lock().unwrap();
+            // Connections netd closed while parked are forgotten here too.
+            if starts.len() >= PARTIAL_MAX {
+                starts.retain(|_, s| s.elapsed() <= self.idle);
+            }
+            starts.insert(id, since);
+        }
+        self.net.park(c, keep, idle_ms)
+    }
+
+    /// Ends connections whose peer has not taken a response's bytes for
+    /// longer than `idle`, on a timer's ticks.
     fn reap_idle(&self, timers: &timer::Client) -> anyhow::Result<()> {
         let period = (self.idle.as_micros() as u64 / 4).max(1000);
         let tm = timers.create(period)?;
@@ -507,7 +618,9 @@ fn main() {
                 log_event,
                 log: Mutex::new(Vec::new()),
                 waiting: (0..config.workers).map(|_| Mutex::new(None)).collect(),
+                partial: Mutex::new(HashMap::new()),
                 idle: Duration::from_millis(config.idle_ms),
+                linger: Duration::from_micros(config.linger_us),
                 rt: rt.clone(),
             });
             rt.counter("requests")?;

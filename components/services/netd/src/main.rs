@@ -14,29 +14,45 @@
 //!   answered the request they belong to.
 //! - `send(at)` skips the bytes of `data` the kernel already has.
 //!
-//! A connection is handed to one worker thread of one client. Conn ids come
-//! from a counter in netd's durable arena, so they grow across reboots; an
-//! `accept` re-issued after a reboot first gets the connection a dead
-//! incarnation accepted for that worker but never reported (an id above the
-//! worker's `last`). When a client dies, its connections are handed to its
-//! successor's workers, with stream offsets rebased to the `keep` of the
-//! dead one's last `recv` (its first unanswered request), so the successor
-//! serves that request again and its response skips what the kernel
-//! already took. A call of the dead incarnation still in flight finds the
-//! connection handed over and touches nothing.
+//! A connection is handed to one worker thread of one client at a time. A
+//! worker does not wait on a connection that sends nothing: `recv` waits
+//! at most `wait_us`, and the worker then parks the connection, giving it
+//! back to netd, which watches it (epoll) and hands it out again from
+//! `accept` once it has bytes the client has not seen (or the peer
+//! closed), with offsets rebased to the start of its unanswered request;
+//! a parked connection silent for the client's idle time is closed. Idle
+//! and slow connections therefore hold no worker (`watch`, `table`). One
+//! `accept` thread at a time waits on the listener and the parked
+//! connections; the others wait for it to hand over that role or a ready
+//! connection, so a new connection wakes one thread (leader/followers).
+//!
+//! Conn ids come from a counter in netd's durable arena, so they grow
+//! across reboots; an `accept` re-issued after a reboot first gets the
+//! connection a dead incarnation accepted for that worker but never
+//! reported (an id above the worker's `last`). When a client dies, its
+//! connections are handed to its successor's workers like parked ones,
+//! rebased to the `keep` of the dead one's last `recv` (its first
+//! unanswered request), so the successor serves that request again and its
+//! response skips what the kernel already took. A call of the dead
+//! incarnation still in flight finds the connection handed over and
+//! touches nothing.
 //!
 //! With `tracking = false` (for comparison), netd keeps nothing in the vault
-//! and reads without `MSG_PEEK`: what recovery costs, turned off.
+//! and reads without `MSG_PEEK`: what recovery costs, turned off. Bytes a
+//! client has read are then gone from the kernel, so a connection can be
+//! parked only between requests.
 
 #![deny(unsafe_code)]
 
+mod conn;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod sockinfo;
+mod table;
+mod watch;
 
-use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kintsugi_interfaces::net::{self, Error};
@@ -45,12 +61,20 @@ use kintsugi_runtime::{Caller, Incarnation, Runtime};
 use rustix::net::{RecvFlags, SendFlags, Shutdown};
 use serde::Deserialize;
 
+use conn::{Entry, Holder, Io, Kept, Slot, State};
+use table::Table;
+use watch::{Event, Watch};
+
 /// Vault key of the listening socket.
 const LISTENER: &str = "listen";
 /// Vault key prefix of connections.
 const CONN: &str = "c/";
-/// How long `accept` waits on the listener between looks at handed-over connections.
+/// How long the leading `accept` thread waits on the watch before it looks
+/// at deaths and idle times again.
 const POLL: Duration = Duration::from_millis(20);
+/// How long a following `accept` thread sleeps between looks (it is woken
+/// when there is something for it).
+const FOLLOW: Duration = Duration::from_millis(100);
 /// The most a client may hold of a stream without having answered it: more
 /// than a socket's receive queue holds (`tcp_rmem`'s default maximum is
 /// 6 MiB), so no correct client reaches it.
@@ -77,104 +101,24 @@ fn backlog() -> i32 {
     1024
 }
 
-/// What the vault keeps with a connection's socket.
-#[derive(serde::Serialize, Deserialize, Clone, Copy)]
-struct Kept {
-    /// Client component and worker it was handed to.
-    client: u32,
-    worker: u32,
-    /// Where the client's stream offsets start (nonzero after a hand-over).
-    rb: u64,
-    tb: u64,
-}
-
-/// Stream positions, in absolute bytes of the TCP stream.
-#[derive(Default)]
-struct Io {
-    /// Bytes read out of the kernel's receive queue.
-    discarded: u64,
-    /// Bytes written into the kernel's send queue.
-    sent: u64,
-    /// Where the client's first unanswered request began (its last `recv`'s
-    /// `keep`), and `sent` then: where a successor resumes.
-    rx_mark: u64,
-    tx_mark: u64,
-    /// Where the current client's offsets start.
-    rb: u64,
-    tb: u64,
-}
-
-struct Entry {
-    fd: OwnedFd,
-    io: Mutex<Io>,
-    /// Set when the connection changes hands: the next call rebases.
-    rebase: AtomicBool,
-    /// Deaths of its client before it was handed over: a death counted
-    /// later orphans it, an earlier one told late does not, and a call
-    /// that began before the hand-over is refused.
-    deaths: AtomicU64,
-}
-
-impl Entry {
-    fn new(fd: OwnedFd, io: Io, deaths: u64) -> Arc<Self> {
-        Arc::new(Self {
-            fd,
-            io: Mutex::new(io),
-            rebase: AtomicBool::new(false),
-            deaths: AtomicU64::new(deaths),
-        })
-    }
-
-    /// The stream, unless a call that began when its client had died
-    /// `deaths` times finds it handed to a successor since.
-    fn io(&self, deaths: u64) -> Result<std::sync::MutexGuard<'_, Io>, Error> {
-        let io = self.io.lock().unwrap();
-        if self.deaths.load(Ordering::SeqCst) > deaths {
-            return Err(Error::Closed);
-        }
-        Ok(io)
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum State {
-    /// Its client knows it.
-    Delivered,
-    /// Its client died: for the next `accept` of the client's successor.
-    Orphaned,
-    /// Restored from the vault by this incarnation, not yet claimed.
-    Restored(Instant),
-}
-
-struct Slot {
-    entry: Arc<Entry>,
-    kept: Kept,
-    state: State,
-}
-
-#[derive(Default)]
-struct Table {
-    conns: HashMap<u64, Slot>,
-    /// Deaths seen per client, so an `accept` outlived by its caller hands nothing to it.
-    deaths: HashMap<u32, u64>,
-    /// The `last` each worker passed to `accept`, per (client, worker).
-    last: HashMap<(u32, u32), u64>,
-    /// Closed connections, drained until the peer closes (or `UNCLAIMED`
-    /// passes), so that late bytes do not make the kernel reset them and
-    /// drop the last response.
-    lingering: Vec<(Arc<Entry>, Instant)>,
-}
-
 struct Netd {
     rt: Arc<Runtime>,
     listener: OwnedFd,
     tracking: bool,
     table: Mutex<Table>,
+    /// Wakes `accept` threads waiting for a ready connection or the lead.
+    wake: Condvar,
+    watch: Watch,
 }
 
 fn io_error(e: rustix::io::Errno) -> Error {
-    tracing::debug!("socket: {e}");
-    Error::Closed
+    match e {
+        rustix::io::Errno::AGAIN => Error::Again,
+        e => {
+            tracing::debug!("socket: {e}");
+            Error::Closed
+        }
+    }
 }
 
 impl Netd {
@@ -211,72 +155,39 @@ impl Netd {
     /// A connection, and how many deaths of the caller's component netd knows of.
     fn entry(&self, caller: &Caller, id: u64) -> Result<(Arc<Entry>, u64), Error> {
         let t = self.table.lock().unwrap();
-        let deaths = t.deaths.get(&caller.component).copied().unwrap_or(0);
+        let deaths = t.deaths_of(caller.component);
         let entry = t.conns.get(&id).ok_or(Error::NotFound)?.entry.clone();
         Ok((entry, deaths))
     }
 
-    /// A connection already accepted that this worker should take, if any.
-    fn handed(&self, t: &mut Table, caller: &Caller, worker: u32, last: u64) -> Option<u64> {
-        let me = (caller.component, worker);
-        let orphan = t
-            .conns
-            .iter()
-            .filter(|(_, s)| s.kept.client == caller.component && s.state == State::Orphaned)
-            .map(|(id, _)| *id)
-            .min();
-        let deaths = t.deaths.get(&caller.component).copied().unwrap_or(0);
-        if let Some(id) = orphan {
-            let slot = t.conns.get_mut(&id).expect("present");
-            slot.entry.deaths.store(deaths, Ordering::SeqCst);
-            slot.state = State::Delivered;
-            slot.kept.worker = worker;
-            slot.entry.rebase.store(true, Ordering::SeqCst);
-            return Some(id);
+    /// Ends a connection netd no longer hands out: unread bytes at close
+    /// would make the kernel reset it (and drop the response still queued),
+    /// so they are read first, and only then does the vault forget it, so
+    /// that a crash in between never closes a socket with unread bytes.
+    fn finish(&self, id: u64, entry: Arc<Entry>) {
+        let _ = rustix::net::shutdown(&entry.fd, Shutdown::Write);
+        let done = drained(&entry.fd);
+        self.post(vec![VaultOp::Delete { key: conn_key(id) }], None);
+        if !done {
+            let mut t = self.table.lock().unwrap();
+            t.lingering.push((entry, Instant::now()));
         }
-        let unreported = t
-            .conns
-            .iter()
-            .filter(|(id, s)| {
-                matches!(s.state, State::Restored(_))
-                    && (s.kept.client, s.kept.worker) == me
-                    && **id > last
-            })
-            .map(|(id, _)| *id)
-            .min()?;
-        let slot = t.conns.get_mut(&unreported).expect("present");
-        slot.state = State::Delivered;
-        slot.entry.deaths.store(deaths, Ordering::SeqCst);
-        Some(unreported)
     }
 
-    /// Closes connections restored from the vault that nobody claimed: their
-    /// `close` died with the previous incarnation.
+    /// Closes connections restored from the vault that nobody claimed (their
+    /// `close` died with the previous incarnation), and forgets lingering
+    /// ones that drained.
     fn reap(&self) {
-        let mut t = self.table.lock().unwrap();
-        t.lingering
-            .retain(|(e, since)| since.elapsed() < UNCLAIMED && !drained(&e.fd));
-        let last = t.last.clone();
-        let dead: Vec<u64> = t
-            .conns
-            .iter()
-            .filter(|(id, s)| match s.state {
-                State::Restored(since) => {
-                    since.elapsed() > UNCLAIMED
-                        && last
-                            .get(&(s.kept.client, s.kept.worker))
-                            .is_some_and(|l| l >= id)
-                }
-                _ => false,
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for id in dead {
-            if let Some(slot) = t.conns.remove(&id) {
-                tracing::debug!(id, "closing a connection nobody claimed");
-                let _ = rustix::net::shutdown(&slot.entry.fd, Shutdown::Both);
-                self.post(vec![VaultOp::Delete { key: conn_key(id) }], None);
-            }
+        let dead = {
+            let mut t = self.table.lock().unwrap();
+            t.lingering
+                .retain(|(e, since)| since.elapsed() < UNCLAIMED && !drained(&e.fd));
+            t.unclaimed(UNCLAIMED)
+        };
+        for (id, slot) in dead {
+            tracing::debug!(id, "closing a connection nobody claimed");
+            let _ = rustix::net::shutdown(&slot.entry.fd, Shutdown::Both);
+            self.post(vec![VaultOp::Delete { key: conn_key(id) }], None);
         }
     }
 
@@ -298,6 +209,106 @@ impl Netd {
         };
         self.keep(id, kept, None);
     }
+
+    /// Reads the receive queue up to the client's `keep` (bytes of requests
+    /// it has answered) and marks where its unanswered request begins.
+    fn discard_to(&self, e: &Entry, io: &mut Io, seen: u64, keep: u64) -> Result<(), Error> {
+        let want = io.rb + keep;
+        if keep > seen || want < io.discarded {
+            return Err(Error::Invalid);
+        }
+        let mut scratch = [0u8; 4096];
+        while io.discarded < want {
+            let n = ((want - io.discarded) as usize).min(scratch.len());
+            match rustix::net::recv(&e.fd, &mut scratch[..n], RecvFlags::DONTWAIT) {
+                Ok((0, _)) => return Err(Error::Invalid),
+                Ok((n, _)) => io.discarded += n as u64,
+                Err(rustix::io::Errno::INTR) => {}
+                // Bytes the client saw are queued: it claims more than it saw.
+                Err(rustix::io::Errno::AGAIN) => return Err(Error::Invalid),
+                Err(err) => return Err(io_error(err)),
+            }
+        }
+        io.rx_mark = io.discarded;
+        io.tx_mark = io.sent;
+        Ok(())
+    }
+
+    /// The caller's worker leaves `accept` with a connection: if no other
+    /// thread waits on the watch, one of the followers takes over.
+    fn leave(&self, t: MutexGuard<'_, Table>) {
+        let lead = !t.leading;
+        drop(t);
+        if lead {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Waits on the watch as the leader, then sorts what woke it: watched
+    /// connections with new bytes become ready (and a follower is woken for
+    /// each), silent ones past their idle time are closed. True if a
+    /// connection waits on the listener.
+    fn lead(&self, mut t: MutexGuard<'_, Table>) -> (MutexGuard<'_, Table>, bool) {
+        t.leading = true;
+        drop(t);
+        let events = self.watch.wait(POLL);
+        let mut t = self.table.lock().unwrap();
+        t.leading = false;
+        let mut listener = false;
+        for event in events {
+            match event {
+                Event::Listener => listener = true,
+                Event::Conn { id, closed } => {
+                    if t.woken(id, closed, &self.watch) {
+                        self.wake.notify_one();
+                    }
+                }
+            }
+        }
+        let expired = t.expired(&self.watch);
+        if !expired.is_empty() {
+            drop(t);
+            for (id, slot) in expired {
+                tracing::debug!(id, "closing a parked connection: idle");
+                self.finish(id, slot.entry);
+            }
+            t = self.table.lock().unwrap();
+        }
+        (t, listener)
+    }
+
+    /// Accepts a connection for `worker` of `client`, recorded in the vault
+    /// before anyone hears of it; none if there was none. Called under the
+    /// table's lock, so the caller cannot be found dead meanwhile.
+    fn accept_new(&self, t: &mut Table, client: u32, worker: u32, deaths: u64) -> Option<u64> {
+        let fd = match rustix::net::accept_with(&self.listener, rustix::net::SocketFlags::CLOEXEC)
+        {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return None,
+            Err(e) => {
+                tracing::warn!("accept: {e}");
+                return None;
+            }
+        };
+        let id = self.next_id();
+        let kept = Kept {
+            holder: Holder::Worker { client, worker },
+            rb: 0,
+            tb: 0,
+        };
+        // Queued on the vault's socket before anyone hears of it.
+        self.keep(id, kept, Some(&fd));
+        let _ = rustix::net::sockopt::set_tcp_nodelay(&fd, true);
+        let entry = Entry::new(fd, Io::default(), deaths);
+        let state = State::Delivered;
+        t.conns.insert(id, Slot { entry, kept, state });
+        if let Ok(c) = self.rt.counter("accepted") {
+            c.add(1);
+        }
+        // Should the caller die before it hears of it, `client_died` finds
+        // it delivered and hands it to the successor.
+        Some(id)
+    }
 }
 
 /// Reads the front of the receive queue, leaving it there.
@@ -308,6 +319,19 @@ fn peek(fd: &OwnedFd, out: &mut [u8], flags: RecvFlags) -> Result<usize, Error> 
             Err(rustix::io::Errno::INTR) => {}
             Err(err) => return Err(io_error(err)),
         }
+    }
+}
+
+/// True once the peer has closed its side (or the socket failed).
+fn peer_closed(fd: &OwnedFd) -> bool {
+    let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::RDHUP)];
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match rustix::event::poll(&mut fds, Some(&zero)) {
+        Ok(_) => !fds[0].revents().is_empty(),
+        Err(_) => true,
     }
 }
 
@@ -328,83 +352,60 @@ fn conn_key(id: u64) -> String {
     format!("{CONN}{id:016x}")
 }
 
+/// Sets how long a blocking read of the socket waits, unless already set.
+fn set_wait(fd: &OwnedFd, io: &mut Io, wait_us: u32) -> Result<(), Error> {
+    if io.wait_us != wait_us {
+        let d = Duration::from_micros(u64::from(wait_us));
+        rustix::net::sockopt::set_socket_timeout(fd, rustix::net::sockopt::Timeout::Recv, Some(d))
+            .map_err(io_error)?;
+        io.wait_us = wait_us;
+    }
+    Ok(())
+}
+
 impl net::Server for Netd {
     fn acceptor(&self, _: &Caller, worker: u32) -> Result<u64, Error> {
         Ok(u64::from(worker))
     }
 
     fn accept(&self, caller: &Caller, a: u64, last: u64) -> Result<u64, Error> {
-        let worker = a as u32;
-        let deaths = {
-            let mut t = self.table.lock().unwrap();
-            t.last.insert((caller.component, worker), last);
-            if let Some(id) = self.handed(&mut t, caller, worker, last) {
-                return Ok(id);
-            }
-            t.deaths.get(&caller.component).copied().unwrap_or(0)
-        };
+        let (client, worker) = (caller.component, a as u32);
+        let mut t = self.table.lock().unwrap();
+        t.last.insert((client, worker), last);
+        let deaths = t.deaths_of(client);
         loop {
-            let mut fds = [rustix::event::PollFd::new(
-                &self.listener,
-                rustix::event::PollFlags::IN,
-            )];
-            let timeout = rustix::time::Timespec {
-                tv_sec: 0,
-                tv_nsec: POLL.as_nanos() as i64,
-            };
-            match rustix::event::poll(&mut fds, Some(&timeout)) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(io_error(e)),
-            }
-            let accepted =
-                match rustix::net::accept_with(&self.listener, rustix::net::SocketFlags::CLOEXEC) {
-                    Ok(fd) => Some(fd),
-                    Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => None,
-                    Err(e) => {
-                        tracing::warn!("accept: {e}");
-                        None
-                    }
-                };
-            let mut t = self.table.lock().unwrap();
-            let died = t.deaths.get(&caller.component).copied().unwrap_or(0) != deaths;
-            if let Some(fd) = accepted {
-                let id = self.next_id();
-                let kept = Kept {
-                    client: caller.component,
-                    worker,
-                    rb: 0,
-                    tb: 0,
-                };
-                // Queued on the vault's socket before anyone hears of it.
-                self.keep(id, kept, Some(&fd));
-                let _ = rustix::net::sockopt::set_tcp_nodelay(&fd, true);
-                let entry = Entry::new(fd, Io::default(), deaths);
-                // A caller that died meanwhile never hears of it: its successor will.
-                let state = if died {
-                    State::Orphaned
-                } else {
-                    State::Delivered
-                };
-                t.conns.insert(id, Slot { entry, kept, state });
-                if let Ok(c) = self.rt.counter("accepted") {
-                    c.add(1);
-                }
-                return if died { Err(Error::Closed) } else { Ok(id) };
-            }
-            if died {
+            if t.deaths_of(client) != deaths {
                 return Err(Error::Closed);
             }
-            if let Some(id) = self.handed(&mut t, caller, worker, last) {
+            if let Some(id) = t.unreported(client, worker, last) {
+                self.leave(t);
                 return Ok(id);
+            }
+            if let Some(id) = t.take_ready(client) {
+                let kept = t.deliver(id, client, worker);
+                self.leave(t);
+                self.keep(id, kept, None);
+                return Ok(id);
+            }
+            if t.leading {
+                t = self.wake.wait_timeout(t, FOLLOW).unwrap().0;
+                continue;
+            }
+            let listener;
+            (t, listener) = self.lead(t);
+            if listener && t.deaths_of(client) == deaths {
+                if let Some(id) = self.accept_new(&mut t, client, worker, deaths) {
+                    self.leave(t);
+                    return Ok(id);
+                }
             }
         }
     }
 
     fn adopt(&self, _: &Caller, id: u64) -> Result<u64, Error> {
         let mut t = self.table.lock().unwrap();
-        let slot = t.conns.get_mut(&id).ok_or(Error::NotFound)?;
-        if let State::Restored(_) = slot.state {
-            slot.state = State::Delivered;
+        if !t.claim(id, &self.watch) {
+            return Err(Error::NotFound);
         }
         Ok(id)
     }
@@ -416,11 +417,13 @@ impl net::Server for Netd {
         seen: u64,
         keep: u64,
         max: u32,
+        wait_us: u32,
         out: &mut [u8],
     ) -> Result<usize, Error> {
         let (e, deaths) = self.entry(caller, c)?;
         let mut io = e.io(deaths)?;
         self.rebase(c, &e, &mut io);
+        set_wait(&e.fd, &mut io, wait_us)?;
         let max = (max as usize).min(out.len());
         if !self.tracking {
             return loop {
@@ -431,22 +434,7 @@ impl net::Server for Netd {
                 }
             };
         }
-        let want = io.rb + keep;
-        if keep > seen || want < io.discarded {
-            return Err(Error::Invalid);
-        }
-        let mut scratch = [0u8; 4096];
-        while io.discarded < want {
-            let n = ((want - io.discarded) as usize).min(scratch.len());
-            match rustix::net::recv(&e.fd, &mut scratch[..n], RecvFlags::empty()) {
-                Ok((0, _)) => return Err(Error::Invalid),
-                Ok((n, _)) => io.discarded += n as u64,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(err) => return Err(io_error(err)),
-            }
-        }
-        io.rx_mark = io.discarded;
-        io.tx_mark = io.sent;
+        self.discard_to(&e, &mut io, seen, keep)?;
         // The client already has `skip` bytes of its unanswered request;
         // no more than a socket can queue (a faulty client must not make
         // netd allocate what it asks for).
@@ -458,9 +446,14 @@ impl net::Server for Netd {
             return peek(&e.fd, &mut out[..max], RecvFlags::empty());
         }
         let mut queued = vec![0u8; skip + max];
-        // Waits for a byte past `skip` (fewer: the stream ended), then takes what is there.
+        // Waits for a byte past `skip`, then takes what is there. Fewer:
+        // the stream ended, or the wait did.
         if peek(&e.fd, &mut queued[..skip + 1], RecvFlags::WAITALL)? <= skip {
-            return Ok(0);
+            return if peer_closed(&e.fd) {
+                Ok(0)
+            } else {
+                Err(Error::Again)
+            };
         }
         let n = peek(&e.fd, &mut queued, RecvFlags::DONTWAIT)?;
         out[..n - skip].copy_from_slice(&queued[skip..n]);
@@ -499,6 +492,45 @@ impl net::Server for Netd {
         Ok(())
     }
 
+    fn park(&self, caller: &Caller, c: u64, seen: u64, keep: u64, idle_ms: u32) -> Result<(), Error> {
+        let (e, deaths) = self.entry(caller, c)?;
+        let (kept, skip) = {
+            let mut io = e.io(deaths)?;
+            self.rebase(c, &e, &mut io);
+            if self.tracking {
+                self.discard_to(&e, &mut io, seen, keep)?;
+            } else if seen != keep {
+                // The bytes it saw are gone from the kernel.
+                return Err(Error::Invalid);
+            }
+            let skip = seen - keep;
+            if skip > MAX_UNANSWERED as u64 {
+                return Err(Error::Invalid);
+            }
+            // Its next holder starts at the unanswered request.
+            io.rb = io.rx_mark;
+            io.tb = io.sent;
+            let mut t = self.table.lock().unwrap();
+            let slot = t.conns.get_mut(&c).ok_or(Error::NotFound)?;
+            slot.kept = Kept {
+                holder: Holder::Parked {
+                    client: caller.component,
+                    idle_ms,
+                },
+                rb: io.rb,
+                tb: io.tb,
+            };
+            (slot.kept, skip)
+        };
+        self.keep(c, kept, None);
+        let mut t = self.table.lock().unwrap();
+        if t.watch_or_ready(c, skip, false, &self.watch) {
+            drop(t);
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
     fn close(&self, _: &Caller, c: u64) -> Result<(), Error> {
         let slot = self
             .table
@@ -507,43 +539,27 @@ impl net::Server for Netd {
             .conns
             .remove(&c)
             .ok_or(Error::NotFound)?;
-        // Unread bytes at close would make the kernel reset the connection
-        // (and drop the response still queued): read them first, and only
-        // then let the vault forget it, so that a crash in between never
-        // closes a socket with unread bytes.
-        let _ = rustix::net::shutdown(&slot.entry.fd, Shutdown::Write);
-        let done = drained(&slot.entry.fd);
-        self.post(vec![VaultOp::Delete { key: conn_key(c) }], None);
-        if !done {
-            let mut t = self.table.lock().unwrap();
-            t.lingering.push((slot.entry, Instant::now()));
-        }
+        self.finish(c, slot.entry);
         Ok(())
     }
 
     fn client_died(&self, client: u32) {
-        let mut t = self.table.lock().unwrap();
-        let deaths = {
-            let d = t.deaths.entry(client).or_default();
-            *d += 1;
-            *d
-        };
-        t.last.retain(|(c, _), _| *c != client);
-        for slot in t
-            .conns
-            .values_mut()
-            .filter(|s| s.kept.client == client && s.entry.deaths.load(Ordering::SeqCst) < deaths)
-        {
-            slot.state = State::Orphaned;
-        }
+        self.table
+            .lock()
+            .unwrap()
+            .client_died(client, &self.watch);
+        // Its threads waiting in `accept` return; orphans with bytes are ready.
+        self.wake.notify_all();
     }
 }
 
-/// The listener and connections the vault kept, or a new listener.
-fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table)> {
+/// The listener and connections the vault kept, or a new listener, and the
+/// watch (with the parked connections in it, or ready).
+fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table, Watch)> {
     let mut listener = None;
     let mut table = Table::default();
     let now = Instant::now();
+    let mut parked = Vec::new();
     for record in rt.vault().list()? {
         let Some(fd) = record.fd else { continue };
         if record.key == LISTENER {
@@ -562,9 +578,13 @@ fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table
                 tx_mark: o.written,
                 rb: kept.rb,
                 tb: kept.tb,
+                wait_us: 0,
             };
             let entry = Entry::new(fd, io, 0);
             let state = State::Restored(now);
+            if let Holder::Parked { .. } = kept.holder {
+                parked.push(id);
+            }
             table.conns.insert(id, Slot { entry, kept, state });
         }
     }
@@ -580,7 +600,13 @@ fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table
         }
     };
     rustix::fs::fcntl_setfl(&listener, rustix::fs::OFlags::NONBLOCK)?;
-    Ok((listener, table))
+    let watch = Watch::new(&listener)?;
+    // What their client saw is not known: any byte makes them ready, and
+    // the client parks them again if it is not enough.
+    for id in parked {
+        table.watch_or_ready(id, 0, false, &watch);
+    }
+    Ok((listener, table, watch))
 }
 
 fn main() {
@@ -589,7 +615,7 @@ fn main() {
         if rt.arena().is_none() {
             anyhow::bail!("netd needs an arena (arena_kib) for its connection ids");
         }
-        let (listener, table) = restore(rt, &config)?;
+        let (listener, table, watch) = restore(rt, &config)?;
         let port = rustix::net::getsockname(&listener)
             .ok()
             .and_then(|a| std::net::SocketAddr::try_from(a).ok())
@@ -602,6 +628,8 @@ fn main() {
             listener,
             tracking: config.tracking,
             table: Mutex::new(table),
+            wake: Condvar::new(),
+            watch,
         });
         let reaper = Arc::downgrade(&netd);
         std::thread::Builder::new()

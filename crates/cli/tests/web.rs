@@ -232,6 +232,120 @@ fn requests_that_never_finish_arriving_do_not_freeze_the_server() {
     assert!(leftovers(&tag).is_empty());
 }
 
+/// Raises this process's descriptor limit (inherited by the system it
+/// starts) to what the test needs, within the hard limit.
+fn descriptors(need: u64) {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current.is_some_and(|c| c < need) {
+        l.current = Some(l.maximum.map_or(need, |m| m.min(need * 2)));
+        setrlimit(Resource::Nofile, l).unwrap();
+    }
+    let now = getrlimit(Resource::Nofile).current;
+    assert!(
+        now.is_none_or(|c| c >= need),
+        "descriptor limit {now:?} < {need}"
+    );
+}
+
+/// Idle, slowloris and stalled connections, far more than httpd has
+/// workers and held open, do not keep a normal client from being answered
+/// within 1 s, before and across a crash of httpd; nor are they answered.
+#[test]
+fn idle_slow_and_stalled_clients_do_not_starve_a_normal_one() {
+    let _heavy = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
+    descriptors(4000);
+    let tag = unique_tag("web-hostile");
+    let dir = scratch("web-hostile");
+    let files = docroot(&dir.join("www"), 13);
+    let port = free_port();
+    // Long timeouts, so that none of them is ended during the test; one
+    // crash of httpd, after they are all connected.
+    let extra = [
+        "--set",
+        "httpd.idle_ms=60000",
+        "--kill",
+        "httpd",
+        "--kills",
+        "1",
+        "--kill-every",
+        "6000..6500",
+        "--signals",
+        "segv",
+    ]
+    .map(String::from);
+    let child = start(&tag, &dir.join("www"), port, &extra);
+    let connect = || {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_nonblocking(true).unwrap();
+        s
+    };
+    let started = Instant::now();
+    let idle: Vec<TcpStream> = (0..2000).map(|_| connect()).collect();
+    let mut stalled: Vec<TcpStream> = (0..16).map(|_| connect()).collect();
+    for (i, s) in stalled.iter_mut().enumerate() {
+        let partial: &[u8] = match i % 2 {
+            0 => b"GET / HTTP/1.1\r\nHost: x\r\n",
+            _ => b"POST / HTTP/1.1\r\nContent-Length: 1000000\r\n\r\nabc",
+        };
+        s.write_all(partial).unwrap();
+    }
+    let mut slow: Vec<TcpStream> = (0..200).map(|_| connect()).collect();
+    for s in &mut slow {
+        s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    }
+    eprintln!("2216 hostile connections open in {:?}", started.elapsed());
+    // Slowloris: a header line on each connection every 200 ms, for ever.
+    let done = Arc::new(AtomicBool::new(false));
+    let trickle = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !done.load(Ordering::SeqCst) {
+                for s in &mut slow {
+                    let _ = write!(s, "X-{n}: y\r\n");
+                }
+                n += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            slow
+        })
+    };
+    // The normal client: a request on a new connection and two on a
+    // kept-alive one, each answered within 1 s, until well past the crash.
+    let mut slowest = Duration::ZERO;
+    let mut served = 0;
+    while started.elapsed() < Duration::from_secs(11) {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        for (keep, (path, data)) in [(true, &files[3]), (true, &files[4]), (false, &files[0])] {
+            let t = Instant::now();
+            let r = request(&mut s, "GET", path, keep).unwrap();
+            let took = t.elapsed();
+            assert_eq!((r.status, &r.body), (200, data), "{path}");
+            assert!(took < Duration::from_secs(1), "{path} took {took:?}");
+            slowest = slowest.max(took);
+            served += 1;
+        }
+    }
+    done.store(true, Ordering::SeqCst);
+    let slow = trickle.join().unwrap();
+    // Still open, and unanswered.
+    for s in idle.iter().chain(&stalled).chain(&slow) {
+        let mut byte = [0u8; 1];
+        let got = (&*s).read(&mut byte);
+        assert!(
+            got.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+            "a hostile connection got {got:?}"
+        );
+    }
+    let log = stop(child);
+    eprintln!("{served} requests, the slowest answered in {slowest:?}");
+    assert_eq!(crashes(&log, "httpd").len(), 1, "{log}");
+    assert!(leftovers(&tag).is_empty());
+}
+
 #[test]
 fn http_behaviour() {
     let tag = unique_tag("web-http");

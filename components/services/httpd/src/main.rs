@@ -231,12 +231,7 @@ impl Httpd {
     }
 
     /// Responds to a whole request; its status.
-    fn answer(
-        &self,
-        worker: usize,
-        c: net::Conn,
-        req: &http::Request,
-    ) -> anyhow::Result<u16> {
+    fn answer(&self, worker: usize, c: net::Conn, req: &http::Request) -> anyhow::Result<u16> {
         let head_only = req.method == Method::Head;
         let keep_alive = req.keep_alive;
         let (status, ctype, body) = match req.method {

@@ -281,8 +281,7 @@ impl Netd {
     /// before anyone hears of it; none if there was none. Called under the
     /// table's lock, so the caller cannot be found dead meanwhile.
     fn accept_new(&self, t: &mut Table, client: u32, worker: u32, deaths: u64) -> Option<u64> {
-        let fd = match rustix::net::accept_with(&self.listener, rustix::net::SocketFlags::CLOEXEC)
-        {
+        let fd = match rustix::net::accept_with(&self.listener, rustix::net::SocketFlags::CLOEXEC) {
             Ok(fd) => fd,
             Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return None,
             Err(e) => {
@@ -324,7 +323,10 @@ fn peek(fd: &OwnedFd, out: &mut [u8], flags: RecvFlags) -> Result<usize, Error> 
 
 /// True once the peer has closed its side (or the socket failed).
 fn peer_closed(fd: &OwnedFd) -> bool {
-    let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::RDHUP)];
+    let mut fds = [rustix::event::PollFd::new(
+        fd,
+        rustix::event::PollFlags::RDHUP,
+    )];
     let zero = rustix::time::Timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -492,7 +494,14 @@ impl net::Server for Netd {
         Ok(())
     }
 
-    fn park(&self, caller: &Caller, c: u64, seen: u64, keep: u64, idle_ms: u32) -> Result<(), Error> {
+    fn park(
+        &self,
+        caller: &Caller,
+        c: u64,
+        seen: u64,
+        keep: u64,
+        idle_ms: u32,
+    ) -> Result<(), Error> {
         let (e, deaths) = self.entry(caller, c)?;
         let (kept, skip) = {
             let mut io = e.io(deaths)?;
@@ -544,10 +553,7 @@ impl net::Server for Netd {
     }
 
     fn client_died(&self, client: u32) {
-        self.table
-            .lock()
-            .unwrap()
-            .client_died(client, &self.watch);
+        self.table.lock().unwrap().client_died(client, &self.watch);
         // Its threads waiting in `accept` return; orphans with bytes are ready.
         self.wake.notify_all();
     }

@@ -96,7 +96,11 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    fn pair() -> (std::net::TcpListener, std::net::TcpStream, std::net::TcpStream) {
+    fn pair() -> (
+        std::net::TcpListener,
+        std::net::TcpStream,
+        std::net::TcpStream,
+    ) {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
@@ -111,17 +115,29 @@ mod tests {
         w.add(7, &server);
         // Registration reports the bytes already there, once.
         let first = w.wait(Duration::from_secs(5));
-        assert_eq!(first, vec![Event::Conn { id: 7, closed: false }]);
+        assert_eq!(
+            first,
+            vec![Event::Conn {
+                id: 7,
+                closed: false
+            }]
+        );
         assert!(w.wait(Duration::from_millis(50)).is_empty());
         client.write_all(b" /").unwrap();
         assert_eq!(
             w.wait(Duration::from_secs(5)),
-            vec![Event::Conn { id: 7, closed: false }]
+            vec![Event::Conn {
+                id: 7,
+                closed: false
+            }]
         );
         drop(client);
         assert_eq!(
             w.wait(Duration::from_secs(5)),
-            vec![Event::Conn { id: 7, closed: true }]
+            vec![Event::Conn {
+                id: 7,
+                closed: true
+            }]
         );
         w.remove(&server);
         let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();

@@ -44,9 +44,14 @@ pub struct WebArgs {
     /// Seconds between faults.
     #[arg(long, default_value_t = 10.0)]
     pub fault_every: f64,
-    /// Size of the file served, in bytes.
-    #[arg(long, default_value_t = 1024)]
-    pub file_bytes: usize,
+    /// Components the fault run kills, round robin (default: every one,
+    /// netd and httpd first).
+    #[arg(long, value_delimiter = ',')]
+    pub fault_into: Vec<String>,
+    /// Sizes of the files served, in bytes: one table per size (the fault
+    /// run serves the first).
+    #[arg(long, value_delimiter = ',', default_value = "1024")]
+    pub file_bytes: Vec<usize>,
     /// Where the SVG plot goes.
     #[arg(long, default_value = "web-bench.svg")]
     pub plot: PathBuf,
@@ -430,6 +435,8 @@ fn start_apache(dir: &Path, docroot: &Path, port: u16, stop: &Interrupt) -> anyh
 struct Row {
     server: String,
     tool: &'static str,
+    /// The size of the file served.
+    bytes: usize,
     runs: Vec<Measured>,
 }
 
@@ -481,6 +488,7 @@ pub fn web(args: WebArgs) -> anyhow::Result<bool> {
         "--repeats and --requests must be at least 1"
     );
     anyhow::ensure!(args.fault_every > 0.0, "--fault-every must be positive");
+    anyhow::ensure!(!args.file_bytes.is_empty(), "--file-bytes needs a size");
     if std::env::var_os("KINTSUGI_LOG").is_none() {
         // The components' logs would tear the progress bar.
         std::env::set_var("KINTSUGI_LOG", "warn");
@@ -493,24 +501,33 @@ pub fn web(args: WebArgs) -> anyhow::Result<bool> {
     std::fs::create_dir_all(&docroot)?;
     // nginx's and Apache's workers run as nobody: they must read the files.
     std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
-    let body: Vec<u8> = (0..args.file_bytes)
-        .map(|i| b"kintsugi web bench\n"[i % 19])
-        .collect();
-    std::fs::write(docroot.join("index.html"), &body)?;
+    // What `wait_ready` asks for.
+    std::fs::write(docroot.join("index.html"), b"kintsugi web bench\n")?;
+    for &bytes in &args.file_bytes {
+        let body: Vec<u8> = (0..bytes)
+            .map(|i| b"kintsugi web bench\n"[i % 19])
+            .collect();
+        std::fs::write(docroot.join(file_of(bytes)), &body)?;
+    }
     println!(
         "kintsugi bench web: ab -n {} -c {} x {} and wrk -c {} for {} s (keep-alive) against nginx, Apache and",
         args.requests, args.concurrency, args.repeats, args.concurrency, args.wrk_secs
     );
     println!(
-        "kintsugi's web server (tracking on and off), all serving a {}-byte index.html on 127.0.0.1; then kintsugi under",
+        "kintsugi's web server (tracking on and off), all serving files of {:?} bytes on 127.0.0.1; then kintsugi under",
         args.file_bytes
     );
+    let into = match args.fault_into.is_empty() {
+        true => "a different system component".to_string(),
+        false => args.fault_into.join(", "),
+    };
     println!(
-        "ab for {} s with a SIGKILL every {} s into a different system component.\n",
+        "ab for {} s with a SIGKILL every {} s into {into}.\n",
         args.fault_secs, args.fault_every
     );
     let wrk_runs = u64::from(args.wrk_secs > 0);
-    let steps = 4 * (u64::from(args.repeats) + wrk_runs) + 1;
+    let sizes = args.file_bytes.len() as u64;
+    let steps = 4 * sizes * (u64::from(args.repeats) + wrk_runs) + 1;
     let bar = ProgressBar::new(steps).with_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
             .expect("template")
@@ -518,28 +535,37 @@ pub fn web(args: WebArgs) -> anyhow::Result<bool> {
     );
     let mut rows: Vec<Row> = Vec::new();
     let mut series: Vec<Series> = Vec::new();
-    // Runs ab `repeats` times and wrk once against `port`.
+    // Runs ab `repeats` times and wrk once against `port`, per file size.
     let measure = |name: &str, port: u16, rows: &mut Vec<Row>| -> anyhow::Result<()> {
-        let mut runs = Vec::new();
-        for i in 0..args.repeats {
-            bar.set_message(format!("{name}: ab run {}/{}", i + 1, args.repeats));
-            runs.push(ab(&url_of(port), &args, None, &stop)?);
-            bar.inc(1);
-        }
-        rows.push(Row {
-            server: name.to_string(),
-            tool: "ab",
-            runs,
-        });
-        if args.wrk_secs > 0 {
-            bar.set_message(format!("{name}: wrk"));
-            let run = wrk(&url_of(port), &args, &stop)?;
+        for &bytes in &args.file_bytes {
+            let url = url_of(port, bytes);
+            let mut runs = Vec::new();
+            for i in 0..args.repeats {
+                bar.set_message(format!(
+                    "{name}, {bytes} B: ab run {}/{}",
+                    i + 1,
+                    args.repeats
+                ));
+                runs.push(ab(&url, &args, None, &stop)?);
+                bar.inc(1);
+            }
             rows.push(Row {
                 server: name.to_string(),
-                tool: "wrk",
-                runs: vec![run],
+                tool: "ab",
+                bytes,
+                runs,
             });
-            bar.inc(1);
+            if args.wrk_secs > 0 {
+                bar.set_message(format!("{name}, {bytes} B: wrk"));
+                let run = wrk(&url, &args, &stop)?;
+                rows.push(Row {
+                    server: name.to_string(),
+                    tool: "wrk",
+                    bytes,
+                    runs: vec![run],
+                });
+                bar.inc(1);
+            }
         }
         Ok(())
     };
@@ -586,7 +612,7 @@ pub fn web(args: WebArgs) -> anyhow::Result<bool> {
     rows.push(fault_row);
     series.push(fault_series);
     print_table(&rows, &args);
-    let ok = print_faults(&rows, &series, &reboots);
+    let ok = print_faults(&rows, &series, &reboots, &args.file_bytes);
     plot(&args.plot, &series, &rows)?;
     println!("\nplot: {}", args.plot.display());
     Ok(ok)
@@ -606,6 +632,15 @@ fn fault_run(
     // netd and httpd first, then the system services in start order.
     let mut victims: Vec<String> = k.roster.members().into_iter().map(|m| m.name).collect();
     victims.sort_by_key(|v| [v != "netd", v != "httpd"]);
+    if !args.fault_into.is_empty() {
+        if let Some(unknown) = args.fault_into.iter().find(|v| !victims.contains(v)) {
+            bail!(
+                "--fault-into {unknown}: the web system has {}",
+                victims.join(", ")
+            );
+        }
+        victims.clone_from(&args.fault_into);
+    }
     let done = AtomicBool::new(false);
     let injected: Mutex<Vec<(f64, String)>> = Mutex::new(Vec::new());
     let start = Instant::now();
@@ -635,7 +670,12 @@ fn fault_run(
             }
         });
         bar.set_message("kintsugi with faults");
-        let run = ab(&url_of(port), args, Some(args.fault_secs), stop);
+        let run = ab(
+            &url_of(port, args.file_bytes[0]),
+            args,
+            Some(args.fault_secs),
+            stop,
+        );
         done.store(true, Ordering::SeqCst);
         injector.join().expect("injector");
         run.map(|r| (r, sampler.join().expect("sampler")))
@@ -646,6 +686,7 @@ fn fault_run(
     let row = Row {
         server: "kintsugi, tracking on, faults".into(),
         tool: "ab -t",
+        bytes: args.file_bytes[0],
         runs: vec![run],
     };
     let series = Series {
@@ -656,21 +697,38 @@ fn fault_run(
     Ok((row, series, reboots))
 }
 
-fn url_of(port: u16) -> String {
-    format!("http://127.0.0.1:{port}/index.html")
+/// The file of `bytes` bytes in the docroot.
+fn file_of(bytes: usize) -> String {
+    format!("{bytes}.html")
 }
 
+fn url_of(port: u16, bytes: usize) -> String {
+    format!("http://127.0.0.1:{port}/{}", file_of(bytes))
+}
+
+/// The mean of the row of `server` and `tool` for files of `bytes`.
+fn mean_of(rows: &[Row], server: &str, tool: &str, bytes: usize) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.server == server && r.tool == tool && r.bytes == bytes)
+        .map(Row::mean)
+}
+
+/// One table per file size.
 fn print_table(rows: &[Row], args: &WebArgs) {
-    let base = |server: &str, tool: &str| {
-        rows.iter()
-            .find(|r| r.server == server && r.tool == tool)
-            .map(Row::mean)
-    };
+    for &bytes in &args.file_bytes {
+        println!("\nfiles of {bytes} bytes:\n");
+        let sized: Vec<&Row> = rows.iter().filter(|r| r.bytes == bytes).collect();
+        print_sized(rows, &sized, bytes, args);
+    }
+}
+
+fn print_sized(rows: &[Row], sized: &[&Row], bytes: usize, args: &WebArgs) {
+    let base = |server: &str, tool: &str| mean_of(rows, server, tool, bytes);
     println!(
         "| server | load | runs | req/s (mean ± sd) | vs nginx | vs Apache | failed requests |"
     );
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
-    for r in rows {
+    for r in sized {
         // The fault run is compared with the servers' ab figures.
         let tool = if r.tool == "wrk" { "wrk" } else { "ab" };
         let ratio = |b: Option<f64>| b.map_or("–".into(), |b| format!("{:.2}", r.mean() / b));
@@ -703,24 +761,22 @@ fn print_table(rows: &[Row], args: &WebArgs) {
 
 /// Tracking cost and the fault run's figures against the targets; false
 /// if a request failed under faults.
-fn print_faults(rows: &[Row], series: &[Series], reboots: &[String]) -> bool {
-    let mean = |server: &str, tool: &str| {
-        rows.iter()
-            .find(|r| r.server == server && r.tool == tool)
-            .map(Row::mean)
-    };
+fn print_faults(rows: &[Row], series: &[Series], reboots: &[String], sizes: &[usize]) -> bool {
     println!();
-    for tool in ["ab", "wrk"] {
-        if let (Some(on), Some(off)) = (
-            mean("kintsugi, tracking on", tool),
-            mean("kintsugi, tracking off", tool),
-        ) {
-            println!(
-                "tracking cost ({tool}): {:.1} % (target ≤ 5 %)",
-                (1.0 - on / off) * 100.0
-            );
+    for &bytes in sizes {
+        for tool in ["ab", "wrk"] {
+            if let (Some(on), Some(off)) = (
+                mean_of(rows, "kintsugi, tracking on", tool, bytes),
+                mean_of(rows, "kintsugi, tracking off", tool, bytes),
+            ) {
+                println!(
+                    "tracking cost ({tool}, {bytes} B): {:.1} % (target ≤ 5 %)",
+                    (1.0 - on / off) * 100.0
+                );
+            }
         }
     }
+    let mean = |server: &str, tool: &str| mean_of(rows, server, tool, sizes[0]);
     let faulted = series.last().expect("the fault run");
     let fault_row = rows.last().expect("the fault run");
     let names: Vec<String> = faulted
@@ -774,11 +830,9 @@ fn plot(path: &Path, series: &[Series], rows: &[Row]) -> anyhow::Result<()> {
             .iter()
             .flat_map(|s| s.points.last().map(|p| p.0))
             .fold(1.0, f64::max);
-        let level = |server: &str| {
-            rows.iter()
-                .find(|r| r.server == server && r.tool == "ab")
-                .map(Row::mean)
-        };
+        // The fault run serves the first size; so does its baseline.
+        let first = rows.last().map_or(0, |r| r.bytes);
+        let level = |server: &str| mean_of(rows, server, "ab", first);
         let y_max = series
             .iter()
             .flat_map(|s| s.points.iter().map(|p| p.1))

@@ -34,7 +34,7 @@ impl Rng {
     }
 }
 
-/// A document root of files from 0 bytes to 300 KB; returns (url path, contents).
+/// A document root of files from 0 bytes to 10 MiB; returns (url path, contents).
 fn docroot(dir: &Path, seed: u64) -> Vec<(String, Vec<u8>)> {
     let mut rng = Rng(seed | 1);
     let mut files = Vec::new();
@@ -46,6 +46,11 @@ fn docroot(dir: &Path, seed: u64) -> Vec<(String, Vec<u8>)> {
         ("page.html", 4000),
         ("sub/mid.bin", 70_000),
         ("sub/big.bin", 300_000),
+        ("sub/4k.bin", 4096),
+        ("sub/64k.bin", 65536),
+        ("sub/1m.bin", 1 << 20),
+        // Larger than mm's pool (8 MiB): never cached, read from ramfs each time.
+        ("sub/10m.bin", 10 << 20),
     ] {
         let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
         std::fs::write(dir.join(name), &data).unwrap();
@@ -591,6 +596,8 @@ fn bench_web_runs_briefly() {
             "2",
             "--wrk-secs",
             "1",
+            "--file-bytes",
+            "1024,65536",
         ])
         .args(["--fault-secs", "4", "--fault-every", "1", "--plot"])
         .arg(&plot)
@@ -608,6 +615,9 @@ fn bench_web_runs_briefly() {
         matches!(out.status.code(), Some(0 | 1)),
         "{stdout}\n{stderr}"
     );
+    for size in ["files of 1024 bytes", "files of 65536 bytes"] {
+        assert!(stdout.contains(size), "no table {size:?}:\n{stdout}");
+    }
     for row in [
         "| nginx | ab",
         "| nginx | wrk",

@@ -163,6 +163,12 @@ pub(crate) fn check(iface: &mut Interface) -> Result<(), Fail> {
                 format!("`{}`: a global descriptor is shared by its clients, so it cannot have per-client states; keep such state in the server", d.name),
             ));
         }
+        if d.reboot == Reboot::Keeps && d.namespace == Namespace::Global {
+            return Err(Fail::new(
+                d.span,
+                format!("`{}`: `reboot: keeps` is for local descriptors (the server stub rebuilds global ones from its creation records)", d.name),
+            ));
+        }
         if d.parent == Parent::Same && d.namespace == Namespace::Local {
             return Err(Fail::new(
                 d.span,

@@ -135,6 +135,17 @@ pub enum Close {
     Subtree,
 }
 
+/// What the server does with a descriptor's object when it reboots: loses
+/// it (`forgets`: the client stub rebuilds it by replaying its creation
+/// when it is next used, and just forgets it if it is being closed), or
+/// keeps it (`keeps`: in the state vault, say; a closing call is rebuilt
+/// and made too, since the new incarnation still has the object).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reboot {
+    Forgets,
+    Keeps,
+}
+
 /// What a descriptor's creation depends on: nothing, or a parent descriptor
 /// of the same type (passed to its `create` function as a `parent` argument).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +160,7 @@ pub struct Descriptor {
     pub span: Span,
     pub namespace: Namespace,
     pub close: Close,
+    pub reboot: Reboot,
     pub parent: Parent,
     /// State the client stub tracks per descriptor (all `u64`).
     pub fields: Vec<DescField>,
@@ -356,6 +368,9 @@ impl Interface {
                 "descriptor {} {{ namespace: {ns}; close: {close}; parent: {parent};",
                 d.name
             );
+            if d.reboot == Reboot::Keeps {
+                s.push_str(" reboot: keeps;");
+            }
             if !d.states.is_empty() {
                 let states: Vec<&str> = d.states.iter().map(|(n, _)| n.as_str()).collect();
                 let _ = write!(s, " states: {};", states.join(", "));

@@ -42,7 +42,8 @@ pub(crate) const FN_ANNOTATIONS: &[&str] = &[
     "transition",
 ];
 /// Properties a descriptor may declare.
-pub(crate) const DESC_PROPERTIES: &[&str] = &["namespace", "close", "parent", "field", "states"];
+pub(crate) const DESC_PROPERTIES: &[&str] =
+    &["namespace", "close", "parent", "reboot", "field", "states"];
 
 /// One value inside an annotation's parentheses.
 #[derive(Debug, Clone)]
@@ -242,6 +243,7 @@ impl Parser {
             span,
             namespace: Namespace::Local,
             close: Close::Own,
+            reboot: Reboot::Forgets,
             parent: Parent::None,
             fields: Vec::new(),
             states: Vec::new(),
@@ -325,6 +327,14 @@ impl Parser {
                         Close::Own
                     } else {
                         Close::Subtree
+                    };
+                }
+                "reboot" => {
+                    choice(&["forgets", "keeps"])?;
+                    d.reboot = if value.name == "forgets" {
+                        Reboot::Forgets
+                    } else {
+                        Reboot::Keeps
                     };
                 }
                 _ => {

@@ -179,7 +179,7 @@ fn empty_range() {
 fn unknown_descriptor_property() {
     expect(
         "descriptor D { namspace: local; }",
-        "t.kidl:3:16: unknown descriptor property `namspace`; expected one of namespace, close, parent, field, states",
+        "t.kidl:3:16: unknown descriptor property `namspace`; expected one of namespace, close, parent, reboot, field, states",
     );
 }
 
@@ -446,4 +446,20 @@ fn file_name_must_match_interface() {
         format!("{name}/wrong.kidl:2:11: interface `right` must be in a file named `right.kidl`")
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn reboot_takes_forgets_or_keeps() {
+    expect(
+        "descriptor D { reboot: sometimes; }",
+        "t.kidl:3:24: unknown reboot `sometimes`; expected forgets or keeps",
+    );
+}
+
+#[test]
+fn kept_global_descriptor() {
+    expect(
+        "descriptor D { namespace: global; reboot: keeps; }\nfn mk() -> D create;",
+        "t.kidl:3:12: `D`: `reboot: keeps` is for local descriptors (the server stub rebuilds global ones from its creation records)",
+    );
 }

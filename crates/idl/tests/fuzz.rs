@@ -24,6 +24,7 @@ const PIECES: &[&str] = &[
     "-",
     "create",
     "terminal",
+    "reboot: keeps;",
     "remember",
     "replay(0)",
     "range(0, 9)",

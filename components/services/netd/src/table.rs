@@ -161,7 +161,7 @@ impl Table {
             .conns
             .iter()
             .filter(|(_, s)| {
-                s.state == State::Delivered
+                matches!(s.state, State::Delivered | State::Restored(_))
                     && matches!(s.kept.holder, Holder::Worker { client: c, .. } if c == client)
                     && s.entry.deaths.load(Ordering::SeqCst) < deaths
             })

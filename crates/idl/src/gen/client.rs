@@ -327,6 +327,28 @@ impl Ctx<'_> {
                 o.line("let epoch = self.0.conn.epoch();");
                 "rt::Some(epoch)".to_string()
             }
+            (Role::Terminal, Some((a, d))) if self.kept(d) => {
+                // The new incarnation kept it: rebuilt, then closed there.
+                o.open(format!(
+                    "let {}_now = match self.0.current_{}({}) {{",
+                    a.name,
+                    snake(d),
+                    ident(&a.name)
+                ));
+                o.line("rt::Ok(now) => now,");
+                o.open("rt::Err(rt::CallError::Server(_)) => {");
+                o.line("// Not kept after all: it was closed before the reboot.");
+                o.line(format!(
+                    "self.0.{}s.remove({}.0);",
+                    snake(d),
+                    ident(&a.name)
+                ));
+                o.line("return rt::Ok(());");
+                o.close("}");
+                o.line("rt::Err(e) => return rt::Err(e),");
+                o.close("};");
+                format!("rt::Some({}_now.epoch)", a.name)
+            }
             (Role::Terminal, Some((a, d))) => {
                 let s = snake(d);
                 o.line(format!(

@@ -116,6 +116,13 @@ impl Ctx<'_> {
             .is_some_and(|d| d.namespace == Namespace::Global)
     }
 
+    /// The server keeps `desc`'s objects across its reboots (`reboot: keeps`).
+    fn kept(&self, desc: &str) -> bool {
+        self.iface
+            .descriptor(desc)
+            .is_some_and(|d| d.reboot == Reboot::Keeps)
+    }
+
     fn locals(&self) -> impl Iterator<Item = &Descriptor> {
         self.iface
             .descriptors

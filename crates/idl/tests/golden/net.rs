@@ -3,8 +3,17 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `net`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "net",
-    hash: 0x254614e266f9093b,
-    functions: &["acceptor", "accept", "adopt", "recv", "send", "shutdown", "close"],
+    hash: 0x215eae7c013730b8,
+    functions: &[
+        "acceptor",
+        "accept",
+        "adopt",
+        "recv",
+        "send",
+        "shutdown",
+        "park",
+        "close",
+    ],
 };
 pub const FN_ACCEPTOR: u32 = 0;
 pub const FN_ACCEPT: u32 = 1;
@@ -12,9 +21,11 @@ pub const FN_ADOPT: u32 = 2;
 pub const FN_RECV: u32 = 3;
 pub const FN_SEND: u32 = 4;
 pub const FN_SHUTDOWN: u32 = 5;
-pub const FN_CLOSE: u32 = 6;
+pub const FN_PARK: u32 = 6;
+pub const FN_CLOSE: u32 = 7;
 kintsugi_runtime::interface_errors!(
-    "net" { Closed = "closed", NotFound = "not found", Invalid = "invalid" }
+    "net" { Closed = "closed", NotFound = "not found", Invalid = "invalid", Again =
+    "again" }
 );
 /// A `Acceptor` descriptor, as a client holds it: a virtual id that stays valid
 /// across reboots of the server.
@@ -55,6 +66,7 @@ pub trait Server: rt::Send + rt::Sync + 'static {
     fn accept(&self, caller: &rt::Caller, a: u64, last: u64) -> rt::Result<u64, Error>;
     fn adopt(&self, caller: &rt::Caller, id_: u64) -> rt::Result<u64, Error>;
     /// Writes the result into `out` and returns its length.
+    #[allow(clippy::too_many_arguments)]
     fn recv(
         &self,
         caller: &rt::Caller,
@@ -62,6 +74,7 @@ pub trait Server: rt::Send + rt::Sync + 'static {
         seen: u64,
         keep: u64,
         max: u32,
+        wait_us: u32,
         out: &mut [u8],
     ) -> rt::Result<usize, Error>;
     fn send(
@@ -72,6 +85,14 @@ pub trait Server: rt::Send + rt::Sync + 'static {
         data: &[u8],
     ) -> rt::Result<u32, Error>;
     fn shutdown(&self, caller: &rt::Caller, c: u64) -> rt::Result<(), Error>;
+    fn park(
+        &self,
+        caller: &rt::Caller,
+        c: u64,
+        seen: u64,
+        keep: u64,
+        idle_ms: u32,
+    ) -> rt::Result<(), Error>;
     fn close(&self, caller: &rt::Caller, c: u64) -> rt::Result<(), Error>;
     /// Client component `client` died: release what it held.
     fn client_died(&self, client: u32) {
@@ -136,13 +157,26 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     let seen = r.u64().map_err(rt::malformed)?;
                     let keep = r.u64().map_err(rt::malformed)?;
                     let max = r.u32().map_err(rt::malformed)?;
+                    let wait_us = r.u32().map_err(rt::malformed)?;
                     r.finish().map_err(rt::malformed)?;
                     if !(1..=65536).contains(&max) {
                         return rt::Err(rt::out_of_range("max"));
                     }
+                    if !(1..=60000000).contains(&wait_us) {
+                        return rt::Err(rt::out_of_range("wait_us"));
+                    }
                     w.bytes_with(
                             usize::MAX,
-                            |out| S::recv(&self.server, caller, c, seen, keep, max, out),
+                            |out| S::recv(
+                                &self.server,
+                                caller,
+                                c,
+                                seen,
+                                keep,
+                                max,
+                                wait_us,
+                                out,
+                            ),
                         )
                         .map_err(rt::malformed)?
                         .map_err(rt::app_error)?;
@@ -165,6 +199,18 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     let c = r.u64().map_err(rt::malformed)?;
                     r.finish().map_err(rt::malformed)?;
                     S::shutdown(&self.server, caller, c).map_err(rt::app_error)
+                }
+                FN_PARK => {
+                    let c = r.u64().map_err(rt::malformed)?;
+                    let seen = r.u64().map_err(rt::malformed)?;
+                    let keep = r.u64().map_err(rt::malformed)?;
+                    let idle_ms = r.u32().map_err(rt::malformed)?;
+                    r.finish().map_err(rt::malformed)?;
+                    if !(1..=3600000).contains(&idle_ms) {
+                        return rt::Err(rt::out_of_range("idle_ms"));
+                    }
+                    S::park(&self.server, caller, c, seen, keep, idle_ms)
+                        .map_err(rt::app_error)
                 }
                 FN_CLOSE => {
                     let c = r.u64().map_err(rt::malformed)?;
@@ -290,6 +336,7 @@ impl Client {
         c: Conn,
         keep: u64,
         max: u32,
+        wait_us: u32,
     ) -> rt::Result<rt::Vec<u8>, rt::CallError<Error>> {
         rt::retry(|| {
             let c_now = self.0.current_conn(c)?;
@@ -302,7 +349,14 @@ impl Client {
                 .rx;
             match self
                 .0
-                .raw_recv(rt::Some(c_now.epoch), c_now.server_id, seen, keep, max)
+                .raw_recv(
+                    rt::Some(c_now.epoch),
+                    c_now.server_id,
+                    seen,
+                    keep,
+                    max,
+                    wait_us,
+                )
             {
                 rt::Ok(ret) => {
                     self.0
@@ -362,14 +416,52 @@ impl Client {
             }
         })
     }
+    /// Invokes `park`. Closes the descriptor.
+    pub fn park(
+        &self,
+        c: Conn,
+        keep: u64,
+        idle_ms: u32,
+    ) -> rt::Result<(), rt::CallError<Error>> {
+        rt::retry(|| {
+            let c_now = match self.0.current_conn(c) {
+                rt::Ok(now) => now,
+                rt::Err(rt::CallError::Server(_)) => {
+                    self.0.conns.remove(c.0);
+                    return rt::Ok(());
+                }
+                rt::Err(e) => return rt::Err(e),
+            };
+            let seen = self
+                .0
+                .conns
+                .get(c.0)
+                .ok_or(rt::CallError::BadDescriptor(c.0))?
+                .record
+                .rx;
+            match self
+                .0
+                .raw_park(rt::Some(c_now.epoch), c_now.server_id, seen, keep, idle_ms)
+            {
+                rt::Ok(()) => {
+                    self.0.conns.remove(c.0);
+                    rt::Ok(())
+                }
+                rt::Err(e) => rt::Err(e),
+            }
+        })
+    }
     /// Invokes `close`. Closes the descriptor.
     pub fn close(&self, c: Conn) -> rt::Result<(), rt::CallError<Error>> {
         rt::retry(|| {
-            let c_now = self.0.peek_conn(c)?;
-            if c_now.epoch != self.0.conn.epoch() {
-                self.0.conns.remove(c.0);
-                return rt::Ok(());
-            }
+            let c_now = match self.0.current_conn(c) {
+                rt::Ok(now) => now,
+                rt::Err(rt::CallError::Server(_)) => {
+                    self.0.conns.remove(c.0);
+                    return rt::Ok(());
+                }
+                rt::Err(e) => return rt::Err(e),
+            };
             match self.0.raw_close(rt::Some(c_now.epoch), c_now.server_id) {
                 rt::Ok(()) => {
                     self.0.conns.remove(c.0);
@@ -420,6 +512,7 @@ impl Inner {
         seen: u64,
         keep: u64,
         max: u32,
+        wait_us: u32,
     ) -> rt::Result<rt::Vec<u8>, rt::CallError<Error>> {
         self.conn
             .invoke(
@@ -430,6 +523,7 @@ impl Inner {
                     w.u64(seen)?;
                     w.u64(keep)?;
                     w.u32(max)?;
+                    w.u32(wait_us)?;
                     rt::Ok(())
                 },
                 |r| rt::Ok(r.bytes()?.to_vec()),
@@ -461,6 +555,28 @@ impl Inner {
         c: u64,
     ) -> rt::Result<(), rt::CallError<Error>> {
         self.conn.invoke(FN_SHUTDOWN, epoch, |w| w.u64(c), |_| rt::Ok(()))
+    }
+    fn raw_park(
+        &self,
+        epoch: rt::Option<u64>,
+        c: u64,
+        seen: u64,
+        keep: u64,
+        idle_ms: u32,
+    ) -> rt::Result<(), rt::CallError<Error>> {
+        self.conn
+            .invoke(
+                FN_PARK,
+                epoch,
+                |w| {
+                    w.u64(c)?;
+                    w.u64(seen)?;
+                    w.u64(keep)?;
+                    w.u32(idle_ms)?;
+                    rt::Ok(())
+                },
+                |_| rt::Ok(()),
+            )
     }
     fn raw_close(
         &self,

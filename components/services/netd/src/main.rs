@@ -56,7 +56,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kintsugi_interfaces::net::{self, Error};
-use kintsugi_runtime::vault::{Vault, VaultOp};
+use kintsugi_runtime::vault::{Prepared, Vault, VaultOp};
 use kintsugi_runtime::{Caller, Incarnation, Runtime};
 use rustix::net::{RecvFlags, SendFlags, Shutdown};
 use serde::Deserialize;
@@ -65,6 +65,10 @@ use conn::{Entry, Holder, Io, Kept, Slot, State};
 use table::Table;
 use watch::{Event, Watch};
 
+/// Offsets in netd's arena: the connection id counter, and the flag set
+/// while an accepted connection may not be in the vault yet.
+const ARENA_NEXT_ID: usize = 0;
+const ARENA_ACCEPTING: usize = 8;
 /// Vault key of the listening socket.
 const LISTENER: &str = "listen";
 /// Vault key prefix of connections.
@@ -137,19 +141,25 @@ impl Netd {
     }
 
     fn keep(&self, id: u64, kept: Kept, fd: Option<&OwnedFd>) {
-        let value = serde_json::to_value(kept).expect("serializes");
-        let op = VaultOp::Put {
-            key: conn_key(id),
-            value,
-            fd: fd.is_some(),
-        };
-        self.post(vec![op], fd);
+        self.post(vec![put(id, kept, fd.is_some())], fd);
     }
 
     /// A new connection id: ids grow across reboots (the counter is in the arena).
     fn next_id(&self) -> u64 {
         let arena = self.rt.arena().expect("checked at start");
-        arena.at::<AtomicU64>(0).fetch_add(1, Ordering::SeqCst) + 1
+        arena
+            .at::<AtomicU64>(ARENA_NEXT_ID)
+            .fetch_add(1, Ordering::SeqCst)
+            + 1
+    }
+
+    /// Set while a connection may be accepted and not yet be in the vault;
+    /// an incarnation that finds it set knows its predecessor died there.
+    fn accepting(&self, on: bool) {
+        let arena = self.rt.arena().expect("checked at start");
+        arena
+            .at::<AtomicU64>(ARENA_ACCEPTING)
+            .store(u64::from(on), Ordering::SeqCst);
     }
 
     /// A connection, and how many deaths of the caller's component netd knows of.
@@ -281,22 +291,34 @@ impl Netd {
     /// before anyone hears of it; none if there was none. Called under the
     /// table's lock, so the caller cannot be found dead meanwhile.
     fn accept_new(&self, t: &mut Table, client: u32, worker: u32, deaths: u64) -> Option<u64> {
-        let fd = match rustix::net::accept_with(&self.listener, rustix::net::SocketFlags::CLOEXEC) {
-            Ok(fd) => fd,
-            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return None,
-            Err(e) => {
-                tracing::warn!("accept: {e}");
-                return None;
-            }
-        };
+        // Its vault record is made first: between the kernel's accept and
+        // the post that puts the socket in the vault, a crash loses it (an
+        // id is wasted when there was nothing to accept).
         let id = self.next_id();
         let kept = Kept {
             holder: Holder::Worker { client, worker },
             rb: 0,
             tb: 0,
         };
+        let record = self
+            .tracking
+            .then(|| Prepared::new(vec![put(id, kept, true)]));
+        self.accepting(true);
+        let fd = match rustix::net::accept_with(&self.listener, rustix::net::SocketFlags::CLOEXEC) {
+            Ok(fd) => fd,
+            Err(e) => {
+                self.accepting(false);
+                if !matches!(e, rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) {
+                    tracing::warn!("accept: {e}");
+                }
+                return None;
+            }
+        };
         // Queued on the vault's socket before anyone hears of it.
-        self.keep(id, kept, Some(&fd));
+        if let Some(Err(e)) = record.map(|r| self.vault().post_prepared(&r?, &[fd.as_fd()])) {
+            tracing::warn!("vault: {e}");
+        }
+        self.accepting(false);
         let _ = rustix::net::sockopt::set_tcp_nodelay(&fd, true);
         let entry = Entry::new(fd, Io::default(), deaths);
         let state = State::Delivered;
@@ -352,6 +374,16 @@ fn drained(fd: &OwnedFd) -> bool {
 
 fn conn_key(id: u64) -> String {
     format!("{CONN}{id:016x}")
+}
+
+/// The vault operation that records connection `id`.
+fn put(id: u64, kept: Kept, fd: bool) -> VaultOp {
+    let value = serde_json::to_value(kept).expect("serializes");
+    VaultOp::Put {
+        key: conn_key(id),
+        value,
+        fd,
+    }
 }
 
 /// Sets how long a blocking read of the socket waits, unless already set.
@@ -628,6 +660,16 @@ fn main() {
             .map_or(0, |a| a.port());
         rt.counter("port")?.set(u64::from(port));
         rt.counter("restored")?.set(table.conns.len() as u64);
+        let arena = rt.arena().expect("checked above");
+        if arena
+            .at::<AtomicU64>(ARENA_ACCEPTING)
+            .swap(0, Ordering::SeqCst)
+            != 0
+        {
+            // Its connection was reset when the kernel closed its descriptors.
+            tracing::warn!("the previous incarnation died accepting a connection: it may be lost");
+            rt.counter("lost_in_accept")?.add(1);
+        }
         tracing::debug!(port, restored = table.conns.len(), "netd ready");
         let netd = Arc::new(Netd {
             rt: rt.clone(),

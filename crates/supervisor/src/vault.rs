@@ -30,33 +30,36 @@ impl VaultStore {
         let store = self.clone();
         std::thread::Builder::new()
             .name(format!("vault:{component}"))
-            .spawn(move || loop {
-                // Whatever a faulty incarnation sends (an empty record, a
-                // message cut short) costs that message only: the vault
-                // must outlive every incarnation of its component.
-                let (bytes, fds) = match fdpass::recv(&sock) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        tracing::warn!("vault socket of {component}: {e}");
-                        std::thread::sleep(std::time::Duration::from_millis(1));
+            .spawn(move || {
+                let mut buf = Vec::new();
+                loop {
+                    // Whatever a faulty incarnation sends (an empty record, a
+                    // message cut short) costs that message only: the vault
+                    // must outlive every incarnation of its component.
+                    let (bytes, fds) = match fdpass::recv_into(&sock, &mut buf) {
+                        Ok((n, fds)) => (&buf[..n], fds),
+                        Err(e) => {
+                            tracing::warn!("vault socket of {component}: {e}");
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                            continue;
+                        }
+                    };
+                    if bytes.is_empty() {
+                        if peer_closed(&sock) {
+                            return;
+                        }
+                        tracing::warn!("vault socket of {component}: an empty message, ignored");
                         continue;
                     }
-                };
-                if bytes.is_empty() {
-                    if peer_closed(&sock) {
-                        return;
-                    }
-                    tracing::warn!("vault socket of {component}: an empty message, ignored");
-                    continue;
+                    let Some((reply, out_fds)) = store.handle(&component, bytes, fds) else {
+                        continue; // a posted request: no reply
+                    };
+                    let reply = serde_json::to_vec(&reply).expect("vault reply serializes");
+                    let borrowed: Vec<BorrowedFd<'_>> = out_fds.iter().map(|f| f.as_fd()).collect();
+                    // A send can fail only if the component died meanwhile; its
+                    // successor ignores replies it did not ask for.
+                    let _ = fdpass::send(&sock, &reply, &borrowed);
                 }
-                let Some((reply, out_fds)) = store.handle(&component, &bytes, fds) else {
-                    continue; // a posted request: no reply
-                };
-                let reply = serde_json::to_vec(&reply).expect("vault reply serializes");
-                let borrowed: Vec<BorrowedFd<'_>> = out_fds.iter().map(|f| f.as_fd()).collect();
-                // A send can fail only if the component died meanwhile; its
-                // successor ignores replies it did not ask for.
-                let _ = fdpass::send(&sock, &reply, &borrowed);
             })
             .expect("spawn vault thread")
     }

@@ -40,13 +40,25 @@ pub fn send(sock: impl AsFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::R
 /// Receives one message; returns its bytes (empty at end of stream) and the
 /// descriptors attached to it.
 pub fn recv(sock: impl AsFd) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
-    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut buf = Vec::new();
+    let (n, fds) = recv_into(sock, &mut buf)?;
+    buf.truncate(n);
+    Ok((buf, fds))
+}
+
+/// [`recv`] into `buf`, which is grown to the largest message once and
+/// reused (a fresh zeroed 128 KiB per message cost the vault's thread 2 %
+/// of the web server's CPU time); returns the message's length.
+pub fn recv_into(sock: impl AsFd, buf: &mut Vec<u8>) -> std::io::Result<(usize, Vec<OwnedFd>)> {
+    if buf.len() < MAX_MESSAGE {
+        buf.resize(MAX_MESSAGE, 0);
+    }
     let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let msg = loop {
         match recvmsg(
             &sock,
-            &mut [IoSliceMut::new(&mut buf)],
+            &mut [IoSliceMut::new(buf)],
             &mut control,
             RecvFlags::CMSG_CLOEXEC,
         ) {
@@ -60,8 +72,7 @@ pub fn recv(sock: impl AsFd) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
             fds.extend(it);
         }
     }
-    buf.truncate(msg.bytes);
-    Ok((buf, fds))
+    Ok((msg.bytes, fds))
 }
 
 #[cfg(test)]

@@ -1,12 +1,13 @@
 //! httpd: an HTTP/1.1 server of static files, built of components.
 //!
 //! Every request crosses several of them: netd (accept, adopt, recv, send,
-//! close: the connection itself), ramfs (`stat`, and open/read/close when a
+//! and `finish` for the last bytes of a response that closes the
+//! connection: the connection itself), ramfs (`stat`, and open/read/close when a
 //! file is not cached), lock (the file cache is shared by the workers under
 //! a lock of the lock server), mm (cached files lie in pages granted by mm
 //! and mapped here), evt (the access log: a worker that queues the first
 //! line of a batch triggers an event the log writer waits on, which appends
-//! the batch to a log file in ramfs) and timer (a periodic timer drives the
+//! the batch to a log file in ramfs, at most every `log_every_ms`) and timer (a periodic timer drives the
 //! send timeout: a peer that does not take a response's bytes within
 //! `idle_ms` is disconnected). Each worker thread serves one connection at
 //! a time, and only while it has bytes: a worker waits at most `linger_us`
@@ -72,6 +73,10 @@ struct Config {
     /// The name of the access log's event in the event server.
     #[serde(default = "log_event")]
     log_event: u64,
+    /// The log writer appends at most this often: lines queued meanwhile
+    /// join the batch without waking it again.
+    #[serde(default = "log_every_ms")]
+    log_every_ms: u64,
 }
 
 fn workers() -> u32 {
@@ -88,6 +93,10 @@ fn linger_us() -> u64 {
 
 fn cache_lock() -> u64 {
     0x6874_7470
+}
+
+fn log_every_ms() -> u64 {
+    5
 }
 
 fn log_event() -> u64 {
@@ -129,6 +138,7 @@ struct Httpd {
     pages: Mapper<'static>,
     events: evt::Client,
     log_event: evt::Evt,
+    log_every: Duration,
     /// Access log lines not written yet.
     log: Mutex<Vec<u8>>,
     waiting: Vec<Waiting>,
@@ -163,6 +173,8 @@ impl Reading {
 /// What a worker does with a connection it stops serving.
 enum After {
     Close,
+    /// Nothing: its last response closed it.
+    Closed,
     /// Gives it back to netd until more bytes arrive; `partial`: since when
     /// the request not yet whole has been arriving.
     Park {
@@ -199,7 +211,7 @@ impl Httpd {
                     Parse::Fail(status) => {
                         let body = http::reason(status).as_bytes();
                         self.respond(worker, c, status, "text/plain", body, false, false)?;
-                        return Ok(After::Close);
+                        return Ok(After::Closed);
                     }
                 };
                 match more {
@@ -223,7 +235,7 @@ impl Httpd {
                 n.add(1);
             }
             if !req.keep_alive {
-                return Ok(After::Close);
+                return Ok(After::Closed);
             }
             r.since = Instant::now();
             r.held = r.since;
@@ -267,7 +279,8 @@ impl Httpd {
         }
     }
 
-    /// Sends a response: its head and, unless `head_only`, the body.
+    /// Sends a response: its head and, unless `head_only`, the body; with
+    /// its last bytes it closes the connection, unless `keep_alive`.
     #[allow(clippy::too_many_arguments)]
     fn respond(
         &self,
@@ -283,20 +296,32 @@ impl Httpd {
         let body = if head_only { &[][..] } else { body };
         let n = body.len().min(CHUNK - first.len());
         first.extend_from_slice(&body[..n]);
-        self.send(worker, c, &first)?;
-        for chunk in body[n..].chunks(CHUNK) {
-            self.send(worker, c, chunk)?;
+        let chunks = std::iter::once(&first[..]).chain(body[n..].chunks(CHUNK));
+        let last = 1 + body[n..].len().div_ceil(CHUNK);
+        for (i, chunk) in chunks.enumerate() {
+            let end = i + 1 == last && !keep_alive;
+            self.send(worker, c, chunk, end)?;
         }
         Ok(())
     }
 
-    /// Sends bytes, with the connection in `worker`'s waiting slot for the
-    /// reaper, which ends it if the peer does not take them within `idle`.
-    fn send(&self, worker: usize, c: net::Conn, data: &[u8]) -> Result<(), CallError<net::Error>> {
+    /// Sends bytes (the last ones, closing the connection, if `end`), with
+    /// the connection in `worker`'s waiting slot for the reaper, which ends
+    /// it if the peer does not take them within `idle`.
+    fn send(
+        &self,
+        worker: usize,
+        c: net::Conn,
+        data: &[u8],
+        end: bool,
+    ) -> Result<(), CallError<net::Error>> {
         *self.waiting[worker].lock().unwrap() = Some((c, Instant::now()));
-        let sent = self.net.send(c, data);
+        let sent = match end {
+            true => self.net.finish(c, data),
+            false => self.net.send(c, data).map(drop),
+        };
         *self.waiting[worker].lock().unwrap() = None;
-        sent.map(drop)
+        sent
     }
 
     /// The file `path` names (its ramfs path and contents), or none.
@@ -396,6 +421,9 @@ impl Httpd {
         self.fs.seek(f, size)?;
         loop {
             self.events.wait(self.log_event)?;
+            // Lets the batch grow: one wake-up (an evt trigger and wait,
+            // an fs write) per interval instead of per few requests.
+            std::thread::sleep(self.log_every);
             let batch = std::mem::take(&mut *self.log.lock().unwrap());
             if size + batch.len() as u64 > LOG_MAX {
                 self.fs.truncate(f, 0)?;
@@ -452,12 +480,14 @@ impl Httpd {
                 tracing::debug!("connection {id}: {e:#}");
                 After::Close
             });
-            if let After::Park { keep, partial } = after {
-                match self.park(id, c, keep, partial) {
+            match after {
+                After::Closed => continue,
+                After::Park { keep, partial } => match self.park(id, c, keep, partial) {
                     Ok(()) => continue,
                     // With netd's tracking off, only between requests.
                     Err(e) => tracing::debug!("park {id}: {e}"),
-                }
+                },
+                After::Close => {}
             }
             let _ = self.net.close(c);
         }
@@ -611,6 +641,7 @@ fn main() {
                 pages: Mapper::new(mm, pool),
                 events,
                 log_event,
+                log_every: Duration::from_millis(config.log_every_ms),
                 log: Mutex::new(Vec::new()),
                 waiting: (0..config.workers).map(|_| Mutex::new(None)).collect(),
                 partial: Mutex::new(HashMap::new()),

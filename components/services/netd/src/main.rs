@@ -584,6 +584,11 @@ impl net::Server for Netd {
         Ok(())
     }
 
+    fn finish(&self, caller: &Caller, c: u64, at: u64, data: &[u8]) -> Result<(), Error> {
+        self.send(caller, c, at, data)?;
+        self.close(caller, c)
+    }
+
     fn client_died(&self, client: u32) {
         self.table.lock().unwrap().client_died(client, &self.watch);
         // Its threads waiting in `accept` return; orphans with bytes are ready.

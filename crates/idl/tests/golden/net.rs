@@ -3,7 +3,7 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `net`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "net",
-    hash: 0x215eae7c013730b8,
+    hash: 0xf40fbae4414566b5,
     functions: &[
         "acceptor",
         "accept",
@@ -13,6 +13,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
         "shutdown",
         "park",
         "close",
+        "finish",
     ],
 };
 pub const FN_ACCEPTOR: u32 = 0;
@@ -23,6 +24,7 @@ pub const FN_SEND: u32 = 4;
 pub const FN_SHUTDOWN: u32 = 5;
 pub const FN_PARK: u32 = 6;
 pub const FN_CLOSE: u32 = 7;
+pub const FN_FINISH: u32 = 8;
 kintsugi_runtime::interface_errors!(
     "net" { Closed = "closed", NotFound = "not found", Invalid = "invalid", Again =
     "again" }
@@ -94,6 +96,13 @@ pub trait Server: rt::Send + rt::Sync + 'static {
         idle_ms: u32,
     ) -> rt::Result<(), Error>;
     fn close(&self, caller: &rt::Caller, c: u64) -> rt::Result<(), Error>;
+    fn finish(
+        &self,
+        caller: &rt::Caller,
+        c: u64,
+        at_: u64,
+        data: &[u8],
+    ) -> rt::Result<(), Error>;
     /// Client component `client` died: release what it held.
     fn client_died(&self, client: u32) {
         let _ = client;
@@ -216,6 +225,16 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     let c = r.u64().map_err(rt::malformed)?;
                     r.finish().map_err(rt::malformed)?;
                     S::close(&self.server, caller, c).map_err(rt::app_error)
+                }
+                FN_FINISH => {
+                    let c = r.u64().map_err(rt::malformed)?;
+                    let at_ = r.u64().map_err(rt::malformed)?;
+                    let data = r.bytes().map_err(rt::malformed)?;
+                    r.finish().map_err(rt::malformed)?;
+                    if data.len() > 65536 {
+                        return rt::Err(rt::out_of_range("data"));
+                    }
+                    S::finish(&self.server, caller, c, at_, data).map_err(rt::app_error)
                 }
                 _ => rt::Err(rt::Dispatched::Refused(rt::Refusal::UnknownFunction(func))),
             },
@@ -471,6 +490,33 @@ impl Client {
             }
         })
     }
+    /// Invokes `finish`. Closes the descriptor.
+    pub fn finish(&self, c: Conn, data: &[u8]) -> rt::Result<(), rt::CallError<Error>> {
+        rt::retry(|| {
+            let c_now = match self.0.current_conn(c) {
+                rt::Ok(now) => now,
+                rt::Err(rt::CallError::Server(_)) => {
+                    self.0.conns.remove(c.0);
+                    return rt::Ok(());
+                }
+                rt::Err(e) => return rt::Err(e),
+            };
+            let at_ = self
+                .0
+                .conns
+                .get(c.0)
+                .ok_or(rt::CallError::BadDescriptor(c.0))?
+                .record
+                .tx;
+            match self.0.raw_finish(rt::Some(c_now.epoch), c_now.server_id, at_, data) {
+                rt::Ok(()) => {
+                    self.0.conns.remove(c.0);
+                    rt::Ok(())
+                }
+                rt::Err(e) => rt::Err(e),
+            }
+        })
+    }
 }
 impl Inner {
     fn raw_acceptor(
@@ -584,6 +630,26 @@ impl Inner {
         c: u64,
     ) -> rt::Result<(), rt::CallError<Error>> {
         self.conn.invoke(FN_CLOSE, epoch, |w| w.u64(c), |_| rt::Ok(()))
+    }
+    fn raw_finish(
+        &self,
+        epoch: rt::Option<u64>,
+        c: u64,
+        at_: u64,
+        data: &[u8],
+    ) -> rt::Result<(), rt::CallError<Error>> {
+        self.conn
+            .invoke(
+                FN_FINISH,
+                epoch,
+                |w| {
+                    w.u64(c)?;
+                    w.u64(at_)?;
+                    w.bytes(data)?;
+                    rt::Ok(())
+                },
+                |_| rt::Ok(()),
+            )
     }
     /// Where `acceptor` lives now, without rebuilding it.
     fn peek_acceptor(

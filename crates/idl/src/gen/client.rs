@@ -330,22 +330,12 @@ impl Ctx<'_> {
             (Role::Terminal, Some((a, d))) if self.kept(d) => {
                 // The new incarnation kept it: rebuilt, then closed there.
                 o.open(format!(
-                    "let {}_now = match self.0.current_{}({}) {{",
+                    "let rt::Some({}_now) = self.0.kept_{}({})? else {{",
                     a.name,
                     snake(d),
                     ident(&a.name)
                 ));
-                o.line("rt::Ok(now) => now,");
-                o.open("rt::Err(rt::CallError::Server(_)) => {");
-                o.line("// Not kept after all: it was closed before the reboot.");
-                o.line(format!(
-                    "self.0.{}s.remove({}.0);",
-                    snake(d),
-                    ident(&a.name)
-                ));
                 o.line("return rt::Ok(());");
-                o.close("}");
-                o.line("rt::Err(e) => return rt::Err(e),");
                 o.close("};");
                 format!("rt::Some({}_now.epoch)", a.name)
             }

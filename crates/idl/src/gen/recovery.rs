@@ -59,6 +59,25 @@ impl Ctx<'_> {
         o.line("current.ok_or(rt::CallError::BadDescriptor(desc.0))");
         o.close("}");
         o.line("");
+        if d.reboot == Reboot::Keeps {
+            o.line(format!(
+                "/// [`Inner::current_{s}`], or none if the server refuses to rebuild it (it was closed before its reboot): then forgotten."
+            ));
+            o.open(format!(
+                "fn kept_{s}(&self, desc: {}) -> rt::Result<rt::Option<Current>, rt::CallError<Error>> {{",
+                d.name
+            ));
+            o.open(format!("match self.current_{s}(desc) {{"));
+            o.line("rt::Ok(now) => rt::Ok(rt::Some(now)),");
+            o.open("rt::Err(rt::CallError::Server(_)) => {");
+            o.line(format!("self.{s}s.remove(desc.0);"));
+            o.line("rt::Ok(rt::None)");
+            o.close("}");
+            o.line("rt::Err(e) => rt::Err(e),");
+            o.close("}");
+            o.close("}");
+            o.line("");
+        }
         o.line(format!(
             "/// Where `{s}` lives now, rebuilt first if the server rebooted since it was built."
         ));

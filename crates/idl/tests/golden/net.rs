@@ -443,13 +443,8 @@ impl Client {
         idle_ms: u32,
     ) -> rt::Result<(), rt::CallError<Error>> {
         rt::retry(|| {
-            let c_now = match self.0.current_conn(c) {
-                rt::Ok(now) => now,
-                rt::Err(rt::CallError::Server(_)) => {
-                    self.0.conns.remove(c.0);
-                    return rt::Ok(());
-                }
-                rt::Err(e) => return rt::Err(e),
+            let rt::Some(c_now) = self.0.kept_conn(c)? else {
+                return rt::Ok(());
             };
             let seen = self
                 .0
@@ -473,13 +468,8 @@ impl Client {
     /// Invokes `close`. Closes the descriptor.
     pub fn close(&self, c: Conn) -> rt::Result<(), rt::CallError<Error>> {
         rt::retry(|| {
-            let c_now = match self.0.current_conn(c) {
-                rt::Ok(now) => now,
-                rt::Err(rt::CallError::Server(_)) => {
-                    self.0.conns.remove(c.0);
-                    return rt::Ok(());
-                }
-                rt::Err(e) => return rt::Err(e),
+            let rt::Some(c_now) = self.0.kept_conn(c)? else {
+                return rt::Ok(());
             };
             match self.0.raw_close(rt::Some(c_now.epoch), c_now.server_id) {
                 rt::Ok(()) => {
@@ -493,13 +483,8 @@ impl Client {
     /// Invokes `finish`. Closes the descriptor.
     pub fn finish(&self, c: Conn, data: &[u8]) -> rt::Result<(), rt::CallError<Error>> {
         rt::retry(|| {
-            let c_now = match self.0.current_conn(c) {
-                rt::Ok(now) => now,
-                rt::Err(rt::CallError::Server(_)) => {
-                    self.0.conns.remove(c.0);
-                    return rt::Ok(());
-                }
-                rt::Err(e) => return rt::Err(e),
+            let rt::Some(c_now) = self.0.kept_conn(c)? else {
+                return rt::Ok(());
             };
             let at_ = self
                 .0
@@ -736,6 +721,20 @@ impl Inner {
                 },
             );
         current.ok_or(rt::CallError::BadDescriptor(desc.0))
+    }
+    /// [`Inner::current_conn`], or none if the server refuses to rebuild it (it was closed before its reboot): then forgotten.
+    fn kept_conn(
+        &self,
+        desc: Conn,
+    ) -> rt::Result<rt::Option<Current>, rt::CallError<Error>> {
+        match self.current_conn(desc) {
+            rt::Ok(now) => rt::Ok(rt::Some(now)),
+            rt::Err(rt::CallError::Server(_)) => {
+                self.conns.remove(desc.0);
+                rt::Ok(rt::None)
+            }
+            rt::Err(e) => rt::Err(e),
+        }
     }
     /// Where `conn` lives now, rebuilt first if the server rebooted since it was built.
     fn current_conn(&self, desc: Conn) -> rt::Result<Current, rt::CallError<Error>> {

@@ -561,6 +561,57 @@ fn no_request_fails_while_components_crash() {
     }
 }
 
+/// netd killed every 100–200 ms under many new connections: some kills
+/// land between the kernel's accept and the vault post, where only the
+/// keeper's shared descriptor table saves the connection.
+#[test]
+fn netd_killed_often_resets_no_connection() {
+    let _heavy = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
+    let seed = seed("web-netd-often");
+    let dir = scratch("web-netd-often");
+    let files = docroot(&dir.join("www"), seed);
+    // Small files only: many connections per second.
+    let small: Vec<_> = files.into_iter().filter(|(_, d)| d.len() <= 4096).collect();
+    let tag = unique_tag("web-netd-often");
+    let port = free_port();
+    let chaos = [
+        "--kill",
+        "netd",
+        "--kills",
+        "40",
+        "--kill-every",
+        "100..200",
+        "--signals",
+        "kill",
+    ]
+    .map(String::from);
+    let mut extra = chaos.to_vec();
+    extra.extend(["--seed".to_string(), seed.to_string()]);
+    let child = start(&tag, &dir.join("www"), port, &extra);
+    let (served, failures) = clients(port, &small, 8, Duration::from_millis(7000), seed);
+    let log = stop(child);
+    let crashes = crashes(&log, "netd").len();
+    let kept = log
+        .matches("took a connection accepted by a dead incarnation")
+        .count();
+    eprintln!(
+        "netd: {crashes} crashes, {kept} connections taken from a keeper, {served} requests verified, {} failed",
+        failures.len()
+    );
+    assert!(crashes >= 20, "netd crashed {crashes} times:\n{log}");
+    assert!(
+        failures.is_empty(),
+        "{} failed requests: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    assert!(served >= 500, "only {served} requests");
+    assert!(
+        leftovers(&tag).is_empty(),
+        "a keeper or component outlived the system"
+    );
+}
+
 fn installed(tool: &str) -> bool {
     std::process::Command::new("sh")
         .arg("-c")

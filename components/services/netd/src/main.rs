@@ -46,15 +46,19 @@
 
 mod conn;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
+mod keeper;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod sockinfo;
 mod table;
 mod watch;
 
+use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use kintsugi_interfaces::net::{self, Error};
 use kintsugi_runtime::vault::{Prepared, Vault, VaultOp};
 use kintsugi_runtime::{Caller, Incarnation, Runtime};
@@ -65,10 +69,14 @@ use conn::{Entry, Holder, Io, Kept, Slot, State};
 use table::Table;
 use watch::{Event, Watch};
 
-/// Offsets in netd's arena: the connection id counter, and the flag set
-/// while an accepted connection may not be in the vault yet.
+/// Offsets in netd's arena: the connection id counter; the flag set while
+/// an accepted connection may not be in the vault yet, and the client it
+/// is for; the keeper of the incarnation (`keeper.rs`: pid, start time).
 const ARENA_NEXT_ID: usize = 0;
 const ARENA_ACCEPTING: usize = 8;
+const ARENA_ACCEPT_CLIENT: usize = 16;
+const ARENA_KEEPER_PID: usize = 24;
+const ARENA_KEEPER_START: usize = 32;
 /// Vault key of the listening socket.
 const LISTENER: &str = "listen";
 /// Vault key prefix of connections.
@@ -153,13 +161,19 @@ impl Netd {
             + 1
     }
 
-    /// Set while a connection may be accepted and not yet be in the vault;
-    /// an incarnation that finds it set knows its predecessor died there.
-    fn accepting(&self, on: bool) {
+    /// Set while a connection for `client` may be accepted and not yet be
+    /// in the vault; an incarnation that finds it set takes the connection
+    /// from its predecessor's keeper.
+    fn accepting(&self, for_client: Option<u32>) {
         let arena = self.rt.arena().expect("checked at start");
+        if let Some(client) = for_client {
+            arena
+                .at::<AtomicU64>(ARENA_ACCEPT_CLIENT)
+                .store(u64::from(client), Ordering::SeqCst);
+        }
         arena
             .at::<AtomicU64>(ARENA_ACCEPTING)
-            .store(u64::from(on), Ordering::SeqCst);
+            .store(u64::from(for_client.is_some()), Ordering::SeqCst);
     }
 
     /// A connection, and how many deaths of the caller's component netd knows of.
@@ -303,11 +317,11 @@ impl Netd {
         let record = self
             .tracking
             .then(|| Prepared::new(vec![put(id, kept, true)]));
-        self.accepting(true);
+        self.accepting(Some(client));
         let fd = match rustix::net::accept_with(&self.listener, rustix::net::SocketFlags::CLOEXEC) {
             Ok(fd) => fd,
             Err(e) => {
-                self.accepting(false);
+                self.accepting(None);
                 if !matches!(e, rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) {
                     tracing::warn!("accept: {e}");
                 }
@@ -318,7 +332,7 @@ impl Netd {
         if let Some(Err(e)) = record.map(|r| self.vault().post_prepared(&r?, &[fd.as_fd()])) {
             tracing::warn!("vault: {e}");
         }
-        self.accepting(false);
+        self.accepting(None);
         let _ = rustix::net::sockopt::set_tcp_nodelay(&fd, true);
         let entry = Entry::new(fd, Io::default(), deaths);
         let state = State::Delivered;
@@ -596,6 +610,81 @@ impl net::Server for Netd {
     }
 }
 
+/// Takes over from the previous incarnation's keeper, and forks this one's.
+/// If the previous incarnation died between the kernel's accept and the
+/// vault post, the connection it accepted is in its keeper's descriptor
+/// table: it is taken from there and handed out as a parked connection of
+/// the client it was for. Counted in `kept_in_accept`.
+fn keep_descriptors(
+    rt: &Arc<Runtime>,
+    listener: &OwnedFd,
+    table: &mut Table,
+    watch: &Watch,
+    port: u16,
+) -> anyhow::Result<()> {
+    let arena = rt.arena().expect("checked at start");
+    let slot = |at: usize| arena.at::<AtomicU64>(at);
+    let died_accepting = slot(ARENA_ACCEPTING).swap(0, Ordering::SeqCst) != 0;
+    let previous = keeper::Keeper::unpack(
+        slot(ARENA_KEEPER_PID).load(Ordering::SeqCst),
+        slot(ARENA_KEEPER_START).load(Ordering::SeqCst),
+    );
+    match (previous, died_accepting) {
+        (Some(k), true) => {
+            let known: HashSet<u64> = std::iter::once(listener.as_fd())
+                .chain(table.conns.values().map(|s| s.entry.fd.as_fd()))
+                .filter_map(keeper::inode)
+                .collect();
+            let client = slot(ARENA_ACCEPT_CLIENT).load(Ordering::SeqCst) as u32;
+            for fd in keeper::take(k, &known, port) {
+                let id = slot(ARENA_NEXT_ID).fetch_add(1, Ordering::SeqCst) + 1;
+                tracing::warn!(
+                    id,
+                    "took a connection accepted by a dead incarnation from its keeper"
+                );
+                adopt_kept(rt, table, watch, id, fd, client);
+                rt.counter("kept_in_accept")?.add(1);
+            }
+        }
+        (Some(k), false) => keeper::retire(k),
+        (None, _) => {}
+    }
+    keeper::die_with_stop()?;
+    let supervisor = rustix::process::getppid().context("netd has no parent")?;
+    let (pid, start) = keeper::spawn(supervisor)?.pack();
+    slot(ARENA_KEEPER_START).store(start, Ordering::SeqCst);
+    slot(ARENA_KEEPER_PID).store(pid, Ordering::SeqCst);
+    Ok(())
+}
+
+/// A connection nobody has heard of, into the vault and the watch, for
+/// `client`'s next `accept`.
+fn adopt_kept(
+    rt: &Arc<Runtime>,
+    table: &mut Table,
+    watch: &Watch,
+    id: u64,
+    fd: OwnedFd,
+    client: u32,
+) {
+    let kept = Kept {
+        holder: Holder::Parked {
+            client,
+            idle_ms: table::ORPHAN_IDLE_MS,
+        },
+        rb: 0,
+        tb: 0,
+    };
+    if let Err(e) = rt.vault().post(vec![put(id, kept, true)], &[fd.as_fd()]) {
+        tracing::warn!("vault: {e}");
+    }
+    let _ = rustix::net::sockopt::set_tcp_nodelay(&fd, true);
+    let entry = Entry::new(fd, Io::default(), 0);
+    let state = State::Delivered;
+    table.conns.insert(id, Slot { entry, kept, state });
+    table.watch_or_ready(id, 0, false, watch);
+}
+
 /// The listener and connections the vault kept, or a new listener, and the
 /// watch (with the parked connections in it, or ready).
 fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table, Watch)> {
@@ -665,16 +754,8 @@ fn main() {
             .map_or(0, |a| a.port());
         rt.counter("port")?.set(u64::from(port));
         rt.counter("restored")?.set(table.conns.len() as u64);
-        let arena = rt.arena().expect("checked above");
-        if arena
-            .at::<AtomicU64>(ARENA_ACCEPTING)
-            .swap(0, Ordering::SeqCst)
-            != 0
-        {
-            // Its connection was reset when the kernel closed its descriptors.
-            tracing::warn!("the previous incarnation died accepting a connection: it may be lost");
-            rt.counter("lost_in_accept")?.add(1);
-        }
+        let mut table = table;
+        keep_descriptors(rt, &listener, &mut table, &watch, port)?;
         tracing::debug!(port, restored = table.conns.len(), "netd ready");
         let netd = Arc::new(Netd {
             rt: rt.clone(),

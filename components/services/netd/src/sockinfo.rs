@@ -48,6 +48,15 @@ fn queued(fd: BorrowedFd<'_>, request: libc::c_ulong) -> std::io::Result<u64> {
     Ok(n as u64)
 }
 
+/// `TCP_ESTABLISHED` and `TCP_CLOSE_WAIT`: open both ways, or closed by the
+/// peer only (this side has not shut down its writes).
+const OPEN_HERE: [u8; 2] = [1, 8];
+
+/// True if this side of the connection is still open.
+pub fn established_or_peer_closed(fd: BorrowedFd<'_>) -> bool {
+    tcp_info(fd).is_ok_and(|i| OPEN_HERE.contains(&i.tcpi_state))
+}
+
 /// The stream's offsets, read until two readings agree (data may arrive or
 /// be acknowledged between the calls).
 pub fn offsets(fd: BorrowedFd<'_>) -> std::io::Result<Offsets> {

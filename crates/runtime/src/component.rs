@@ -358,6 +358,7 @@ impl Boot {
         process::die_with_parent(supervisor)?;
         process::disable_core_dumps()?;
         process::default_fault_signals()?;
+        crate::futex::set_spin_policy(info.spin);
         // SAFETY: the supervisor passed these descriptors for this process
         // alone, and nothing else in it owns them.
         let control = unsafe { Region::from_raw_fd(info.control_fd)? };

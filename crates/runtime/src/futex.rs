@@ -63,6 +63,30 @@ pub fn set_spin_budget(budget: Duration) {
 const UNSET: u64 = u64::MAX;
 static SPIN_NS: AtomicU64 = AtomicU64::new(UNSET);
 
+/// When a waiter spins before it sleeps: set per system (`[system] spin`
+/// in its description, carried in the boot info).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Spin {
+    /// Always, up to the budget.
+    #[default]
+    Always,
+    /// Not while the machine is [`oversubscribed`].
+    UnlessOversubscribed,
+}
+
+static SPIN_POLICY: AtomicBool = AtomicBool::new(false);
+
+/// Sets this process's [`Spin`] policy (at boot).
+pub fn set_spin_policy(policy: Spin) {
+    SPIN_POLICY.store(policy == Spin::UnlessOversubscribed, Ordering::Relaxed);
+}
+
+/// Whether a waiter should skip its spin now.
+fn spin_pointless() -> bool {
+    SPIN_POLICY.load(Ordering::Relaxed) && oversubscribed()
+}
+
 /// How often [`oversubscribed`] looks at the run queues again.
 const LOAD_SAMPLE_NS: u64 = 2_000_000;
 
@@ -72,7 +96,7 @@ const LOAD_SAMPLE_NS: u64 = 2_000_000;
 /// threads it waits for: on the web system under `ab` (about 60 threads on
 /// 2 CPUs), spinning 50 µs per call halved throughput against not spinning
 /// at all, while a lone client and server on an idle machine gain 16x from
-/// it (docs/benchmarks.md).
+/// it (docs/benchmarks.md). Used under [`Spin::UnlessOversubscribed`].
 pub fn oversubscribed() -> bool {
     static SAMPLED_NS: AtomicU64 = AtomicU64::new(0);
     static OVER: AtomicBool = AtomicBool::new(false);
@@ -116,11 +140,12 @@ fn parse_runnable(loadavg: &[u8]) -> Option<usize> {
 /// Spins until `done(word value)` or the budget runs out; returns the last value
 /// seen and whether it satisfied `done`. After the first microsecond the spin
 /// yields the CPU between checks: on a machine with as few cores as these, the
-/// peer that must answer may be waiting for this very core. No spin at all
-/// while the machine is [`oversubscribed`].
+/// peer that must answer may be waiting for this very core. Under
+/// [`Spin::UnlessOversubscribed`], no spin at all while the machine is
+/// [`oversubscribed`].
 pub fn spin_until(word: &AtomicU32, budget: Duration, done: impl Fn(u32) -> bool) -> (u32, bool) {
     let v = word.load(Ordering::Acquire);
-    if done(v) || budget.is_zero() || oversubscribed() {
+    if done(v) || budget.is_zero() || spin_pointless() {
         return (v, done(v));
     }
     let start = Instant::now();

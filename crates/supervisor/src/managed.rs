@@ -206,7 +206,11 @@ fn raw_fd(region: Option<&Region>) -> Option<RawFd> {
 
 impl Wiring {
     /// What a new zygote of `spec` is told at exec, and the descriptors it inherits.
-    pub(crate) fn boot_info(&self, spec: &ComponentSpec, watchdog: bool) -> (BootInfo, Vec<RawFd>) {
+    pub(crate) fn boot_info(
+        &self,
+        spec: &ComponentSpec,
+        wide: SystemWide,
+    ) -> (BootInfo, Vec<RawFd>) {
         let provides = self
             .served
             .iter()
@@ -241,7 +245,8 @@ impl Wiring {
             realtime: spec.realtime,
             arena_fd: raw_fd(self.durable.arena.as_ref()),
             pool_fd: raw_fd(self.durable.pool.as_deref()),
-            watchdog,
+            watchdog: wide.watchdog,
+            spin: wide.spin,
         };
         let mut pass = vec![boot.control_fd, boot.zygote_fd, boot.vault_fd];
         pass.extend(boot.provides.iter().map(|p| p.fd));
@@ -250,6 +255,15 @@ impl Wiring {
         pass.extend(boot.uses.iter().filter_map(|u| u.pool_fd));
         (boot, pass)
     }
+}
+
+/// What every component of a system is told at boot.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SystemWide {
+    /// Whether components publish stretches for the watchdog.
+    pub watchdog: bool,
+    /// When their waiters spin before they sleep.
+    pub spin: kintsugi_runtime::futex::Spin,
 }
 
 /// A component's pristine image: the exec'd process that forks its

@@ -13,7 +13,10 @@ use kintsugi_runtime::abi::boot::ControlBlock;
 use kintsugi_runtime::abi::channel::Edge;
 use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::futex::timespec;
-use kintsugi_system::{ComponentSpec, RebootMode, System};
+use kintsugi_runtime::futex::Spin;
+use kintsugi_system::{ComponentSpec, RebootMode, SpinPolicy, System};
+
+use crate::managed::SystemWide;
 use rustix::event::epoll;
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 use rustix::process::Signal;
@@ -37,7 +40,13 @@ pub fn run(
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<Report, SupervisorError> {
     let mut sup = Supervisor::new(options, on_event)?;
-    sup.watchdog = system.watchdog.enabled;
+    sup.wide = SystemWide {
+        watchdog: system.watchdog.enabled,
+        spin: match system.spin {
+            SpinPolicy::Always => Spin::Always,
+            SpinPolicy::UnlessOversubscribed => Spin::UnlessOversubscribed,
+        },
+    };
     let result = sup.start(system).and_then(|()| {
         // Stopped (dropped) before the components are.
         let _monitor = match system.watchdog.enabled {
@@ -80,8 +89,8 @@ pub(crate) struct Supervisor<'a> {
     pub(crate) roster: Arc<Roster>,
     /// Woken by [`Roster::report_fault`].
     fault_pipe: OwnedFd,
-    /// Whether components are told to publish stretches for the watchdog.
-    pub(crate) watchdog: bool,
+    /// What every component is told at boot.
+    pub(crate) wide: SystemWide,
 }
 
 impl<'a> Supervisor<'a> {
@@ -126,7 +135,7 @@ impl<'a> Supervisor<'a> {
             started: Instant::now(),
             roster,
             fault_pipe,
-            watchdog: false,
+            wide: SystemWide::default(),
         })
     }
 
@@ -224,7 +233,7 @@ impl<'a> Supervisor<'a> {
             used,
             durable,
         };
-        let proc = zygote::exec(spec, &wiring, self.watchdog)?;
+        let proc = zygote::exec(spec, &wiring, self.wide)?;
         let idx = self.comps.len();
         self.roster.add(
             &spec.name,

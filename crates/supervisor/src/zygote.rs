@@ -12,7 +12,7 @@ use kintsugi_system::{ComponentSpec, RebootMode};
 use rustix::event::{poll, PollFd, PollFlags};
 
 use crate::events::Event;
-use crate::managed::{Incarnation, Wiring};
+use crate::managed::{Incarnation, SystemWide, Wiring};
 use crate::options::SupervisorError;
 use crate::process::{spawn_component, Proc};
 use crate::source::{listen, Source};
@@ -22,9 +22,9 @@ use crate::supervisor::Supervisor;
 pub(crate) fn exec(
     spec: &ComponentSpec,
     wiring: &Wiring,
-    watchdog: bool,
+    wide: SystemWide,
 ) -> Result<Proc, SupervisorError> {
-    let (boot, pass) = wiring.boot_info(spec, watchdog);
+    let (boot, pass) = wiring.boot_info(spec, wide);
     let json = serde_json::to_string(&boot).expect("boot info serializes");
     spawn_component(&spec.binary, &json, &pass, spec.priority).map_err(|source| {
         SupervisorError::Spawn {
@@ -133,7 +133,7 @@ impl Supervisor<'_> {
 
     /// Replaces the pristine image by exec'ing the binary again.
     pub(crate) fn respawn_zygote(&mut self, idx: usize) -> Result<(), SupervisorError> {
-        let watchdog = self.watchdog;
+        let wide = self.wide;
         let m = &mut self.comps[idx];
         let (parked, pending) = m.standby.abandon();
         if let Some(s) = parked {
@@ -148,7 +148,7 @@ impl Supervisor<'_> {
         if m.zygote.proc.try_reap().is_none() {
             m.zygote.proc.kill();
         }
-        let proc = exec(&m.spec, &m.wiring, watchdog)?;
+        let proc = exec(&m.spec, &m.wiring, wide)?;
         listen(&self.epoll, &proc.pidfd, Source::Exit(proc.pid))?;
         let pid = proc.pid;
         m.zygote.proc = proc;

@@ -123,6 +123,9 @@ pub struct System {
     pub components: Vec<ComponentSpec>,
     /// Hang detection.
     pub watchdog: WatchdogSettings,
+    /// When the components' waiters spin before they sleep.
+    #[serde(default)]
+    pub spin: SpinPolicy,
     /// Where each component's `binary` value lies in the text, for errors of
     /// [`System::resolve_binaries`].
     #[serde(skip)]
@@ -170,6 +173,20 @@ impl fmt::Display for Use {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}@{}", self.interface, self.server)
     }
+}
+
+/// When a thread waiting for a call's reply (or a server slot waiting for a
+/// request) spins before it sleeps on its futex.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpinPolicy {
+    /// Up to the spin budget, always: fastest for a few components on
+    /// idle CPUs.
+    #[default]
+    Always,
+    /// Not while more threads are runnable than there are CPUs, when the
+    /// spin would only take CPU time from the thread waited for.
+    UnlessOversubscribed,
 }
 
 /// How a rebooted server's descriptors are rebuilt for its clients.

@@ -10,8 +10,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
-    ComponentSpec, ErrorKind, Location, RebootMode, RecoveryMode, RestartPolicy, System,
-    SystemError, Use, WatchdogSettings, DEFAULT_SLOTS, DURABLE_KIB_RANGE, MAX_WATCH_WINDOW,
+    ComponentSpec, ErrorKind, Location, RebootMode, RecoveryMode, RestartPolicy, SpinPolicy,
+    System, SystemError, Use, WatchdogSettings, DEFAULT_SLOTS, DURABLE_KIB_RANGE, MAX_WATCH_WINDOW,
     PRIORITY_RANGE, REALTIME_RANGE, SLOTS_RANGE,
 };
 
@@ -43,6 +43,8 @@ struct RawSystem {
     name: Spanned<String>,
     #[serde(default)]
     description: String,
+    #[serde(default)]
+    spin: SpinPolicy,
 }
 
 #[derive(Deserialize)]
@@ -334,6 +336,7 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<System, SystemError> {
 
     Ok(System {
         watchdog,
+        spin: raw.system.spin,
         name: raw.system.name.into_inner(),
         description: raw.system.description,
         path: path.to_path_buf(),

@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use kintsugi_system::{parse, ErrorKind, Location, RebootMode, RecoveryMode, RestartPolicy, Use};
+use kintsugi_system::{
+    parse, ErrorKind, Location, RebootMode, RecoveryMode, RestartPolicy, SpinPolicy, Use,
+};
 
 const DEMO: &str = include_str!("../../../systems/demo.toml");
 const BENCH: &str = include_str!("../../../systems/bench.toml");
@@ -239,7 +241,7 @@ fn unknown_key() {
     let (msg, _) = err("[system]\nname = \"t\"\nversion = 2\n");
     assert_eq!(
         msg,
-        "sys.toml:3:1: unknown field `version`, expected `name` or `description`"
+        "sys.toml:3:1: unknown field `version`, expected one of `name`, `description`, `spin`"
     );
 }
 
@@ -561,5 +563,23 @@ fn watchdog_errors_point_at_the_value() {
     assert!(
         msg.starts_with("sys.toml:5:1: unknown field `period`"),
         "{msg}"
+    );
+}
+
+#[test]
+fn spin_policy() {
+    let web = parse(
+        Path::new("systems/web.toml"),
+        include_str!("../../../systems/web.toml"),
+    )
+    .unwrap();
+    assert_eq!(web.spin, SpinPolicy::UnlessOversubscribed);
+    let demo = parse(Path::new("systems/demo.toml"), DEMO).unwrap();
+    assert_eq!(demo.spin, SpinPolicy::Always, "the default");
+    let (msg, kind) = err("[system]\nname = \"t\"\nspin = \"never\"\n");
+    assert_eq!(kind, ErrorKind::Syntax);
+    assert_eq!(
+        msg,
+        "sys.toml:3:8: unknown variant `never`, expected `always` or `unless-oversubscribed`"
     );
 }

@@ -54,6 +54,9 @@ pub struct BootInfo {
     /// and sections ([`crate::watchdog`]).
     #[serde(default)]
     pub watchdog: bool,
+    /// When waiters spin before they sleep.
+    #[serde(default)]
+    pub spin: crate::futex::Spin,
 }
 
 fn on_demand() -> String {

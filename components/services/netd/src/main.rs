@@ -4,7 +4,9 @@
 //! The state vault holds the listener and every accepted socket (posted
 //! without waiting, before `accept` returns), so a crash of netd loses no
 //! connection: the next incarnation takes them back from the vault and
-//! learns each stream's offsets from the kernel (`sockinfo`). Clients pass
+//! learns each stream's offsets from the kernel (`sockinfo`). A socket
+//! accepted but not yet posted survives in the keeper, a process sharing
+//! netd's descriptor table (`keeper`). Clients pass
 //! their stream offsets with every call, so a re-issued call neither loses
 //! nor repeats a byte:
 //!
@@ -258,8 +260,8 @@ impl Netd {
         Ok(())
     }
 
-    /// The caller's worker leaves `accept` with a connection: if no other
-    /// thread waits on the watch, one of the followers takes over.
+    /// A thread leaves `accept` (with a connection, or because its caller
+    /// died): if no other thread waits on the watch, a follower takes over.
     fn leave(&self, t: MutexGuard<'_, Table>) {
         let lead = !t.leading;
         drop(t);
@@ -423,6 +425,8 @@ impl net::Server for Netd {
         let deaths = t.deaths_of(client);
         loop {
             if t.deaths_of(client) != deaths {
+                // Its caller is gone: another thread takes over the lead.
+                self.leave(t);
                 return Err(Error::Closed);
             }
             if let Some(id) = t.unreported(client, worker, last) {

@@ -143,6 +143,8 @@ pub fn take(keeper: Keeper, known: &HashSet<u64>, port: u16) -> Vec<OwnedFd> {
         return Vec::new(); // gone, or its pid reused
     };
     let mut taken = Vec::new();
+    // A socket may be in the table under several numbers: taken once.
+    let mut known = known.clone();
     let dir = format!("/proc/{}/fd", keeper.pid.as_raw_nonzero());
     for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
         let Some(num) = entry
@@ -160,13 +162,14 @@ pub fn take(keeper: Keeper, known: &HashSet<u64>, port: u16) -> Vec<OwnedFd> {
             .and_then(|l| l.strip_prefix("socket:["))
             .and_then(|l| l.strip_suffix(']'))
             .and_then(|n| n.parse::<u64>().ok());
-        if ino.is_none_or(|i| known.contains(&i)) {
+        let Some(ino) = ino.filter(|i| !known.contains(i)) else {
             continue;
-        }
+        };
         let Ok(fd) = rustix::process::pidfd_getfd(&pidfd, num, PidfdGetfdFlags::empty()) else {
             continue;
         };
         if accepted_on(fd.as_fd(), port) {
+            known.insert(ino);
             taken.push(fd);
         }
     }
@@ -200,7 +203,9 @@ mod tests {
         let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let (server, _) = listener.accept().unwrap();
         let ino = inode(server.as_fd()).unwrap();
-        // The keeper shares the table: the socket is there under its number.
+        // The keeper shares the table: the socket is there under its number
+        // (and, once taken, under a second one, since the table is this
+        // test's own: taken once all the same).
         let raw = server.as_raw_fd();
         std::mem::forget(server);
         let taken = take(keeper, &HashSet::new(), port);

@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+mod load;
 mod recovery;
 mod watchdog;
 mod web;
@@ -91,6 +92,10 @@ enum Bench {
         /// Overhead runs each way.
         #[arg(long, default_value_t = 5)]
         rounds: u32,
+        /// Busy threads spinning during the coverage and false-positive
+        /// runs (0: none).
+        #[arg(long, default_value_t = 0)]
+        load: usize,
     },
     /// A high-priority client's first call after a fault while best-effort
     /// clients hold many descriptors, with eager and on-demand recovery.
@@ -152,7 +157,8 @@ fn run(b: Bench) -> anyhow::Result<bool> {
             fp_calls,
             overhead_calls,
             rounds,
-        } => watchdog::watchdog(hangs, fp_calls, overhead_calls, rounds),
+            load,
+        } => watchdog::watchdog(hangs, fp_calls, overhead_calls, rounds, load),
         Bench::Web(args) => web::web(args),
     }
 }

@@ -13,6 +13,8 @@ use kintsugi_supervisor::{Detection, Event, Options, Roster};
 use kintsugi_inject::hold_until_death;
 use kintsugi_supervisor::stats::Summary;
 
+use crate::load::Load;
+
 /// The system, with `[watchdog]` on or off and the given configs.
 fn system(
     watchdog: bool,
@@ -113,10 +115,16 @@ pub fn watchdog(
     fp_calls: u64,
     overhead_calls: u64,
     rounds: u32,
+    load: usize,
 ) -> anyhow::Result<bool> {
     println!("kintsugi bench watchdog: spinner under spin-workload (every result checked), [watchdog] defaults");
-    println!("but stuck_ms = 500. The machine is a noisy 2-core VM.\n");
+    println!("but stuck_ms = 500. The machine is a noisy 2-core VM.");
+    if load > 0 {
+        println!("Coverage and false positives are measured under load: {load} busy threads (nice 0) spin meanwhile.");
+    }
+    println!();
     let mut ok = true;
+    let hogs = (load > 0).then(|| Load::start(load));
 
     // Coverage and latency.
     println!("| hang injected | injected | detected | detected as | bound (median) | latency p50 | latency p90 | latency max | client errors / wrong results |");
@@ -192,6 +200,9 @@ pub fn watchdog(
         out.counter("mismatches")
     );
     ok &= out.detections.is_empty();
+    if let Some(figures) = hogs.map(Load::finish) {
+        println!("\nLoad during coverage and false positives: {figures}.");
+    }
 
     // Overhead.
     let workload = format!("ops = {overhead_calls}\nsmall_units = [1, 20]");

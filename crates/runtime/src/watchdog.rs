@@ -21,7 +21,7 @@
 //! worker is watched and sections cost one atomic load.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use rustix::time::{clock_gettime, ClockId};
@@ -145,10 +145,69 @@ pub struct ActiveEntry {
     pub pid: AtomicU32,
     /// The exit the code said it expects to leave by, plus one (0: none).
     pub expect: AtomicU32,
-    _pad: AtomicU32,
+    /// A seqlock over the other fields: odd while an instance that claimed
+    /// the entry writes them, even once it is complete, so that a reader
+    /// can tell a consistent copy ([`ActiveEntry::read`]) from one torn by a
+    /// thread that left and another that came in meanwhile.
+    pub instance: AtomicU32,
     /// The thread's CPU time at enter (ns, the same clock as
     /// `/proc/PID/task/TID/schedstat`).
     pub cpu_enter: AtomicU64,
+}
+
+/// A consistent copy of an [`ActiveEntry`] in progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActiveView {
+    pub instance: u32,
+    pub section: u32,
+    pub tid: u32,
+    pub expect: u32,
+    pub cpu_enter: u64,
+}
+
+impl ActiveEntry {
+    /// The instance in progress in this entry, if one of incarnation `pid`
+    /// is: all fields from that one instance, never the thread id of one
+    /// and the CPU time of another.
+    pub fn read(&self, pid: u32) -> Option<ActiveView> {
+        let instance = self.instance.load(Ordering::Acquire);
+        if instance & 1 == 1
+            || self.state.load(Ordering::Acquire) != ACTIVE_IN
+            || self.pid.load(Ordering::Relaxed) != pid
+        {
+            return None;
+        }
+        let view = ActiveView {
+            instance,
+            section: self.section.load(Ordering::Relaxed),
+            tid: self.tid.load(Ordering::Relaxed),
+            expect: self.expect.load(Ordering::Relaxed),
+            cpu_enter: self.cpu_enter.load(Ordering::Relaxed),
+        };
+        self.still(&view).then_some(view)
+    }
+
+    /// Whether the instance `view` was read from is still in progress (so
+    /// that what was measured of its thread meanwhile belongs to it).
+    pub fn still(&self, view: &ActiveView) -> bool {
+        fence(Ordering::Acquire);
+        self.instance.load(Ordering::Relaxed) == view.instance
+            && self.state.load(Ordering::Relaxed) == ACTIVE_IN
+    }
+
+    /// Fills the entry for a new instance (the caller claimed it).
+    fn fill(&self, view: ActiveView, pid: u32) {
+        self.instance.fetch_add(1, Ordering::Relaxed);
+        // The odd number is visible before any field of the new instance.
+        fence(Ordering::Release);
+        self.section.store(view.section, Ordering::Relaxed);
+        self.tid.store(view.tid, Ordering::Relaxed);
+        self.pid.store(pid, Ordering::Relaxed);
+        self.expect.store(view.expect, Ordering::Relaxed);
+        self.cpu_enter.store(view.cpu_enter, Ordering::Relaxed);
+        self.instance.fetch_add(1, Ordering::Release);
+        self.state.store(ACTIVE_IN, Ordering::Release);
+    }
 }
 
 pub const ACTIVE_FREE: u32 = 0;
@@ -311,13 +370,14 @@ impl Section {
             tracing::warn!("more than {ACTIVE} active sections: this one goes unwatched");
             return Entered { slot: None };
         };
-        let a = &table.active[slot];
-        a.section.store(id, Ordering::Relaxed);
-        a.tid.store(tid, Ordering::Relaxed);
-        a.pid.store(*pid, Ordering::Relaxed);
-        a.expect.store(expect, Ordering::Relaxed);
-        a.cpu_enter.store(thread_cpu_ns(), Ordering::Relaxed);
-        a.state.store(ACTIVE_IN, Ordering::Release);
+        let view = ActiveView {
+            instance: 0,
+            section: id,
+            tid,
+            expect,
+            cpu_enter: thread_cpu_ns(),
+        };
+        table.active[slot].fill(view, *pid);
         Entered {
             slot: Some((table, slot)),
         }
@@ -378,6 +438,60 @@ mod tests {
             h.record(5);
         }
         assert_eq!(h.window_max(64), (5, 61 + HISTORY as u64));
+    }
+
+    #[test]
+    fn an_active_entry_is_read_whole_or_not_at_all() {
+        // One thread fills and frees an entry as fast as it can, each
+        // instance with every field equal to its number; another reads it.
+        // A copy mixing two instances (the thread id of one, the CPU time
+        // of another) is what made the monitor see a section run for far
+        // longer than it did.
+        let region = Region::create("watch-test", std::mem::size_of::<WatchTable>()).unwrap();
+        let t: &'static WatchTable = Box::leak(Box::new(region)).at(0);
+        let a = &t.active[0];
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut k = 1u32;
+                while !stop.load(Ordering::Relaxed) {
+                    a.state.store(ACTIVE_FILLING, Ordering::Relaxed);
+                    let v = ActiveView {
+                        instance: 0,
+                        section: k,
+                        tid: k,
+                        expect: k,
+                        cpu_enter: u64::from(k),
+                    };
+                    a.fill(v, 7);
+                    // In for a varying while, so that reads overlap both
+                    // the instance and its end.
+                    for _ in 0..k % 64 {
+                        std::hint::spin_loop();
+                    }
+                    a.state.store(ACTIVE_FREE, Ordering::Release);
+                    k = k.wrapping_add(1);
+                }
+            })
+        };
+        let (mut whole, mut reads) = (0u64, 0u64);
+        let end = std::time::Instant::now() + std::time::Duration::from_millis(300);
+        while std::time::Instant::now() < end {
+            reads += 1;
+            if let Some(v) = a.read(7) {
+                whole += 1;
+                assert!(
+                    v.section == v.tid && v.expect == v.tid && v.cpu_enter == u64::from(v.tid),
+                    "a torn copy: {v:?}"
+                );
+                assert_eq!(v.instance & 1, 0, "{v:?}");
+            }
+            assert!(a.read(8).is_none(), "another incarnation's entry");
+        }
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
+        println!("{whole} whole copies in {reads} reads");
     }
 
     #[test]

@@ -20,9 +20,11 @@
 //!   checked section is judged by the section instead.
 //! - **Timestamp check**: a thread inside a stretch that neither runs nor
 //!   waits on a run queue for `stuck` (stopped, or waiting for ever where
-//!   no wait was declared) is hung. The run-queue wait is schedstat's second
-//!   field: a thread starved by load keeps it moving, so load alone never
-//!   looks like a hang.
+//!   no wait was declared) is hung. Progress is schedstat's CPU time or
+//!   run-queue wait (its second field) moving, or the thread being
+//!   runnable now (state `R`): the run-queue wait grows only when a queued
+//!   thread gets the CPU, so a thread starved by load for longer than a
+//!   period shows only in its state. Load alone never looks like a hang.
 //! - **Unserved requests**: a request that waits in a channel slot for
 //!   `stuck` while the slot's worker holds none (its `taken` count even and
 //!   unchanged) and neither runs nor waits to run was never taken: the
@@ -51,7 +53,7 @@ use std::time::{Duration, Instant};
 use kintsugi_runtime::abi::boot::ControlBlock;
 use kintsugi_runtime::abi::channel::{state as slot_state, Edge};
 use kintsugi_runtime::stub::InterfaceInfo;
-use kintsugi_runtime::watchdog::{WatchTable, ACTIVE_IN, EXITS, WORKERS};
+use kintsugi_runtime::watchdog::{WatchTable, EXITS, WORKERS};
 use kintsugi_system::WatchdogSettings;
 
 use crate::roster::{call_name, FaultReport, Roster};
@@ -360,6 +362,20 @@ fn sched_ns(stats: &mut HashMap<u32, File>, pid: u32, tid: u32) -> Option<(u64, 
     Some((cpu, waited))
 }
 
+/// Whether a thread is running or waits on a run queue (state `R` in
+/// `/proc/PID/task/TID/stat`). Schedstat's run-queue wait grows only when
+/// a queued thread gets the CPU, so a thread starved by load for longer
+/// than a sampling period looks, from schedstat alone, like one that
+/// sleeps: read only when schedstat has not moved.
+fn runnable(pid: u32, tid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/task/{tid}/stat")).is_ok_and(|stat| {
+        // `pid (comm) S …`: the state follows the last `)`; comm may hold
+        // anything, `)` included.
+        let after = stat.iter().rposition(|&b| b == b')').map_or(0, |i| i + 1);
+        stat[after..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'R')
+    })
+}
+
 fn thread_name(pid: u32, tid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
         .map(|s| s.trim().to_string())
@@ -373,20 +389,20 @@ fn check(s: &WatchdogSettings, t: &WatchTable, pid: u32, st: &mut CompState) -> 
     // Threads inside a checked section, which judges them instead of SHD.
     let mut in_section = Vec::new();
     for a in &t.active {
-        if a.state.load(Ordering::Acquire) != ACTIVE_IN || a.pid.load(Ordering::Relaxed) != pid {
+        let Some(view) = a.read(pid) else {
             continue;
-        }
-        let sec = &t.sections[a.section.load(Ordering::Relaxed) as usize % t.sections.len()];
+        };
+        let sec = &t.sections[view.section as usize % t.sections.len()];
         if sec.checked.load(Ordering::Acquire) == 0 {
             continue;
         }
-        let tid = a.tid.load(Ordering::Relaxed);
+        let tid = view.tid;
         in_section.push(tid);
         let Some((cpu, _)) = sched_ns(&mut st.stats, pid, tid) else {
             continue;
         };
-        let ran = cpu.saturating_sub(a.cpu_enter.load(Ordering::Relaxed));
-        let expect = a.expect.load(Ordering::Relaxed);
+        let ran = cpu.saturating_sub(view.cpu_enter);
+        let expect = view.expect;
         let exits: Vec<(u64, u64)> = match expect {
             0 => sec.exits.iter().map(|h| h.window_max(window)).collect(),
             e => vec![sec.exits[(e as usize - 1).min(EXITS - 1)].window_max(window)],
@@ -400,7 +416,7 @@ fn check(s: &WatchdogSettings, t: &WatchTable, pid: u32, st: &mut CompState) -> 
                 .max(Duration::from_nanos((largest as f64 * s.margin) as u64))
         };
         // Re-check that the instance is still the same before blaming it.
-        if Duration::from_nanos(ran) > bound && a.state.load(Ordering::Acquire) == ACTIVE_IN {
+        if Duration::from_nanos(ran) > bound && a.still(&view) {
             return Some(Detection {
                 kind: HangKind::Ahd,
                 tid,
@@ -441,7 +457,7 @@ fn check(s: &WatchdogSettings, t: &WatchTable, pid: u32, st: &mut CompState) -> 
             continue;
         }
         // A thread that waits on a run queue is starved by load, not hung.
-        if cpu != w.last_cpu || waited != w.last_waited {
+        if cpu != w.last_cpu || waited != w.last_waited || runnable(pid, tid) {
             w.last_cpu = cpu;
             w.last_waited = waited;
             w.moved_at = Some(now);
@@ -517,10 +533,14 @@ fn unserved(
         };
         let w = &mut st.workers[i];
         match w.unserved {
-            // The worker neither ran nor waited to run since: it sleeps
-            // somewhere other than on its slot. (A worker starved by load
-            // keeps its run-queue wait moving.)
-            Some(u) if u.taken == taken && u.cpu == cpu && u.waited == waited => {
+            // The worker neither ran nor waited to run since, and is not
+            // runnable now: it sleeps somewhere other than on its slot.
+            Some(u)
+                if u.taken == taken
+                    && u.cpu == cpu
+                    && u.waited == waited
+                    && !runnable(pid, tid) =>
+            {
                 let waited = now.duration_since(u.since);
                 if waited >= s.stuck {
                     let name = e.name.get().unwrap_or_default();

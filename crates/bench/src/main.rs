@@ -8,6 +8,7 @@
 
 mod load;
 mod recovery;
+mod tables;
 mod watchdog;
 mod web;
 
@@ -76,6 +77,19 @@ enum Bench {
         /// CPU hogs spinning while descriptors are rebuilt (default: one per core).
         #[arg(long)]
         hogs: Option<usize>,
+    },
+    /// The client stubs' descriptor tables alone, in process: tracking's
+    /// cost per call against the former `Mutex<HashMap>` tables.
+    Tables {
+        /// Descriptors in each table, used in turn.
+        #[arg(long, default_value_t = 100)]
+        descriptors: u64,
+        /// Timed blocks.
+        #[arg(long, default_value_t = 200)]
+        blocks: usize,
+        /// Calls per block.
+        #[arg(long, default_value_t = 50_000)]
+        per_block: u64,
     },
     /// Hang detection: coverage and latency for each kind of hang, false
     /// positives over varying fault-free work, overhead against no watchdog.
@@ -152,6 +166,11 @@ fn run(b: Bench) -> anyhow::Result<bool> {
             rounds,
             descriptors,
         } => recovery::interference(rounds, &descriptors),
+        Bench::Tables {
+            descriptors,
+            blocks,
+            per_block,
+        } => tables::tables(descriptors, blocks, per_block),
         Bench::Watchdog {
             hangs,
             fp_calls,

@@ -1,4 +1,4 @@
-//! `kintsugi bench recovery` and `kintsugi bench interference` at tiny
+//! `kintsugi bench recovery`, `tables` and `interference` at tiny
 //! sizes: each prints its whole table with sane numbers, and leaves no
 //! process behind. The figures themselves are not judged (see
 //! docs/benchmarks.md for them): a loaded test machine moves them by orders
@@ -56,7 +56,7 @@ fn bench_recovery_prints_every_service() {
         );
     }
     for r in table {
-        assert_eq!(r.len(), 12, "{r:?}");
+        assert_eq!(r.len(), 13, "{r:?}");
         // Micro-reboot: memory, execution, total; all positive, total the largest.
         let (memory, init, total) = (number(r[2]), number(r[3]), number(r[4]));
         assert!(
@@ -70,16 +70,45 @@ fn bench_recovery_prints_every_service() {
             number(r[5]).is_finite() && number(r[6]).is_finite(),
             "{r:?}"
         );
-        // Tracked, raw and null invocations took time; the overhead is their difference.
+        // Tracked, raw and null invocations took time; the overhead is their
+        // difference (each cell rounded on its own), and per invocation a
+        // share of the null invocation.
         let (tracked, raw, null) = (number(r[7]), number(r[8]), number(r[11]));
         assert!(tracked > 0.0 && raw > 0.0 && null > 0.0, "{r:?}");
-        assert_eq!(number(r[9]), (tracked - raw).round(), "{r:?}");
+        let overhead = number(r[9]);
+        assert!((overhead - (tracked - raw)).abs() <= 1.0, "{r:?}");
+        let invocations = r[1].split(" + ").count() as f64;
+        let share = overhead / invocations / null * 100.0;
+        assert!((number(r[12]) - share).abs() <= 1.0, "{r:?}");
     }
     for r in detail {
         assert_eq!(r.len(), 9, "{r:?}");
         assert!(number(r[1]) >= 1.0, "no round measured: {r:?}");
         assert!(r[2..8].iter().all(|c| number(c) > 0.0), "{r:?}");
         assert!(number(r[8]) >= 1.0, "{r:?}");
+    }
+}
+
+#[test]
+fn bench_tables_measures_each_table_against_its_baseline() {
+    let tag = unique_tag("bench-tables");
+    let stdout = run(
+        &tag,
+        &["bench", "tables", "--blocks", "5", "--per-block", "1000"],
+    );
+    let table = rows(&stdout, &["local (fs, timer, net)", "global fields (evt)"]);
+    assert_eq!(table.len(), 4, "{stdout}");
+    for pair in table.chunks(2) {
+        let (base, new) = (&pair[0], &pair[1]);
+        assert!(
+            base[1].contains("baseline") && base[6] == "1.00×",
+            "{base:?}"
+        );
+        assert_eq!(new[2], "5", "{new:?}");
+        let (p50, p99, max) = (number(new[3]), number(new[4]), number(new[5]));
+        assert!(p50 > 0.0 && p99 >= p50 && max >= p99, "{new:?}");
+        let ratio = number(new[6].trim_end_matches('×'));
+        assert!((ratio - p50 / number(base[3])).abs() < 0.02, "{new:?}");
     }
 }
 

@@ -48,6 +48,7 @@ mod scratch;
 pub mod server;
 #[doc(hidden)]
 pub mod stub;
+mod table;
 pub mod testing;
 #[doc(hidden)]
 pub mod upcall;
@@ -83,8 +84,8 @@ pub mod generated {
     pub use crate::records::{GlobalRecords, RecordStore};
     pub use crate::stub::{
         app_error, malformed, out_of_range, records_unavailable, retry, retry_idempotent, serve,
-        CallError, Caller, DescTable, Dispatched, Fault, FieldTable, InterfaceInfo, Refusal,
-        Service,
+        CallError, Caller, DescTable, Dispatched, Fault, FieldTable, InterfaceInfo, Location,
+        Refusal, Service,
     };
     pub use crate::upcall::Recover;
     pub use crate::wire::{Reader, WireError, Writer};

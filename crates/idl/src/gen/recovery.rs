@@ -52,11 +52,10 @@ impl Ctx<'_> {
             "fn peek_{s}(&self, desc: {}) -> rt::Result<Current, rt::CallError<Error>> {{",
             d.name
         ));
-        o.line("let mut current = rt::None;");
         o.line(format!(
-            "self.{s}s.update(desc.0, |t| current = rt::Some(Current {{ server_id: t.server_id, epoch: t.epoch }}));"
+            "let at = self.{s}s.locate(desc.0).ok_or(rt::CallError::BadDescriptor(desc.0))?;"
         ));
-        o.line("current.ok_or(rt::CallError::BadDescriptor(desc.0))");
+        o.line("rt::Ok(Current { server_id: at.server_id, epoch: at.epoch })");
         o.close("}");
         o.line("");
         if d.reboot == Reboot::Keeps {

@@ -357,18 +357,11 @@ impl Inner {
     }
     /// Where `obj` lives now, without rebuilding it.
     fn peek_obj(&self, desc: Obj) -> rt::Result<Current, rt::CallError<Error>> {
-        let mut current = rt::None;
-        self.objs
-            .update(
-                desc.0,
-                |t| {
-                    current = rt::Some(Current {
-                        server_id: t.server_id,
-                        epoch: t.epoch,
-                    });
-                },
-            );
-        current.ok_or(rt::CallError::BadDescriptor(desc.0))
+        let at = self.objs.locate(desc.0).ok_or(rt::CallError::BadDescriptor(desc.0))?;
+        rt::Ok(Current {
+            server_id: at.server_id,
+            epoch: at.epoch,
+        })
     }
     /// Where `obj` lives now, rebuilt first if the server rebooted since it was built.
     fn current_obj(&self, desc: Obj) -> rt::Result<Current, rt::CallError<Error>> {

@@ -837,18 +837,14 @@ impl Inner {
     }
     /// Where `cursor` lives now, without rebuilding it.
     fn peek_cursor(&self, desc: Cursor) -> rt::Result<Current, rt::CallError<Error>> {
-        let mut current = rt::None;
-        self.cursors
-            .update(
-                desc.0,
-                |t| {
-                    current = rt::Some(Current {
-                        server_id: t.server_id,
-                        epoch: t.epoch,
-                    });
-                },
-            );
-        current.ok_or(rt::CallError::BadDescriptor(desc.0))
+        let at = self
+            .cursors
+            .locate(desc.0)
+            .ok_or(rt::CallError::BadDescriptor(desc.0))?;
+        rt::Ok(Current {
+            server_id: at.server_id,
+            epoch: at.epoch,
+        })
     }
     /// Where `cursor` lives now, rebuilt first if the server rebooted since it was built.
     fn current_cursor(&self, desc: Cursor) -> rt::Result<Current, rt::CallError<Error>> {
@@ -932,18 +928,11 @@ impl Inner {
     }
     /// Where `lock` lives now, without rebuilding it.
     fn peek_lock(&self, desc: Lock) -> rt::Result<Current, rt::CallError<Error>> {
-        let mut current = rt::None;
-        self.locks
-            .update(
-                desc.0,
-                |t| {
-                    current = rt::Some(Current {
-                        server_id: t.server_id,
-                        epoch: t.epoch,
-                    });
-                },
-            );
-        current.ok_or(rt::CallError::BadDescriptor(desc.0))
+        let at = self.locks.locate(desc.0).ok_or(rt::CallError::BadDescriptor(desc.0))?;
+        rt::Ok(Current {
+            server_id: at.server_id,
+            epoch: at.epoch,
+        })
     }
     /// Where `lock` lives now, rebuilt first if the server rebooted since it was built.
     fn current_lock(&self, desc: Lock) -> rt::Result<Current, rt::CallError<Error>> {

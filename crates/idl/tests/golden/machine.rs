@@ -378,18 +378,11 @@ impl Inner {
     }
     /// Where `unit` lives now, without rebuilding it.
     fn peek_unit(&self, desc: Unit) -> rt::Result<Current, rt::CallError<Error>> {
-        let mut current = rt::None;
-        self.units
-            .update(
-                desc.0,
-                |t| {
-                    current = rt::Some(Current {
-                        server_id: t.server_id,
-                        epoch: t.epoch,
-                    });
-                },
-            );
-        current.ok_or(rt::CallError::BadDescriptor(desc.0))
+        let at = self.units.locate(desc.0).ok_or(rt::CallError::BadDescriptor(desc.0))?;
+        rt::Ok(Current {
+            server_id: at.server_id,
+            epoch: at.epoch,
+        })
     }
     /// Where `unit` lives now, rebuilt first if the server rebooted since it was built.
     fn current_unit(&self, desc: Unit) -> rt::Result<Current, rt::CallError<Error>> {

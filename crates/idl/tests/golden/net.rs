@@ -641,18 +641,14 @@ impl Inner {
         &self,
         desc: Acceptor,
     ) -> rt::Result<Current, rt::CallError<Error>> {
-        let mut current = rt::None;
-        self.acceptors
-            .update(
-                desc.0,
-                |t| {
-                    current = rt::Some(Current {
-                        server_id: t.server_id,
-                        epoch: t.epoch,
-                    });
-                },
-            );
-        current.ok_or(rt::CallError::BadDescriptor(desc.0))
+        let at = self
+            .acceptors
+            .locate(desc.0)
+            .ok_or(rt::CallError::BadDescriptor(desc.0))?;
+        rt::Ok(Current {
+            server_id: at.server_id,
+            epoch: at.epoch,
+        })
     }
     /// Where `acceptor` lives now, rebuilt first if the server rebooted since it was built.
     fn current_acceptor(
@@ -709,18 +705,11 @@ impl Inner {
     }
     /// Where `conn` lives now, without rebuilding it.
     fn peek_conn(&self, desc: Conn) -> rt::Result<Current, rt::CallError<Error>> {
-        let mut current = rt::None;
-        self.conns
-            .update(
-                desc.0,
-                |t| {
-                    current = rt::Some(Current {
-                        server_id: t.server_id,
-                        epoch: t.epoch,
-                    });
-                },
-            );
-        current.ok_or(rt::CallError::BadDescriptor(desc.0))
+        let at = self.conns.locate(desc.0).ok_or(rt::CallError::BadDescriptor(desc.0))?;
+        rt::Ok(Current {
+            server_id: at.server_id,
+            epoch: at.epoch,
+        })
     }
     /// [`Inner::current_conn`], or none if the server refuses to rebuild it (it was closed before its reboot): then forgotten.
     fn kept_conn(

@@ -351,18 +351,11 @@ impl Inner {
     }
     /// Where `timer` lives now, without rebuilding it.
     fn peek_timer(&self, desc: Timer) -> rt::Result<Current, rt::CallError<Error>> {
-        let mut current = rt::None;
-        self.timers
-            .update(
-                desc.0,
-                |t| {
-                    current = rt::Some(Current {
-                        server_id: t.server_id,
-                        epoch: t.epoch,
-                    });
-                },
-            );
-        current.ok_or(rt::CallError::BadDescriptor(desc.0))
+        let at = self.timers.locate(desc.0).ok_or(rt::CallError::BadDescriptor(desc.0))?;
+        rt::Ok(Current {
+            server_id: at.server_id,
+            epoch: at.epoch,
+        })
     }
     /// Where `timer` lives now, rebuilt first if the server rebooted since it was built.
     fn current_timer(&self, desc: Timer) -> rt::Result<Current, rt::CallError<Error>> {

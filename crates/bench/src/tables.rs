@@ -1,0 +1,155 @@
+//! The client stubs' descriptor tables alone, in process: what tracking
+//! costs per call before and after the invocation, without the noise of
+//! the invocation itself (C3's per-call tracking, issue 14's ≤ 10 % of a
+//! null invocation). The baseline, measured in the same run, is the
+//! table the stubs used before: a `Mutex<std HashMap>` looked up twice.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use kintsugi_runtime::generated::{DescTable, FieldTable};
+use kintsugi_supervisor::stats::Summary;
+
+/// A local descriptor's record, like fs's: a remembered path and a
+/// tracked offset.
+#[derive(Clone, Default)]
+struct FileRecord {
+    _path: String,
+    offset: u64,
+}
+
+/// A global descriptor's per-client field, like evt's `seen`.
+#[derive(Clone, Default)]
+struct Seen {
+    seen: u64,
+}
+
+/// Times `op` over `blocks` blocks of `per_block` calls: ns per call per block.
+fn time(blocks: usize, per_block: u64, mut op: impl FnMut(u64)) -> Summary {
+    let mut samples = Vec::with_capacity(blocks);
+    let mut k = 0u64;
+    for _ in 0..blocks {
+        let t = Instant::now();
+        for _ in 0..per_block {
+            op(k);
+            k += 1;
+        }
+        samples.push(t.elapsed().as_nanos() as f64 / per_block as f64);
+    }
+    Summary::of(&samples).expect("blocks > 0")
+}
+
+pub fn tables(descriptors: u64, blocks: usize, per_block: u64) -> anyhow::Result<bool> {
+    anyhow::ensure!(
+        descriptors > 0 && blocks > 0 && per_block > 0,
+        "sizes must be positive"
+    );
+    println!("kintsugi bench tables: one thread, {descriptors} descriptors used in turn; per call, what a");
+    println!(
+        "generated stub does around the invocation: look the descriptor up before it, record its"
+    );
+    println!("effect after it. {blocks} blocks of {per_block} calls; ns per call over blocks.\n");
+
+    // Local descriptors (fs, timer, net): where it lives, then the update.
+    let table = DescTable::<FileRecord>::default();
+    let ids: Vec<u32> = (0..descriptors)
+        .map(|i| {
+            table.insert(
+                i,
+                1,
+                FileRecord {
+                    _path: format!("/f{i}"),
+                    offset: 0,
+                },
+            )
+        })
+        .collect();
+    let local = time(blocks, per_block, |k| {
+        let id = ids[(k % descriptors) as usize];
+        let epoch = black_box(table.locate(id).expect("tracked").epoch);
+        table.update(id, |t| {
+            t.record.offset += 1;
+            if t.epoch != epoch {
+                t.epoch = 0;
+            }
+        });
+    });
+    let baseline: Mutex<HashMap<u32, (u64, u64, FileRecord)>> = Mutex::new(
+        ids.iter()
+            .map(|&id| (id, (u64::from(id), 1, FileRecord::default())))
+            .collect(),
+    );
+    let local_base = time(blocks, per_block, |k| {
+        let id = ids[(k % descriptors) as usize];
+        let epoch = black_box(baseline.lock().unwrap().get(&id).expect("tracked").1);
+        if let Some(t) = baseline.lock().unwrap().get_mut(&id) {
+            t.2.offset += 1;
+            if t.1 != epoch {
+                t.1 = 0;
+            }
+        }
+    });
+
+    // Global descriptors' fields (evt's `seen`): read, then store.
+    let fields = FieldTable::<Seen>::default();
+    let gids: Vec<u64> = (0..descriptors).map(|i| 0x5eed_0000 + i * 7919).collect();
+    let global = time(blocks, per_block, |k| {
+        let g = gids[(k % descriptors) as usize];
+        let seen = black_box(fields.get(g).seen);
+        fields.update(g, |f| f.seen = seen + 1);
+    });
+    let std_fields: Mutex<HashMap<u64, Seen>> = Mutex::new(HashMap::new());
+    let global_base = time(blocks, per_block, |k| {
+        let g = gids[(k % descriptors) as usize];
+        let seen = black_box(
+            std_fields
+                .lock()
+                .unwrap()
+                .get(&g)
+                .cloned()
+                .unwrap_or_default()
+                .seen,
+        );
+        std_fields.lock().unwrap().entry(g).or_default().seen = seen + 1;
+    });
+
+    println!("| descriptor kind | table | blocks | ns per call p50 | p99 | max | ratio to baseline (p50) |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    let row = |kind: &str, what: &str, s: &Summary, base: &Summary| {
+        println!(
+            "| {kind} | {what} | {} | {:.1} | {:.1} | {:.1} | {:.2}× |",
+            s.n,
+            s.p50,
+            s.p99,
+            s.max,
+            s.p50 / base.p50
+        );
+    };
+    row(
+        "local (fs, timer, net)",
+        "`Mutex<std HashMap>`, two lookups (baseline)",
+        &local_base,
+        &local_base,
+    );
+    row(
+        "local (fs, timer, net)",
+        "`DescTable`: seqlock read, slot lock",
+        &local,
+        &local_base,
+    );
+    row(
+        "global fields (evt)",
+        "`Mutex<std HashMap>` (baseline)",
+        &global_base,
+        &global_base,
+    );
+    row(
+        "global fields (evt)",
+        "`FieldTable`: `Mutex<hashbrown>`",
+        &global,
+        &global_base,
+    );
+    Ok(true)
+}

@@ -77,6 +77,10 @@ enum Bench {
         /// CPU hogs spinning while descriptors are rebuilt (default: one per core).
         #[arg(long)]
         hogs: Option<usize>,
+        /// Run the high-priority client thread at this `SCHED_FIFO`
+        /// priority (1-99, C3's fixed priorities) instead of nice -10.
+        #[arg(long, value_parser = clap::value_parser!(u8).range(1..=99))]
+        hp_fifo: Option<u8>,
     },
     /// The client stubs' descriptor tables alone, in process: tracking's
     /// cost per call against the former `Mutex<HashMap>` tables.
@@ -161,7 +165,8 @@ fn run(b: Bench) -> anyhow::Result<bool> {
             kills,
             descriptors,
             hogs,
-        } => recovery::recovery(kills, descriptors, hogs),
+            hp_fifo,
+        } => recovery::recovery(kills, descriptors, hogs, hp_fifo),
         Bench::Interference {
             rounds,
             descriptors,

@@ -105,7 +105,7 @@ struct ServiceRow {
     hp_steady_p50: Vec<f64>,
     be_timed: Vec<f64>,
     priorities: (f64, f64),
-    /// Medians of per-call times (ns).
+    /// Means of the fastest 90 % of per-call times (ns).
     tracked: f64,
     raw: f64,
     null: f64,
@@ -119,6 +119,7 @@ impl ServiceRow {
         kills: u32,
         descriptors: usize,
         hogs: usize,
+        hp_fifo: Option<u8>,
     ) -> anyhow::Result<Self> {
         let out = Scratch::new(&format!("table1-{service}"));
         let mut system = parse_system("systems/bench-table1.toml", TABLE1_SYSTEM)?;
@@ -129,6 +130,9 @@ impl ServiceRow {
         driver.set_config("descriptors", descriptors.into());
         driver.set_config("kills", kills.into());
         driver.set_config("hogs", hogs.into());
+        if let Some(fifo) = hp_fifo {
+            driver.set_config("hp_fifo", fifo.into());
+        }
         driver.set_config("out", out.value());
         // A round lasts up to about 200 ms after a reboot; the next kill
         // comes later, so that none lands in a round (which would spoil it)
@@ -188,7 +192,12 @@ impl ServiceRow {
     }
 }
 
-pub fn recovery(kills: u32, descriptors: usize, hogs: Option<usize>) -> anyhow::Result<bool> {
+pub fn recovery(
+    kills: u32,
+    descriptors: usize,
+    hogs: Option<usize>,
+    hp_fifo: Option<u8>,
+) -> anyhow::Result<bool> {
     anyhow::ensure!(
         kills > 0 && descriptors > 0,
         "--kills and --descriptors must be positive"
@@ -197,7 +206,7 @@ pub fn recovery(kills: u32, descriptors: usize, hogs: Option<usize>) -> anyhow::
     let rows = SERVICES
         .into_iter()
         .map(|(service, component)| {
-            ServiceRow::measure(service, component, kills, descriptors, hogs)
+            ServiceRow::measure(service, component, kills, descriptors, hogs, hp_fifo)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (hp_nice, be_nice) = rows[0].priorities;
@@ -206,7 +215,11 @@ pub fn recovery(kills: u32, descriptors: usize, hogs: Option<usize>) -> anyhow::
     println!(
         "re-initialization (waking the pristine warm standby) and execution re-initialization (the"
     );
-    println!("component's init). Per-descriptor recovery: after each reboot a high-priority thread (nice {hp_nice})");
+    let hp = match hp_fifo {
+        Some(p) => format!("SCHED_FIFO {p}"),
+        None => format!("nice {hp_nice}"),
+    };
+    println!("component's init). Per-descriptor recovery: after each reboot a high-priority thread ({hp})");
     println!("and a best-effort thread (nice {be_nice}), each holding {descriptors} descriptors through a stub of its own,");
     println!("call each of them twice, at once, while {hogs} CPU hogs (nice 0) spin; the first call rebuilds the");
     println!("descriptor, and the difference to the second is its recovery (per descriptor, median over rounds).");

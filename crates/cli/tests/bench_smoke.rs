@@ -143,14 +143,21 @@ fn bench_interference_runs_both_modes() {
         assert!(p50 > 0.0 && max >= p50 && reboot > 0.0, "{r:?}");
         if r[1] == "eager" {
             // Every held descriptor was rebuilt by upcall (and the
-            // high-priority client's own, unless its first call did it first).
+            // high-priority client's own, unless its first call did it
+            // first); unless eager recovery reached its bound (2 s, the
+            // runtime's EAGER_TIMEOUT): the best-effort clients run at nice
+            // 19, and beside CPU hogs they may not answer in time, which
+            // leaves the rest to on-demand recovery, as designed.
             let held: u64 = r[0].parse().unwrap();
-            let rebuilt: u64 = r[5]
-                .split_once('(')
-                .and_then(|(_, n)| n.strip_suffix(')'))
-                .and_then(|n| n.parse().ok())
+            let (elapsed, rebuilt) = r[5]
+                .split_once(" (")
+                .and_then(|(us, n)| Some((number(us), n.strip_suffix(')')?.parse::<u64>().ok()?)))
                 .unwrap_or_else(|| panic!("no eager recovery in {r:?}"));
-            assert!(rebuilt == held || rebuilt == held + 1, "{r:?}");
+            if elapsed < 2_000_000.0 {
+                assert!(rebuilt == held || rebuilt == held + 1, "{r:?}");
+            } else {
+                assert!(rebuilt <= held + 1, "{r:?}");
+            }
         } else {
             assert_eq!(r[5], "–", "{r:?}");
         }

@@ -9,12 +9,13 @@
 //! in the calling thread, parents before children.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use thiserror::Error;
 
 use crate::stub::{records_unavailable, Caller, Dispatched, Refusal};
-use crate::vault::{Vault, VaultOp};
+use crate::vault::{Vault, VaultOp, VaultRecord, LIST_PAGE};
 
 #[derive(Debug, Error)]
 #[error("creation records: {0}")]
@@ -28,6 +29,13 @@ pub trait RecordStore: Send + Sync {
     fn delete(&self, keys: &[String]) -> Result<(), RecordError>;
     /// Every record whose key starts with `prefix`.
     fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, RecordError>;
+    /// One page (at most [`LIST_PAGE`] records) of the records whose key
+    /// starts with `prefix` and comes after `after`, in key order.
+    fn page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+    ) -> Result<Vec<(String, Vec<u8>)>, RecordError>;
 }
 
 /// A store in this process's memory, for tests that reboot a server in
@@ -60,6 +68,18 @@ impl RecordStore for MemoryStore {
             .filter(|(k, _)| k.starts_with(prefix))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
+    }
+
+    fn page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+    ) -> Result<Vec<(String, Vec<u8>)>, RecordError> {
+        let mut all = self.list(prefix)?;
+        all.retain(|(k, _)| after.is_none_or(|a| k.as_str() > a));
+        all.sort();
+        all.truncate(LIST_PAGE);
+        Ok(all)
     }
 }
 
@@ -108,14 +128,30 @@ impl RecordStore for VaultRecords {
 
     fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, RecordError> {
         let full = format!("{VAULT_PREFIX}{prefix}");
-        self.0
-            .list()
-            .map_err(vault_error)?
-            .into_iter()
-            .filter(|r| r.key.starts_with(&full))
-            .map(|r| Ok((r.key[VAULT_PREFIX.len()..].to_string(), unhex(&r.value)?)))
-            .collect()
+        unprefixed(self.0.list_prefix(&full).map_err(vault_error)?)
     }
+
+    fn page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+    ) -> Result<Vec<(String, Vec<u8>)>, RecordError> {
+        let full = format!("{VAULT_PREFIX}{prefix}");
+        let after = after.map(|a| format!("{VAULT_PREFIX}{a}"));
+        let (page, _) = self
+            .0
+            .list_page(&full, after.as_deref())
+            .map_err(vault_error)?;
+        unprefixed(page)
+    }
+}
+
+/// Vault records as a [`RecordStore`] gives them: keys without `desc/`.
+fn unprefixed(records: Vec<VaultRecord>) -> Result<Vec<(String, Vec<u8>)>, RecordError> {
+    records
+        .into_iter()
+        .map(|r| Ok((r.key[VAULT_PREFIX.len()..].to_string(), unhex(&r.value)?)))
+        .collect()
 }
 
 fn unhex(v: &serde_json::Value) -> Result<Vec<u8>, RecordError> {
@@ -178,6 +214,12 @@ pub struct GlobalRecords {
     interface: &'static str,
     /// (descriptor type, id) built or rebuilt in this incarnation.
     known: RwLock<HashSet<(&'static str, u64)>>,
+    /// Records of earlier incarnations' descriptors read ahead, not yet
+    /// rebuilt (see [`GlobalRecords::fetch`]).
+    ahead: Mutex<HashMap<(&'static str, u64), CreationRecord>>,
+    /// Counts descriptors made known or closed, so that a page read while
+    /// one was is not kept (it may hold the record as it was before).
+    changes: AtomicU64,
     rebuild: Mutex<()>,
 }
 
@@ -187,6 +229,8 @@ impl GlobalRecords {
             store,
             interface,
             known: RwLock::new(HashSet::new()),
+            ahead: Mutex::new(HashMap::new()),
+            changes: AtomicU64::new(0),
             rebuild: Mutex::new(()),
         }
     }
@@ -201,6 +245,16 @@ impl GlobalRecords {
 
     fn mark_known(&self, kind: &'static str, id: u64) {
         self.known.write().unwrap().insert((kind, id));
+        self.forget_ahead(kind, id);
+    }
+
+    /// Drops a record read ahead: its descriptor was made known or closed.
+    fn forget_ahead(&self, kind: &'static str, id: u64) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        self.ahead
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(kind, id));
     }
 
     /// Held while descriptors are rebuilt, so that each is rebuilt once.
@@ -284,13 +338,52 @@ impl GlobalRecords {
         Ok(())
     }
 
-    pub fn fetch(&self, kind: &str, id: u64) -> Result<Option<CreationRecord>, RecordError> {
-        match self.store.get(&self.key(kind, id))? {
-            None => Ok(None),
-            Some(b) => CreationRecord::decode(&b)
-                .map(Some)
-                .ok_or_else(|| RecordError(format!("malformed record of {kind} {id:#x}"))),
+    /// The creation record of descriptor `id` of `kind`, if there is one.
+    ///
+    /// Rebuilding after a reboot asks for many records, one per descriptor
+    /// named, and each request to the vault is a round trip to the
+    /// supervisor (about 15 µs). So a record not read yet is fetched with
+    /// the page of records that follows it in key order (ids in order, up
+    /// to [`LIST_PAGE`]), in the same round trip, and the others wait here
+    /// until their descriptors are rebuilt, created again or closed. Records
+    /// never change in the vault but through this incarnation, which drops
+    /// what it changes from the pages read ahead.
+    pub fn fetch(
+        &self,
+        kind: &'static str,
+        id: u64,
+    ) -> Result<Option<CreationRecord>, RecordError> {
+        let ahead = || self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = ahead().get(&(kind, id)) {
+            return Ok(Some(found.clone()));
         }
+        // Keys are `<interface>/<kind>/<id as 16 hex digits>`: the page after
+        // the previous id's key starts at this one, if it exists.
+        let prefix = format!("{}/{kind}/", self.interface);
+        let after = id.checked_sub(1).map(|before| self.key(kind, before));
+        let changes = self.changes.load(Ordering::SeqCst);
+        let mut found = None;
+        let mut read = Vec::new();
+        for (key, value) in self.store.page(&prefix, after.as_deref())? {
+            let Ok(at) = u64::from_str_radix(&key[prefix.len()..], 16) else {
+                continue; // not a record this stub wrote
+            };
+            let record = CreationRecord::decode(&value)
+                .ok_or_else(|| RecordError(format!("malformed record of {kind} {at:#x}")))?;
+            if at == id {
+                found = Some(record.clone());
+            }
+            if !self.is_known(kind, at) {
+                read.push(((kind, at), record));
+            }
+        }
+        let mut ahead = ahead();
+        // A change since the page was asked for drops it with its lock
+        // taken after ours, or shows here.
+        if self.changes.load(Ordering::SeqCst) == changes {
+            ahead.extend(read);
+        }
+        Ok(found)
     }
 
     /// Every descendant of `id`, parents before their children.
@@ -325,6 +418,10 @@ impl GlobalRecords {
         for &id in ids {
             known.remove(&(kind, id));
         }
+        drop(known);
+        for &id in ids {
+            self.forget_ahead(kind, id);
+        }
         Ok(())
     }
 }
@@ -332,6 +429,74 @@ impl GlobalRecords {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A [`MemoryStore`] that counts the requests that would be round trips.
+    #[derive(Default)]
+    struct Counting {
+        store: MemoryStore,
+        requests: AtomicU64,
+    }
+
+    impl RecordStore for Counting {
+        fn put(&self, key: &str, value: &[u8]) -> Result<(), RecordError> {
+            self.store.put(key, value)
+        }
+        fn get(&self, key: &str) -> Result<Option<Vec<u8>>, RecordError> {
+            self.requests.fetch_add(1, Ordering::SeqCst);
+            self.store.get(key)
+        }
+        fn delete(&self, keys: &[String]) -> Result<(), RecordError> {
+            self.store.delete(keys)
+        }
+        fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, RecordError> {
+            self.requests.fetch_add(1, Ordering::SeqCst);
+            self.store.list(prefix)
+        }
+        fn page(
+            &self,
+            prefix: &str,
+            after: Option<&str>,
+        ) -> Result<Vec<(String, Vec<u8>)>, RecordError> {
+            self.requests.fetch_add(1, Ordering::SeqCst);
+            self.store.page(prefix, after)
+        }
+    }
+
+    #[test]
+    fn records_are_read_a_page_at_a_time_and_closed_ones_are_not_served() {
+        let store = Arc::new(Counting::default());
+        let old = GlobalRecords::new(store.clone(), "lock");
+        let rec = |creator| CreationRecord {
+            func: 0,
+            creator,
+            parent: None,
+            args: vec![creator as u8],
+        };
+        let count = 300u64;
+        for id in 1..=count {
+            old.created("Lock", id * 2, &rec(id as u32)).unwrap();
+        }
+        old.created("Other", 3, &rec(999)).unwrap();
+        let new = GlobalRecords::new(store.clone(), "lock");
+        let requests = || store.requests.load(Ordering::SeqCst);
+        // Every record, byte for byte, in id order: one request per page.
+        for id in 1..=count {
+            assert_eq!(new.fetch("Lock", id * 2).unwrap(), Some(rec(id as u32)));
+        }
+        assert_eq!(requests(), count.div_ceil(LIST_PAGE as u64));
+        // A missing id is answered by its page, as missing.
+        assert_eq!(new.fetch("Lock", 5).unwrap(), None);
+        assert_eq!(new.fetch("Lock", 2 * count + 2).unwrap(), None);
+        // Another kind's records are not another's.
+        assert_eq!(new.fetch("Other", 3).unwrap(), Some(rec(999)));
+        assert_eq!(new.fetch("Lock", 3).unwrap(), None);
+        // Closed, a descriptor's record read ahead is not served again.
+        let fresh = GlobalRecords::new(store.clone(), "lock");
+        assert!(fresh.fetch("Lock", 2).unwrap().is_some());
+        fresh.closed("Lock", &[4]).unwrap();
+        assert_eq!(fresh.fetch("Lock", 4).unwrap(), None);
+        assert_eq!(fresh.fetch("Lock", 6).unwrap(), Some(rec(3)));
+    }
 
     #[test]
     fn records_round_trip_and_subtrees_list_parents_first() {

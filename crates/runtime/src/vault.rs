@@ -203,22 +203,34 @@ impl Vault {
     /// the vault: the others are not sent).
     pub fn list_prefix(&self, prefix: &str) -> Result<Vec<VaultRecord>, VaultError> {
         let mut out = Vec::new();
-        let mut after = None;
         loop {
-            let (reply, fds) = self.round_trip(
-                |id| VaultRequest::List {
-                    id,
-                    after: after.clone(),
-                    prefix: prefix.to_string(),
-                },
-                &[],
-            )?;
-            out.extend(records(reply.records, fds)?);
-            after = out.last().map(|r| r.key.clone());
-            if !reply.more {
+            let after = out.last().map(|r: &VaultRecord| r.key.as_str());
+            let (page, more) = self.list_page(prefix, after)?;
+            out.extend(page);
+            if !more {
                 return Ok(out);
             }
         }
+    }
+
+    /// One round trip of [`Vault::list_prefix`]: up to [`LIST_PAGE`]
+    /// records with keys after `after` (all, for none) that start with
+    /// `prefix`, in key order, and whether more follow.
+    pub fn list_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+    ) -> Result<(Vec<VaultRecord>, bool), VaultError> {
+        let (reply, fds) = self.round_trip(
+            |id| VaultRequest::List {
+                id,
+                after: after.map(str::to_string),
+                prefix: prefix.to_string(),
+            },
+            &[],
+        )?;
+        let more = reply.more;
+        Ok((records(reply.records, fds)?, more))
     }
 
     fn round_trip(

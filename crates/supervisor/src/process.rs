@@ -124,7 +124,8 @@ fn exit_in_stat(stat: &str) -> Option<Exit> {
 
 /// Execs `binary` as a component: `boot_json` in its environment, `pass` the
 /// only inherited descriptors besides stdio, its own process group (so a
-/// terminal's Ctrl-C reaches the supervisor alone), `nice` applied.
+/// terminal's Ctrl-C reaches the supervisor alone), `nice` applied (also 0:
+/// the supervisor's own threads run at a higher priority).
 pub fn spawn_component(
     binary: &Path,
     boot_json: &str,
@@ -145,7 +146,9 @@ pub fn spawn_component(
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            if nice != 0 && libc::setpriority(libc::PRIO_PROCESS, 0, nice) == -1 {
+            // Always: the supervisor's thread runs above the components'
+            // default, and a child inherits its nice value.
+            if libc::setpriority(libc::PRIO_PROCESS, 0, nice) == -1 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

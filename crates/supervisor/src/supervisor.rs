@@ -60,6 +60,8 @@ impl Raised {
             Ok(()) => Self { was: Some(was) },
             Err(e) => {
                 tracing::debug!("the supervisor keeps its priority: {e}");
+                // The module remembers what it was asked for; tell it the truth.
+                let _ = priority::apply_to_current_thread(was);
                 Self { was: None }
             }
         }

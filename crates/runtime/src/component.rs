@@ -43,7 +43,7 @@ use crate::durable::Durable;
 use crate::futex;
 use crate::priority::{self, Priority};
 use crate::process;
-use crate::records::{RecordStore, VaultRecords};
+use crate::records::{ReadAhead, RecordStore, VaultRecords};
 use crate::server::{RecoveryGate, SlotWorker};
 use crate::stub::{Callers, InterfaceInfo, Service};
 use crate::upcall::{self, Listener, Mailbox, UpcallError};
@@ -123,6 +123,9 @@ pub struct Runtime {
     provided: Vec<Mailbox>,
     durable: Durable,
     vault: Arc<Vault>,
+    /// Creation records, read ahead: one store for every holder in the
+    /// process, so that what one writes the others do not read stale.
+    records: Arc<ReadAhead>,
     epoch: u64,
     stop: Arc<AtomicBool>,
     control: Arc<Region>,
@@ -156,7 +159,7 @@ impl Runtime {
     /// Where generated server stubs keep the creation records of global
     /// descriptors: this component's part of the state vault.
     pub fn records(&self) -> Arc<dyn RecordStore> {
-        Arc::new(VaultRecords(self.vault.clone()))
+        self.records.clone()
     }
 
     /// The component's private durable memory (`arena_kib`, zero-filled at
@@ -469,12 +472,14 @@ impl Boot {
             .zip(used)
             .map(|(u, edge)| Arc::new(Listener::new(edge, &u.interface, Some(prio))))
             .collect();
+        let vault = Arc::new(Vault::new(vault));
         let runtime = Arc::new(Runtime {
             used,
             provided: provided.iter().cloned().map(Mailbox::new).collect(),
             boot: info,
             durable,
-            vault: Arc::new(Vault::new(vault)),
+            records: Arc::new(ReadAhead::new(Arc::new(VaultRecords(vault.clone())))),
+            vault,
             epoch,
             stop: stop.clone(),
             control: control.clone(),

@@ -36,6 +36,111 @@ pub trait RecordStore: Send + Sync {
         prefix: &str,
         after: Option<&str>,
     ) -> Result<Vec<(String, Vec<u8>)>, RecordError>;
+    /// The record under `key`, which starts with `prefix` and comes right
+    /// after `after` in key order: a store may read the following records
+    /// with it ([`ReadAhead`]); by default, [`RecordStore::get`].
+    fn fetch_ahead(
+        &self,
+        prefix: &str,
+        key: &str,
+        after: Option<&str>,
+    ) -> Result<Option<Vec<u8>>, RecordError> {
+        let _ = (prefix, after);
+        self.get(key)
+    }
+}
+
+/// A store that reads creation records a page at a time, for a whole
+/// process: rebuilding after a reboot asks for many records, one per
+/// descriptor named, and each request to the vault is a round trip to the
+/// supervisor (about 15 µs even at `SCHED_FIFO`). So a record not read yet
+/// is fetched with the page of records that follows it in key order (ids in
+/// order, up to [`LIST_PAGE`]), in the same round trip, and the others wait
+/// here. Every write of this process's records goes through this one store
+/// ([`crate::Runtime::records`]: mm's server and its generated stub hold
+/// two `GlobalRecords` over it) and drops what it wrote from the pages
+/// read, once the vault has it; a page read while a write was made is not
+/// kept. No one else changes these records: the vault is this component's,
+/// and its other incarnations are dead.
+pub struct ReadAhead {
+    inner: Arc<dyn RecordStore>,
+    read: Mutex<HashMap<String, Vec<u8>>>,
+    /// Counts writes, so that a page read during one is not kept.
+    writes: AtomicU64,
+}
+
+impl ReadAhead {
+    pub fn new(inner: Arc<dyn RecordStore>) -> Self {
+        Self {
+            inner,
+            read: Mutex::new(HashMap::new()),
+            writes: AtomicU64::new(0),
+        }
+    }
+
+    fn read(&self) -> MutexGuard<'_, HashMap<String, Vec<u8>>> {
+        self.read.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// After a write of `keys` reached the store (or failed: it may have).
+    fn forget<'a>(&self, keys: impl IntoIterator<Item = &'a str>) {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        let mut read = self.read();
+        for k in keys {
+            read.remove(k);
+        }
+    }
+}
+
+impl RecordStore for ReadAhead {
+    fn put(&self, key: &str, value: &[u8]) -> Result<(), RecordError> {
+        let done = self.inner.put(key, value);
+        self.forget([key]);
+        done
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, RecordError> {
+        self.inner.get(key)
+    }
+
+    fn delete(&self, keys: &[String]) -> Result<(), RecordError> {
+        let done = self.inner.delete(keys);
+        self.forget(keys.iter().map(String::as_str));
+        done
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, RecordError> {
+        self.inner.list(prefix)
+    }
+
+    fn page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+    ) -> Result<Vec<(String, Vec<u8>)>, RecordError> {
+        self.inner.page(prefix, after)
+    }
+
+    fn fetch_ahead(
+        &self,
+        prefix: &str,
+        key: &str,
+        after: Option<&str>,
+    ) -> Result<Option<Vec<u8>>, RecordError> {
+        if let Some(found) = self.read().get(key) {
+            return Ok(Some(found.clone()));
+        }
+        let writes = self.writes.load(Ordering::SeqCst);
+        let page = self.inner.page(prefix, after)?;
+        let found = page.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+        let mut read = self.read();
+        // A write since the page was asked for shows here, or drops what it
+        // changed with the lock taken after ours.
+        if self.writes.load(Ordering::SeqCst) == writes {
+            read.extend(page);
+        }
+        Ok(found)
+    }
 }
 
 /// A store in this process's memory, for tests that reboot a server in
@@ -214,12 +319,6 @@ pub struct GlobalRecords {
     interface: &'static str,
     /// (descriptor type, id) built or rebuilt in this incarnation.
     known: RwLock<HashSet<(&'static str, u64)>>,
-    /// Records of earlier incarnations' descriptors read ahead, not yet
-    /// rebuilt (see [`GlobalRecords::fetch`]).
-    ahead: Mutex<HashMap<(&'static str, u64), CreationRecord>>,
-    /// Counts descriptors made known or closed, so that a page read while
-    /// one was is not kept (it may hold the record as it was before).
-    changes: AtomicU64,
     rebuild: Mutex<()>,
 }
 
@@ -229,8 +328,6 @@ impl GlobalRecords {
             store,
             interface,
             known: RwLock::new(HashSet::new()),
-            ahead: Mutex::new(HashMap::new()),
-            changes: AtomicU64::new(0),
             rebuild: Mutex::new(()),
         }
     }
@@ -245,16 +342,6 @@ impl GlobalRecords {
 
     fn mark_known(&self, kind: &'static str, id: u64) {
         self.known.write().unwrap().insert((kind, id));
-        self.forget_ahead(kind, id);
-    }
-
-    /// Drops a record read ahead: its descriptor was made known or closed.
-    fn forget_ahead(&self, kind: &'static str, id: u64) {
-        self.changes.fetch_add(1, Ordering::SeqCst);
-        self.ahead
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(kind, id));
     }
 
     /// Held while descriptors are rebuilt, so that each is rebuilt once.
@@ -338,52 +425,26 @@ impl GlobalRecords {
         Ok(())
     }
 
-    /// The creation record of descriptor `id` of `kind`, if there is one.
-    ///
-    /// Rebuilding after a reboot asks for many records, one per descriptor
-    /// named, and each request to the vault is a round trip to the
-    /// supervisor (about 15 µs). So a record not read yet is fetched with
-    /// the page of records that follows it in key order (ids in order, up
-    /// to [`LIST_PAGE`]), in the same round trip, and the others wait here
-    /// until their descriptors are rebuilt, created again or closed. Records
-    /// never change in the vault but through this incarnation, which drops
-    /// what it changes from the pages read ahead.
+    /// The creation record of descriptor `id` of `kind`, if there is one
+    /// (with the records after it, where the store reads ahead).
     pub fn fetch(
         &self,
         kind: &'static str,
         id: u64,
     ) -> Result<Option<CreationRecord>, RecordError> {
-        let ahead = || self.ahead.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(found) = ahead().get(&(kind, id)) {
-            return Ok(Some(found.clone()));
-        }
         // Keys are `<interface>/<kind>/<id as 16 hex digits>`: the page after
         // the previous id's key starts at this one, if it exists.
         let prefix = format!("{}/{kind}/", self.interface);
         let after = id.checked_sub(1).map(|before| self.key(kind, before));
-        let changes = self.changes.load(Ordering::SeqCst);
-        let mut found = None;
-        let mut read = Vec::new();
-        for (key, value) in self.store.page(&prefix, after.as_deref())? {
-            let Ok(at) = u64::from_str_radix(&key[prefix.len()..], 16) else {
-                continue; // not a record this stub wrote
-            };
-            let record = CreationRecord::decode(&value)
-                .ok_or_else(|| RecordError(format!("malformed record of {kind} {at:#x}")))?;
-            if at == id {
-                found = Some(record.clone());
-            }
-            if !self.is_known(kind, at) {
-                read.push(((kind, at), record));
-            }
+        match self
+            .store
+            .fetch_ahead(&prefix, &self.key(kind, id), after.as_deref())?
+        {
+            None => Ok(None),
+            Some(b) => CreationRecord::decode(&b)
+                .map(Some)
+                .ok_or_else(|| RecordError(format!("malformed record of {kind} {id:#x}"))),
         }
-        let mut ahead = ahead();
-        // A change since the page was asked for drops it with its lock
-        // taken after ours, or shows here.
-        if self.changes.load(Ordering::SeqCst) == changes {
-            ahead.extend(read);
-        }
-        Ok(found)
     }
 
     /// Every descendant of `id`, parents before their children.
@@ -417,10 +478,6 @@ impl GlobalRecords {
         let mut known = self.known.write().unwrap();
         for &id in ids {
             known.remove(&(kind, id));
-        }
-        drop(known);
-        for &id in ids {
-            self.forget_ahead(kind, id);
         }
         Ok(())
     }
@@ -464,7 +521,8 @@ mod tests {
 
     #[test]
     fn records_are_read_a_page_at_a_time_and_closed_ones_are_not_served() {
-        let store = Arc::new(Counting::default());
+        let counting = Arc::new(Counting::default());
+        let store = Arc::new(ReadAhead::new(counting.clone()));
         let old = GlobalRecords::new(store.clone(), "lock");
         let rec = |creator| CreationRecord {
             func: 0,
@@ -478,7 +536,7 @@ mod tests {
         }
         old.created("Other", 3, &rec(999)).unwrap();
         let new = GlobalRecords::new(store.clone(), "lock");
-        let requests = || store.requests.load(Ordering::SeqCst);
+        let requests = || counting.requests.load(Ordering::SeqCst);
         // Every record, byte for byte, in id order: one request per page.
         for id in 1..=count {
             assert_eq!(new.fetch("Lock", id * 2).unwrap(), Some(rec(id as u32)));
@@ -490,12 +548,16 @@ mod tests {
         // Another kind's records are not another's.
         assert_eq!(new.fetch("Other", 3).unwrap(), Some(rec(999)));
         assert_eq!(new.fetch("Lock", 3).unwrap(), None);
-        // Closed, a descriptor's record read ahead is not served again.
-        let fresh = GlobalRecords::new(store.clone(), "lock");
-        assert!(fresh.fetch("Lock", 2).unwrap().is_some());
-        fresh.closed("Lock", &[4]).unwrap();
-        assert_eq!(fresh.fetch("Lock", 4).unwrap(), None);
-        assert_eq!(fresh.fetch("Lock", 6).unwrap(), Some(rec(3)));
+        // Two holders of the store (mm's server and its stub): a record one
+        // closes or makes again is not served from the pages the other read.
+        let stub = GlobalRecords::new(store.clone(), "lock");
+        let server = GlobalRecords::new(store.clone(), "lock");
+        assert!(stub.fetch("Lock", 2).unwrap().is_some());
+        server.closed("Lock", &[4]).unwrap();
+        assert_eq!(stub.fetch("Lock", 4).unwrap(), None);
+        server.created("Lock", 6, &rec(77)).unwrap();
+        assert_eq!(stub.fetch("Lock", 6).unwrap(), Some(rec(77)));
+        assert_eq!(stub.fetch("Lock", 8).unwrap(), Some(rec(4)));
     }
 
     #[test]

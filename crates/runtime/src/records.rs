@@ -133,13 +133,20 @@ impl RecordStore for ReadAhead {
         let writes = self.writes.load(Ordering::SeqCst);
         let page = self.inner.page(prefix, after)?;
         let found = page.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
-        let mut read = self.read();
-        // A write since the page was asked for shows here, or drops what it
-        // changed with the lock taken after ours.
-        if self.writes.load(Ordering::SeqCst) == writes {
-            read.extend(page);
+        {
+            let mut read = self.read();
+            // A write since the page was asked for shows here, or drops what
+            // it changed with the lock taken after ours.
+            if self.writes.load(Ordering::SeqCst) == writes {
+                read.extend(page);
+            }
         }
-        Ok(found)
+        match found {
+            Some(found) => Ok(Some(found)),
+            // Absent, or left out of the page as malformed: the store's
+            // own answer says which.
+            None => self.inner.get(key),
+        }
     }
 }
 
@@ -247,7 +254,17 @@ impl RecordStore for VaultRecords {
             .0
             .list_page(&full, after.as_deref())
             .map_err(vault_error)?;
-        unprefixed(page)
+        // A record a faulty incarnation wrote malformed is left out of the
+        // page: it is no reason to fail the others (`get` reports it).
+        Ok(page
+            .into_iter()
+            .filter_map(|r| {
+                Some((
+                    r.key[VAULT_PREFIX.len()..].to_string(),
+                    unhex(&r.value).ok()?,
+                ))
+            })
+            .collect())
     }
 }
 

@@ -361,4 +361,44 @@ mod tests {
         assert!(apply(&mut records, ops, vec![]).is_err());
         assert!(records.is_empty());
     }
+
+    /// Creation records read ahead through the real vault: a record a
+    /// faulty incarnation wrote malformed fails its own lookup only, not
+    /// those of the records read in the same page.
+    #[test]
+    fn a_malformed_record_fails_only_its_own_lookup() {
+        use kintsugi_runtime::records::{GlobalRecords, ReadAhead, RecordStore, VaultRecords};
+        let store = VaultStore::default();
+        let vault = Arc::new(client(&store));
+        let records: Arc<dyn RecordStore> =
+            Arc::new(ReadAhead::new(Arc::new(VaultRecords(vault.clone()))));
+        let record = |id: u64| {
+            // func 0, creator 7, no parent, one argument byte.
+            let mut v = vec![0, 0, 0, 0, 7, 0, 0, 0, 0];
+            v.extend_from_slice(&0u64.to_le_bytes());
+            v.push(id as u8);
+            v
+        };
+        for id in 1..=5u64 {
+            records
+                .put(&format!("lock/Lock/{id:016x}"), &record(id))
+                .unwrap();
+        }
+        // Odd hex: what a flipped length could leave.
+        vault
+            .put(
+                &format!("desc/lock/Lock/{:016x}", 3),
+                serde_json::json!("0100000"),
+                None,
+            )
+            .unwrap();
+        let g = GlobalRecords::new(records, "lock");
+        for id in [1u64, 2, 4, 5] {
+            let r = g.fetch("Lock", id).unwrap().expect("recorded");
+            assert_eq!((r.creator, r.args.clone()), (7, vec![id as u8]), "{id}");
+        }
+        let err = g.fetch("Lock", 3).unwrap_err();
+        assert!(err.to_string().contains("malformed"), "{err}");
+        assert!(g.fetch("Lock", 6).unwrap().is_none());
+    }
 }

@@ -1,0 +1,307 @@
+//! Incremental checkpoints of a running process, without its cooperation
+//! and without a fault per page (RMK's TAC, on Linux): at [`attach`] the
+//! target is made to create a userfaultfd, which is taken from it
+//! (`pidfd_getfd`) and handshaken for asynchronous write-protection
+//! (`UFFD_FEATURE_WP_ASYNC`: a write to a protected page just unprotects
+//! it, in the kernel, with no message to anyone). Each checkpoint holds
+//! every thread still, registers each new private writable mapping and
+//! copies its resident pages, finds the pages written since the previous
+//! checkpoint in the others with one `PAGEMAP_SCAN` per mapping that also
+//! protects them again (`PM_SCAN_WP_MATCHING`), copies just those, and
+//! reads every thread's registers.
+//!
+//! [`attach`]: Checkpointer::attach
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use rustix::process::{pidfd_getfd, pidfd_open, Pid, PidfdFlags, PidfdGetfdFlags};
+
+use crate::freeze::Frozen;
+use crate::image::{Area, Image, ThreadState};
+use crate::maps::{self, Mapping};
+use crate::sys::{self, PageRegion, Scan};
+use crate::{memio, remote, Error};
+
+/// What one checkpoint or restore did.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Stats {
+    /// Checkpointed mappings.
+    pub areas: usize,
+    /// Of which new since the previous checkpoint (copied whole).
+    pub new_areas: usize,
+    /// Pages copied.
+    pub pages: u64,
+    pub bytes: u64,
+    pub threads: usize,
+    /// How long the process was held still.
+    pub pause: Duration,
+}
+
+/// Checkpoints one process, keeping the latest checkpoint in memory.
+pub struct Checkpointer {
+    pid: u32,
+    uffd: OwnedFd,
+    pagemap: File,
+    mem: File,
+    insn: u64,
+    image: Image,
+    /// Copy every page of every area each time (RTCR's first approach; the
+    /// baseline of `kintsugi bench checkpoint`).
+    full_copy: bool,
+}
+
+fn open_proc(pid: u32, what: &str, write: bool) -> Result<File, Error> {
+    let path = format!("/proc/{pid}/{what}");
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open(&path)
+        .map_err(|e| Error::proc(&path, e))
+}
+
+impl Checkpointer {
+    /// Prepares to checkpoint process `pid`: gives it a userfaultfd for
+    /// asynchronous write-protection, held here.
+    pub fn attach(pid: u32) -> Result<Self, Error> {
+        let frozen = Frozen::freeze(pid)?;
+        let layout = maps::read(pid)?;
+        let insn = remote::find_syscall_insn(pid, &layout)?;
+        let uffd = steal_userfaultfd(&frozen, insn)?;
+        let granted = sys::uffd_api(
+            uffd.as_fd(),
+            sys::UFFD_FEATURE_WP_ASYNC | sys::UFFD_FEATURE_WP_UNPOPULATED,
+        )
+        .map_err(|e| Error::Kernel {
+            what: "UFFDIO_API with UFFD_FEATURE_WP_ASYNC (Linux 6.7)",
+            source: e,
+        })?;
+        if granted & sys::UFFD_FEATURE_WP_ASYNC == 0 {
+            return Err(Error::Kernel {
+                what: "UFFD_FEATURE_WP_ASYNC",
+                source: std::io::Error::from_raw_os_error(libc::EOPNOTSUPP),
+            });
+        }
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        drop(frozen);
+        Ok(Self {
+            pid,
+            uffd,
+            pagemap: open_proc(pid, "pagemap", false)?,
+            mem: open_proc(pid, "mem", true)?,
+            insn,
+            image: Image {
+                pid,
+                exe,
+                ..Image::default()
+            },
+            full_copy: false,
+        })
+    }
+
+    /// Copies every page each time instead of the written ones.
+    pub fn set_full_copy(&mut self, on: bool) {
+        self.full_copy = on;
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The latest checkpoint.
+    pub fn image(&self) -> &Image {
+        &self.image
+    }
+
+    /// Takes a checkpoint: holds the process still for its duration.
+    pub fn checkpoint(&mut self) -> Result<Stats, Error> {
+        let started = Instant::now();
+        let frozen = Frozen::freeze(self.pid)?;
+        let mut stats = self.checkpoint_frozen(&frozen)?;
+        drop(frozen);
+        // From the first thread stopped to the last one let go.
+        stats.pause = started.elapsed();
+        Ok(stats)
+    }
+
+    /// Takes a checkpoint of a process the caller holds still.
+    pub fn checkpoint_frozen(&mut self, frozen: &Frozen) -> Result<Stats, Error> {
+        let started = Instant::now();
+        let current = maps::read(self.pid)?;
+        let mut stats = Stats::default();
+        let mut old = std::mem::take(&mut self.image.areas);
+        for m in current.iter().filter(|m| m.is_checkpointed()) {
+            let area = match old.remove(&m.start) {
+                Some(a) if a.map == *m && !self.full_copy => {
+                    let mut a = a;
+                    stats.pages += self.copy_written(&mut a)?;
+                    a
+                }
+                _ => {
+                    stats.new_areas += 1;
+                    let mut a = Area::new(m.clone());
+                    stats.pages += self.copy_new(&mut a)?;
+                    a
+                }
+            };
+            self.image.areas.insert(m.start, area);
+        }
+        self.image.layout = current.into_iter().filter(|m| !m.prot.shared).collect();
+        self.image.brk = maps::program_break(self.pid)?;
+        self.image.threads = capture_threads(frozen)?;
+        self.image.seq += 1;
+        stats.areas = self.image.areas.len();
+        stats.threads = self.image.threads.len();
+        stats.bytes = stats.pages * maps::PAGE;
+        stats.pause = frozen.held().max(started.elapsed());
+        Ok(stats)
+    }
+
+    /// A new area: registered for write-protection, its resident pages
+    /// (every page of a file mapping) copied, then protected.
+    fn copy_new(&mut self, area: &mut Area) -> Result<u64, Error> {
+        let (start, len) = (area.map.start, area.map.len());
+        area.tracked =
+            !self.full_copy && sys::uffd_register_wp(self.uffd.as_fd(), start, len).is_ok();
+        let ranges = if area.map.is_file() {
+            vec![(start, area.map.end)]
+        } else {
+            self.scan(
+                &area.map,
+                Scan {
+                    category_anyof_mask: sys::PAGE_IS_PRESENT | sys::PAGE_IS_SWAPPED,
+                    return_mask: sys::PAGE_IS_PRESENT | sys::PAGE_IS_SWAPPED,
+                    ..Scan::default()
+                },
+            )?
+        };
+        let bytes = memio::read_into(self.pid, &self.mem, area, &ranges)
+            .map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid), e))?;
+        if area.tracked {
+            sys::uffd_write_protect(self.uffd.as_fd(), start, len).map_err(|e| Error::Kernel {
+                what: "UFFDIO_WRITEPROTECT",
+                source: e,
+            })?;
+        }
+        Ok(bytes / maps::PAGE)
+    }
+
+    /// A tracked area: only the pages written since the last checkpoint,
+    /// protected again by the same scan.
+    fn copy_written(&mut self, area: &mut Area) -> Result<u64, Error> {
+        if !area.tracked {
+            return self.copy_new(area);
+        }
+        let Some(ranges) = self.written(&area.map)? else {
+            // Unmapped and mapped again in the same place since: the new
+            // mapping is not registered yet.
+            return self.copy_new(area);
+        };
+        let bytes = memio::read_into(self.pid, &self.mem, area, &ranges)
+            .map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid), e))?;
+        Ok(bytes / maps::PAGE)
+    }
+
+    /// The pages of `map` written since they were last protected, which
+    /// this protects again; `None` if `map` is not registered for
+    /// write-protection (a mapping made anew where a tracked one was).
+    fn written(&self, map: &Mapping) -> Result<Option<Vec<(u64, u64)>>, Error> {
+        let scan = Scan {
+            flags: sys::PM_SCAN_WP_MATCHING | sys::PM_SCAN_CHECK_WPASYNC,
+            category_mask: sys::PAGE_IS_WRITTEN,
+            return_mask: sys::PAGE_IS_WRITTEN,
+            ..Scan::default()
+        };
+        match self.scan(map, scan) {
+            Ok(r) => Ok(Some(r)),
+            Err(Error::Kernel { source, .. }) if source.raw_os_error() == Some(libc::EPERM) => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn scan(&self, map: &Mapping, scan: Scan) -> Result<Vec<(u64, u64)>, Error> {
+        let mut regions: Vec<PageRegion> = Vec::new();
+        sys::pagemap_scan(self.pagemap.as_fd(), map.start, map.end, scan, &mut regions).map_err(
+            |e| Error::Kernel {
+                what: "PAGEMAP_SCAN (Linux 6.7)",
+                source: e,
+            },
+        )?;
+        Ok(regions.iter().map(|r| (r.start, r.end)).collect())
+    }
+
+    pub(crate) fn parts(&mut self) -> Parts<'_> {
+        Parts {
+            pid: self.pid,
+            uffd: &self.uffd,
+            mem: &self.mem,
+            insn: self.insn,
+            image: &mut self.image,
+        }
+    }
+
+    pub(crate) fn written_ranges(&self, map: &Mapping) -> Result<Option<Vec<(u64, u64)>>, Error> {
+        self.written(map)
+    }
+}
+
+/// What a restore needs of a checkpointer, borrowed apart.
+pub(crate) struct Parts<'a> {
+    pub pid: u32,
+    pub uffd: &'a OwnedFd,
+    pub mem: &'a File,
+    pub insn: u64,
+    pub image: &'a mut Image,
+}
+
+/// Every thread's registers and extended state.
+fn capture_threads(frozen: &Frozen) -> Result<Vec<ThreadState>, Error> {
+    frozen
+        .tids()
+        .iter()
+        .map(|&tid| {
+            let regs = frozen.regs(tid)?;
+            let xstate = sys::get_xstate(tid as i32).map_err(|e| Error::Kernel {
+                what: "PTRACE_GETREGSET NT_X86_XSTATE",
+                source: e,
+            })?;
+            Ok(ThreadState::new(tid, &regs, xstate))
+        })
+        .collect()
+}
+
+/// Makes the frozen target create a userfaultfd, takes it, and closes the
+/// target's copy (the context lives on in ours).
+fn steal_userfaultfd(frozen: &Frozen, insn: u64) -> Result<OwnedFd, Error> {
+    let pid = frozen.pid();
+    let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64 | sys::UFFD_USER_MODE_ONLY;
+    let fd = remote::checked(
+        frozen,
+        pid,
+        insn,
+        "userfaultfd",
+        libc::SYS_userfaultfd,
+        [flags, 0, 0, 0, 0, 0],
+    )?;
+    let gone = |e: rustix::io::Errno| Error::Kernel {
+        what: "pidfd_getfd",
+        source: e.into(),
+    };
+    let target = Pid::from_raw(pid as i32).ok_or(Error::Gone(pid))?;
+    let pidfd = pidfd_open(target, PidfdFlags::empty()).map_err(gone)?;
+    let taken = pidfd_getfd(&pidfd, fd as i32, PidfdGetfdFlags::empty()).map_err(gone);
+    remote::checked(
+        frozen,
+        pid,
+        insn,
+        "close",
+        libc::SYS_close,
+        [fd, 0, 0, 0, 0, 0],
+    )?;
+    taken
+}

@@ -1,0 +1,184 @@
+//! Holding every thread of a process still: each is seized with
+//! `PTRACE_SEIZE` and stopped with `PTRACE_INTERRUPT`, the thread list read
+//! again until no new thread appears (one not yet stopped may have been
+//! creating one), and each stop collected with `waitid(WSTOPPED)` on that
+//! thread alone (never `WEXITED`, so that an exit status belonging to the
+//! target's parent is never consumed here). Dropping a [`Frozen`] detaches
+//! every thread, which then runs on from its (possibly rewritten)
+//! registers.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::libc::user_regs_struct;
+use nix::sys::ptrace;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::Error;
+
+/// How long one thread may take to reach its stop.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The thread ids of process `pid`, leader first.
+pub fn thread_ids(pid: u32) -> Result<Vec<u32>, Error> {
+    let dir = format!("/proc/{pid}/task");
+    let entries = std::fs::read_dir(&dir).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::Gone(pid),
+        _ => Error::proc(&dir, e),
+    })?;
+    let mut tids: Vec<u32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_by_key(|&t| (t != pid, t));
+    Ok(tids)
+}
+
+/// Every thread of one process, each in a ptrace-stop.
+pub struct Frozen {
+    pid: u32,
+    /// Leader first, then by tid.
+    tids: Vec<u32>,
+    /// When the first thread was stopped.
+    since: Instant,
+}
+
+impl Frozen {
+    /// Stops every thread of process `pid`.
+    pub fn freeze(pid: u32) -> Result<Self, Error> {
+        let since = Instant::now();
+        let mut frozen = Frozen {
+            pid,
+            tids: Vec::new(),
+            since,
+        };
+        let mut seen = BTreeSet::new();
+        loop {
+            let mut fresh = Vec::new();
+            for tid in thread_ids(pid)? {
+                if seen.insert(tid) {
+                    fresh.push(tid);
+                }
+            }
+            if fresh.is_empty() {
+                break;
+            }
+            for tid in fresh {
+                match seize(pid, tid) {
+                    Ok(()) => frozen.tids.push(tid),
+                    // It exited between the listing and the seize.
+                    Err(Error::Gone(_)) if tid != pid => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for &tid in &frozen.tids {
+            wait_stop(pid, tid)?;
+        }
+        frozen.tids.sort_by_key(|&t| (t != pid, t));
+        Ok(frozen)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The stopped threads, leader first.
+    pub fn tids(&self) -> &[u32] {
+        &self.tids
+    }
+
+    /// How long the process has been held.
+    pub fn held(&self) -> Duration {
+        self.since.elapsed()
+    }
+
+    pub fn regs(&self, tid: u32) -> Result<user_regs_struct, Error> {
+        ptrace::getregs(Pid::from_raw(tid as i32)).map_err(|e| Error::ptrace(tid, e))
+    }
+
+    pub fn set_regs(&self, tid: u32, regs: user_regs_struct) -> Result<(), Error> {
+        ptrace::setregs(Pid::from_raw(tid as i32), regs).map_err(|e| Error::ptrace(tid, e))
+    }
+
+    /// Executes one instruction of `tid` and waits until it stops again.
+    pub fn step(&self, tid: u32) -> Result<(), Error> {
+        ptrace::step(Pid::from_raw(tid as i32), None::<Signal>)
+            .map_err(|e| Error::ptrace(tid, e))?;
+        match wait_stop(self.pid, tid)? {
+            WaitStatus::PtraceEvent(_, Signal::SIGTRAP, _)
+            | WaitStatus::Stopped(_, Signal::SIGTRAP) => Ok(()),
+            other => Err(Error::Malformed {
+                what: format!("thread {tid}"),
+                detail: format!("a single step stopped with {other:?}"),
+            }),
+        }
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for &tid in &self.tids {
+            let _ = ptrace::detach(Pid::from_raw(tid as i32), None);
+        }
+    }
+}
+
+fn seize(pid: u32, tid: u32) -> Result<(), Error> {
+    let t = Pid::from_raw(tid as i32);
+    ptrace::seize(t, ptrace::Options::empty()).map_err(|e| match e {
+        Errno::ESRCH => Error::Gone(pid),
+        e => Error::ptrace(tid, e),
+    })?;
+    ptrace::interrupt(t).map_err(|e| match e {
+        Errno::ESRCH => Error::Gone(pid),
+        e => Error::ptrace(tid, e),
+    })
+}
+
+/// Waits for `tid`'s next ptrace-stop, polling so that a thread that dies
+/// instead is noticed (its exit is never collected here).
+fn wait_stop(pid: u32, tid: u32) -> Result<WaitStatus, Error> {
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    let mut spins = 0u32;
+    loop {
+        match waitid(
+            Id::Pid(Pid::from_raw(tid as i32)),
+            WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG | WaitPidFlag::__WALL,
+        ) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(st) => return Ok(st),
+            Err(Errno::ECHILD) | Err(Errno::ESRCH) => return Err(Error::Gone(pid)),
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(Error::ptrace(tid, e)),
+        }
+        spins += 1;
+        if spins > 64 {
+            if !alive(pid, tid) {
+                return Err(Error::Gone(pid));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Unstoppable {
+                    tid,
+                    waited_ms: STOP_TIMEOUT.as_millis() as u64,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+fn alive(pid: u32, tid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else {
+        return false;
+    };
+    !matches!(
+        stat.rsplit_once(')')
+            .and_then(|(_, r)| r.trim_start().chars().next()),
+        None | Some('Z' | 'X')
+    )
+}

@@ -1,0 +1,111 @@
+//! Copying runs of pages between a target process and an [`Area`]:
+//! `process_vm_readv`/`process_vm_writev` with up to 512 runs per system
+//! call, and `/proc/<pid>/mem` for a batch those refuse (a mapping without
+//! read permission, or one that changed under a partial transfer).
+
+use std::fs::File;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::unix::fs::FileExt;
+
+use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
+use nix::unistd::Pid;
+
+use crate::image::Area;
+
+const BATCH: usize = 512;
+
+/// Disjoint mutable slices of `data` (which starts at `base`) for sorted,
+/// non-overlapping absolute ranges.
+fn slices_mut<'a>(data: &'a mut [u8], base: u64, ranges: &[(u64, u64)]) -> Vec<&'a mut [u8]> {
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut rest = data;
+    let mut at = base;
+    for &(s, e) in ranges {
+        let tail = std::mem::take(&mut rest);
+        let (_, tail) = tail.split_at_mut((s - at) as usize);
+        let (mine, tail) = tail.split_at_mut((e - s) as usize);
+        out.push(mine);
+        rest = tail;
+        at = e;
+    }
+    out
+}
+
+fn remote(ranges: &[(u64, u64)]) -> Vec<RemoteIoVec> {
+    ranges
+        .iter()
+        .map(|&(s, e)| RemoteIoVec {
+            base: s as usize,
+            len: (e - s) as usize,
+        })
+        .collect()
+}
+
+fn total(ranges: &[(u64, u64)]) -> usize {
+    ranges.iter().map(|&(s, e)| (e - s) as usize).sum()
+}
+
+/// Reads `ranges` (sorted, within the area) of process `pid` into `area`.
+pub fn read_into(
+    pid: u32,
+    mem: &File,
+    area: &mut Area,
+    ranges: &[(u64, u64)],
+) -> std::io::Result<u64> {
+    let base = area.map.start;
+    for batch in ranges.chunks(BATCH) {
+        let mut slices = slices_mut(&mut area.data, base, batch);
+        let want = total(batch);
+        let mut local: Vec<IoSliceMut<'_>> =
+            slices.iter_mut().map(|s| IoSliceMut::new(s)).collect();
+        let got = process_vm_readv(Pid::from_raw(pid as i32), &mut local, &remote(batch));
+        if got.ok() != Some(want) {
+            drop(local);
+            for (s, &(start, _)) in slices.iter_mut().zip(batch) {
+                mem.read_exact_at(s, start)?;
+            }
+        }
+    }
+    for &(s, e) in ranges {
+        area.mark(s, e);
+    }
+    Ok(total(ranges) as u64)
+}
+
+/// Writes `ranges` of `area` back into process `pid`.
+pub fn write_from(
+    pid: u32,
+    mem: &File,
+    area: &Area,
+    ranges: &[(u64, u64)],
+) -> std::io::Result<u64> {
+    for batch in ranges.chunks(BATCH) {
+        let local: Vec<IoSlice<'_>> = batch
+            .iter()
+            .map(|&(s, e)| IoSlice::new(area.bytes(s, e)))
+            .collect();
+        let want = total(batch);
+        let put = process_vm_writev(Pid::from_raw(pid as i32), &local, &remote(batch));
+        if put.ok() != Some(want) {
+            for &(s, e) in batch {
+                mem.write_all_at(area.bytes(s, e), s)?;
+            }
+        }
+    }
+    Ok(total(ranges) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_cover_exactly_the_ranges() {
+        let mut data: Vec<u8> = (0..100).collect();
+        let s = slices_mut(&mut data, 1000, &[(1000, 1003), (1010, 1012), (1099, 1100)]);
+        assert_eq!(s.len(), 3);
+        assert_eq!(&*s[0], &[0, 1, 2]);
+        assert_eq!(&*s[1], &[10, 11]);
+        assert_eq!(&*s[2], &[99]);
+    }
+}

@@ -1,0 +1,319 @@
+//! Restoring a checkpoint into the process it was taken from, in place,
+//! keeping its pid (TAC's rollback of a hung or faulty incarnation): the
+//! program break and the private mappings are put back as they were
+//! (mappings created since are unmapped, removed ones mapped again, all by
+//! system calls the target is made to execute), only the pages written
+//! since the checkpoint are written back (the same `PAGEMAP_SCAN` that an
+//! incremental checkpoint uses, so a restore costs what was written, not
+//! the size of the heap), every page of a mapping made again is written,
+//! and every thread gets its registers back. A thread blocked in a system
+//! call at the checkpoint makes that call again when it runs.
+
+use std::os::fd::AsFd;
+use std::time::Instant;
+
+use crate::checkpoint::{Checkpointer, Parts, Stats};
+use crate::freeze::Frozen;
+use crate::image::{Area, Image};
+use crate::maps::{self, Mapping, PAGE};
+use crate::{memio, remote, sys, Error};
+
+impl Checkpointer {
+    /// Restores the latest checkpoint into the running process.
+    pub fn restore_in_place(&mut self) -> Result<Stats, Error> {
+        let started = Instant::now();
+        let frozen = Frozen::freeze(self.pid())?;
+        let mut stats = self.restore_frozen(&frozen)?;
+        drop(frozen);
+        stats.pause = started.elapsed();
+        Ok(stats)
+    }
+
+    /// Restores the latest checkpoint into a process the caller holds
+    /// still (and will let go).
+    pub fn restore_frozen(&mut self, frozen: &Frozen) -> Result<Stats, Error> {
+        if self.image().seq == 0 {
+            return Err(Error::NoCheckpoint(self.pid()));
+        }
+        check_threads(self.image(), frozen)?;
+        let remade = self.parts().restore_layout(frozen)?;
+        let mut stats = Stats::default();
+        let starts: Vec<u64> = self.image().areas.keys().copied().collect();
+        for start in starts {
+            let map = self.image().areas[&start].map.clone();
+            let ranges = if remade.contains(&start) {
+                self.image().areas[&start].populated_runs()
+            } else {
+                match self.written_ranges(&map)? {
+                    Some(r) => r,
+                    // Mapped anew in the same place since: not tracked, so
+                    // every byte goes back, and it is tracked from now on.
+                    None => {
+                        self.parts().track(&map);
+                        vec![(map.start, map.end)]
+                    }
+                }
+            };
+            stats.pages += self.parts().write_back(start, &ranges)?;
+        }
+        restore_threads(self.image(), frozen)?;
+        stats.areas = self.image().areas.len();
+        stats.new_areas = remade.len();
+        stats.threads = frozen.tids().len();
+        stats.bytes = stats.pages * PAGE;
+        Ok(stats)
+    }
+}
+
+/// In-place restore keeps the threads: the same set must be there.
+fn check_threads(image: &Image, frozen: &Frozen) -> Result<(), Error> {
+    let want: Vec<u32> = image.threads.iter().map(|t| t.tid).collect();
+    if want != frozen.tids() {
+        return Err(Error::ThreadsChanged {
+            pid: frozen.pid(),
+            at_checkpoint: want,
+            now: frozen.tids().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+fn restore_threads(image: &Image, frozen: &Frozen) -> Result<(), Error> {
+    for t in &image.threads {
+        frozen.set_regs(t.tid, t.user_regs())?;
+        sys::set_xstate(t.tid as i32, &t.xstate).map_err(|e| Error::Kernel {
+            what: "PTRACE_SETREGSET NT_X86_XSTATE",
+            source: e,
+        })?;
+    }
+    Ok(())
+}
+
+/// The private mappings of `pid` but the kernel's own.
+fn private_maps(pid: u32) -> Result<Vec<Mapping>, Error> {
+    Ok(maps::read(pid)?
+        .into_iter()
+        .filter(|m| !m.prot.shared && !m.is_special())
+        .collect())
+}
+
+/// How the current mappings cover an image mapping.
+#[derive(Debug, PartialEq, Eq)]
+enum Cover {
+    /// Wholly, with its protection and kind (file or anonymous).
+    Same,
+    /// Wholly and of its kind, but with another protection somewhere.
+    OtherProt,
+    /// Not wholly, or by a mapping of another kind.
+    Gaps,
+}
+
+fn coverage(current: &[Mapping], w: &Mapping) -> Cover {
+    let mut at = w.start;
+    let mut prot_differs = false;
+    for m in current
+        .iter()
+        .filter(|m| m.end > w.start && m.start < w.end)
+    {
+        if m.start > at || m.is_file() != w.is_file() || (w.is_file() && m.name != w.name) {
+            return Cover::Gaps;
+        }
+        prot_differs |= m.prot != w.prot;
+        at = m.end;
+    }
+    match (at >= w.end, prot_differs) {
+        (false, _) => Cover::Gaps,
+        (true, false) => Cover::Same,
+        (true, true) => Cover::OtherProt,
+    }
+}
+
+/// The address ranges of `current` that no mapping of `wanted` covers.
+fn subtract(current: &[Mapping], wanted: &[Mapping]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for m in current {
+        let mut at = m.start;
+        for w in wanted.iter().filter(|w| w.end > m.start && w.start < m.end) {
+            if w.start > at {
+                out.push((at, w.start));
+            }
+            at = at.max(w.end);
+        }
+        if at < m.end {
+            out.push((at, m.end));
+        }
+    }
+    out
+}
+
+impl Parts<'_> {
+    fn call(&self, frozen: &Frozen, what: &str, nr: i64, args: [u64; 6]) -> Result<u64, Error> {
+        remote::checked(frozen, self.pid, self.insn, what, nr, args)
+    }
+
+    /// Puts the break and the private mappings back as the image has
+    /// them; returns the start of each checkpointed area mapped anew
+    /// (whose every page must then be written). Mappings are compared by
+    /// the addresses they cover, not by `/proc`'s lines (the kernel merges
+    /// and splits those): an image mapping not wholly covered as it was is
+    /// mapped again in place (`MAP_FIXED` replaces what is there in one
+    /// step, so no page the process needs is ever missing between two
+    /// calls: the kernel itself writes a thread's rseq area on each return
+    /// to user space), and only then is what the image does not cover
+    /// unmapped.
+    fn restore_layout(&mut self, frozen: &Frozen) -> Result<Vec<u64>, Error> {
+        let (_, brk) = maps::program_break(self.pid)?;
+        if brk != self.image.brk.1 {
+            let got = self.call(
+                frozen,
+                "brk",
+                libc::SYS_brk,
+                [self.image.brk.1, 0, 0, 0, 0, 0],
+            )?;
+            if got != self.image.brk.1 {
+                return Err(Error::Unrestorable {
+                    pid: self.pid,
+                    detail: format!("brk({:#x}) gave {got:#x}", self.image.brk.1),
+                });
+            }
+        }
+        let current = private_maps(self.pid)?;
+        let wanted: Vec<Mapping> = self
+            .image
+            .layout
+            .iter()
+            .filter(|w| !w.is_special())
+            .cloned()
+            .collect();
+        let mut remade = Vec::new();
+        for w in &wanted {
+            match coverage(&current, w) {
+                Cover::Same => {}
+                Cover::OtherProt => {
+                    let args = [w.start, w.len(), w.prot.bits(), 0, 0, 0];
+                    self.call(frozen, "mprotect", libc::SYS_mprotect, args)?;
+                }
+                Cover::Gaps if w.is_file() && !self.image.areas.contains_key(&w.start) => {
+                    return Err(Error::Unrestorable {
+                        pid: self.pid,
+                        detail: format!(
+                            "{} at {:#x} was unmapped and is not in the image",
+                            w.name, w.start
+                        ),
+                    });
+                }
+                Cover::Gaps => {
+                    self.remap(frozen, w)?;
+                    if self.image.areas.contains_key(&w.start) {
+                        remade.push(w.start);
+                    }
+                }
+            }
+        }
+        for (s, e) in subtract(&private_maps(self.pid)?, &wanted) {
+            self.call(frozen, "munmap", libc::SYS_munmap, [s, e - s, 0, 0, 0, 0])?;
+        }
+        Ok(remade)
+    }
+
+    /// Maps `w` again, anonymous and private (its contents come from the
+    /// image), and registers it for write-protection.
+    fn remap(&mut self, frozen: &Frozen, w: &Mapping) -> Result<(), Error> {
+        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64;
+        let at = self.call(
+            frozen,
+            "mmap",
+            libc::SYS_mmap,
+            [w.start, w.len(), w.prot.bits(), flags, u64::MAX, 0],
+        )?;
+        if at != w.start {
+            return Err(Error::Unrestorable {
+                pid: self.pid,
+                detail: format!("mmap at {:#x} gave {at:#x}", w.start),
+            });
+        }
+        self.track(w);
+        Ok(())
+    }
+
+    /// Registers the area at `w` for write-protection.
+    fn track(&mut self, w: &Mapping) {
+        if let Some(area) = self.image.areas.get_mut(&w.start) {
+            area.tracked = sys::uffd_register_wp(self.uffd.as_fd(), w.start, w.len()).is_ok();
+        }
+    }
+
+    /// Writes `ranges` of the area at `start` back into the process and
+    /// protects them again; returns the pages written.
+    fn write_back(&mut self, start: u64, ranges: &[(u64, u64)]) -> Result<u64, Error> {
+        let area: &Area = &self.image.areas[&start];
+        let bytes = memio::write_from(self.pid, self.mem, area, ranges)
+            .map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid), e))?;
+        if area.tracked {
+            for &(s, e) in ranges {
+                sys::uffd_write_protect(self.uffd.as_fd(), s, e - s).map_err(|e| {
+                    Error::Kernel {
+                        what: "UFFDIO_WRITEPROTECT",
+                        source: e,
+                    }
+                })?;
+            }
+        }
+        Ok(bytes / PAGE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::maps::Prot;
+
+    fn m(start: u64, end: u64, write: bool, name: &str) -> Mapping {
+        Mapping {
+            start,
+            end,
+            prot: Prot {
+                read: true,
+                write,
+                exec: false,
+                shared: false,
+            },
+            offset: 0,
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn coverage_is_by_address_not_by_line() {
+        let w = m(0x1000, 0x5000, true, "");
+        assert_eq!(coverage(&[m(0x1000, 0x5000, true, "")], &w), Cover::Same);
+        // Split in two lines by the kernel: still the same cover.
+        let split = [m(0x1000, 0x2000, true, ""), m(0x2000, 0x5000, true, "")];
+        assert_eq!(coverage(&split, &w), Cover::Same);
+        // Merged with a neighbour: still covered.
+        assert_eq!(coverage(&[m(0x0, 0x9000, true, "")], &w), Cover::Same);
+        let hole = [m(0x1000, 0x2000, true, ""), m(0x3000, 0x5000, true, "")];
+        assert_eq!(coverage(&hole, &w), Cover::Gaps);
+        let ro = [m(0x1000, 0x2000, true, ""), m(0x2000, 0x5000, false, "")];
+        assert_eq!(coverage(&ro, &w), Cover::OtherProt);
+        assert_eq!(
+            coverage(&[m(0x1000, 0x5000, true, "/lib/x")], &w),
+            Cover::Gaps
+        );
+    }
+
+    #[test]
+    fn subtract_leaves_what_the_image_does_not_cover() {
+        let cur = [m(0x0, 0x9000, true, ""), m(0xa000, 0xb000, true, "")];
+        let want = [m(0x1000, 0x2000, true, ""), m(0x3000, 0x4000, true, "")];
+        assert_eq!(
+            subtract(&cur, &want),
+            vec![
+                (0x0, 0x1000),
+                (0x2000, 0x3000),
+                (0x4000, 0x9000),
+                (0xa000, 0xb000)
+            ]
+        );
+    }
+}

@@ -1,0 +1,92 @@
+//! The testbench's target process (`kintsugi-ckpt-target`) driven over
+//! its stdin and stdout.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+/// The workspace's binaries: next to the test executable's folder.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} not built: run `cargo build --release --workspace` first",
+        path.display()
+    );
+    path
+}
+
+pub struct Target {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+}
+
+impl Target {
+    pub fn start(seed: u64, heap: u64, maps: u64, threads: u64, spin: bool) -> Self {
+        let mut cmd = Command::new(binary("kintsugi-ckpt-target"));
+        cmd.args(["--seed", &seed.to_string()])
+            .args(["--heap", &heap.to_string()])
+            .args(["--maps", &maps.to_string()])
+            .args(["--threads", &threads.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        if spin {
+            cmd.arg("--spin");
+        }
+        let mut child = cmd.spawn().expect("start kintsugi-ckpt-target");
+        let input = child.stdin.take().unwrap();
+        let output = BufReader::new(child.stdout.take().unwrap());
+        let mut t = Target {
+            child,
+            input,
+            output,
+        };
+        assert_eq!(t.line(), "ready");
+        t
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn line(&mut self) -> String {
+        let mut s = String::new();
+        self.output.read_line(&mut s).expect("target output");
+        assert!(!s.is_empty(), "target {} exited", self.child.id());
+        s.trim().to_string()
+    }
+
+    pub fn cmd(&mut self, c: &str) -> String {
+        writeln!(self.input, "{c}").unwrap();
+        self.input.flush().unwrap();
+        self.line()
+    }
+
+    /// The digest, which must be `ok`.
+    pub fn digest(&mut self) -> String {
+        let d = self.cmd("digest");
+        assert!(d.starts_with("ok "), "target says {d}");
+        d
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        // A thread that died while this thread traced it is a zombie that
+        // only its tracer may collect: collect each, or the wait hangs.
+        let tids = kintsugi_checkpoint::thread_ids(self.pid()).unwrap_or_default();
+        let _ = self.child.kill();
+        for tid in tids.into_iter().filter(|&t| t != self.pid()) {
+            let _ = nix::sys::wait::waitpid(
+                nix::unistd::Pid::from_raw(tid as i32),
+                Some(nix::sys::wait::WaitPidFlag::__WALL | nix::sys::wait::WaitPidFlag::WNOHANG),
+            );
+        }
+        let _ = self.child.wait();
+    }
+}

@@ -149,8 +149,11 @@ impl Checkpointer {
             };
             self.image.areas.insert(m.start, area);
         }
-        self.image.layout = current.into_iter().filter(|m| !m.prot.shared).collect();
-        self.image.brk = maps::program_break(self.pid)?;
+        self.image.layout = current
+            .into_iter()
+            .filter(|m| !m.prot.shared && !m.is_special())
+            .collect();
+        self.image.brk = maps::program_break(self.pid, &self.image.layout)?;
         self.image.threads = capture_threads(frozen)?;
         self.image.seq += 1;
         stats.areas = self.image.areas.len();
@@ -265,12 +268,11 @@ fn capture_threads(frozen: &Frozen) -> Result<Vec<ThreadState>, Error> {
         .tids()
         .iter()
         .map(|&tid| {
-            let regs = frozen.regs(tid)?;
-            let xstate = sys::get_xstate(tid as i32).map_err(|e| Error::Kernel {
-                what: "PTRACE_GETREGSET NT_X86_XSTATE",
-                source: e,
-            })?;
-            Ok(ThreadState::new(tid, &regs, xstate))
+            Ok(ThreadState::new(
+                tid,
+                &frozen.regs(tid)?,
+                frozen.xstate(tid)?,
+            ))
         })
         .collect()
 }

@@ -99,6 +99,14 @@ impl Frozen {
         ptrace::getregs(Pid::from_raw(tid as i32)).map_err(|e| Error::ptrace(tid, e))
     }
 
+    /// The thread's extended register state (`xsave` layout).
+    pub fn xstate(&self, tid: u32) -> Result<Vec<u8>, Error> {
+        crate::sys::get_xstate(tid as i32).map_err(|e| Error::Kernel {
+            what: "PTRACE_GETREGSET NT_X86_XSTATE",
+            source: e,
+        })
+    }
+
     pub fn set_regs(&self, tid: u32, regs: user_regs_struct) -> Result<(), Error> {
         ptrace::setregs(Pid::from_raw(tid as i32), regs).map_err(|e| Error::ptrace(tid, e))
     }

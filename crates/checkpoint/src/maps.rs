@@ -120,25 +120,34 @@ pub fn read(pid: u32) -> Result<Vec<Mapping>, Error> {
         .collect()
 }
 
-/// The start and the end of process `pid`'s program break (`start_brk`
-/// and `brk`, fields 47 and 48 of `/proc/<pid>/stat`).
-pub fn program_break(pid: u32) -> Result<(u64, u64), Error> {
+/// The start and the end of process `pid`'s program break: `start_brk`
+/// (field 47 of `/proc/<pid>/stat`) and the end of its `[heap]` mapping in
+/// `maps` (the break rounded up to a page, which is what the kernel maps;
+/// `start_brk` when the heap is empty).
+pub fn program_break(pid: u32, maps: &[Mapping]) -> Result<(u64, u64), Error> {
     let path = format!("/proc/{pid}/stat");
     let text = std::fs::read_to_string(&path).map_err(|e| Error::proc(&path, e))?;
     let malformed = || Error::Malformed {
         what: path.clone(),
-        detail: "no start_brk/brk fields".into(),
+        detail: "no start_brk field".into(),
     };
     // Fields after the command name start at field 3 (the state).
     let rest = text.rsplit_once(')').ok_or_else(malformed)?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |n: usize| -> Result<u64, Error> {
-        fields
-            .get(n - 3)
-            .and_then(|f| f.parse().ok())
-            .ok_or_else(malformed)
-    };
-    Ok((field(47)?, field(48)?))
+    let start: u64 = rest
+        .split_whitespace()
+        .nth(47 - 3)
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(malformed)?;
+    // The heap may show as several lines (a part grown after the rest was
+    // registered with userfaultfd is a mapping of its own): the break is
+    // the end of the last.
+    let end = maps
+        .iter()
+        .filter(|m| m.is_heap() && m.end >= start)
+        .map(|m| m.end)
+        .max()
+        .unwrap_or(start);
+    Ok((start, end))
 }
 
 #[cfg(test)]
@@ -169,7 +178,12 @@ mod tests {
         let maps = read(std::process::id()).unwrap();
         assert!(maps.iter().any(|m| m.name == "[stack]"));
         assert!(maps.windows(2).all(|w| w[0].end <= w[1].start));
-        let (start, end) = program_break(std::process::id()).unwrap();
+        let (start, end) = program_break(std::process::id(), &maps).unwrap();
         assert!(start <= end && start > 0);
+        // A heap that grows shows in the break.
+        let blocks: Vec<Vec<u8>> = (0..64).map(|_| vec![1u8; 1000]).collect();
+        let (_, later) =
+            program_break(std::process::id(), &read(std::process::id()).unwrap()).unwrap();
+        assert!(later >= end, "{later:#x} < {end:#x} ({})", blocks.len());
     }
 }

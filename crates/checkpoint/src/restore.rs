@@ -32,11 +32,44 @@ impl Checkpointer {
     /// Restores the latest checkpoint into a process the caller holds
     /// still (and will let go).
     pub fn restore_frozen(&mut self, frozen: &Frozen) -> Result<Stats, Error> {
+        self.restore_with(frozen, false)
+    }
+
+    /// Restores `image` (read from a file, say) into the running process
+    /// it was taken from: every checkpointed mapping is mapped anew and
+    /// written whole, since what was written since is known only for the
+    /// checkpoints taken here. It becomes the latest checkpoint.
+    pub fn restore_image(&mut self, image: Image) -> Result<Stats, Error> {
+        let started = Instant::now();
+        let frozen = Frozen::freeze(self.pid())?;
+        let mut stats = self.restore_image_frozen(&frozen, image)?;
+        drop(frozen);
+        stats.pause = started.elapsed();
+        Ok(stats)
+    }
+
+    /// [`Self::restore_image`] into a process the caller holds still.
+    pub fn restore_image_frozen(&mut self, frozen: &Frozen, image: Image) -> Result<Stats, Error> {
+        if image.exe != self.image().exe {
+            return Err(Error::Unrestorable {
+                pid: self.pid(),
+                detail: format!(
+                    "the image is of {}, the process runs {}",
+                    image.exe,
+                    self.image().exe
+                ),
+            });
+        }
+        *self.parts().image = image;
+        self.restore_with(frozen, true)
+    }
+
+    fn restore_with(&mut self, frozen: &Frozen, whole: bool) -> Result<Stats, Error> {
         if self.image().seq == 0 {
             return Err(Error::NoCheckpoint(self.pid()));
         }
         check_threads(self.image(), frozen)?;
-        let remade = self.parts().restore_layout(frozen)?;
+        let remade = self.parts().restore_layout(frozen, whole)?;
         let mut stats = Stats::default();
         let starts: Vec<u64> = self.image().areas.keys().copied().collect();
         for start in starts {
@@ -160,9 +193,9 @@ impl Parts<'_> {
     /// step, so no page the process needs is ever missing between two
     /// calls: the kernel itself writes a thread's rseq area on each return
     /// to user space), and only then is what the image does not cover
-    /// unmapped.
-    fn restore_layout(&mut self, frozen: &Frozen) -> Result<Vec<u64>, Error> {
-        let (_, brk) = maps::program_break(self.pid)?;
+    /// unmapped. With `whole`, every checkpointed mapping is mapped anew.
+    fn restore_layout(&mut self, frozen: &Frozen, whole: bool) -> Result<Vec<u64>, Error> {
+        let (_, brk) = maps::program_break(self.pid, &maps::read(self.pid)?)?;
         if brk != self.image.brk.1 {
             let got = self.call(
                 frozen,
@@ -187,7 +220,15 @@ impl Parts<'_> {
             .collect();
         let mut remade = Vec::new();
         for w in &wanted {
-            match coverage(&current, w) {
+            let cover = match coverage(&current, w) {
+                Cover::Same | Cover::OtherProt
+                    if whole && self.image.areas.contains_key(&w.start) =>
+                {
+                    Cover::Gaps
+                }
+                c => c,
+            };
+            match cover {
                 Cover::Same => {}
                 Cover::OtherProt => {
                     let args = [w.start, w.len(), w.prot.bits(), 0, 0, 0];

@@ -46,7 +46,7 @@ impl Target {
             input,
             output,
         };
-        assert_eq!(t.line(), "ready");
+        assert_eq!(t.line().unwrap(), "ready");
         t
     }
 
@@ -54,24 +54,30 @@ impl Target {
         self.child.id()
     }
 
-    fn line(&mut self) -> String {
+    fn line(&mut self) -> Result<String, String> {
         let mut s = String::new();
-        self.output.read_line(&mut s).expect("target output");
-        assert!(!s.is_empty(), "target {} exited", self.child.id());
-        s.trim().to_string()
+        self.output.read_line(&mut s).map_err(|e| e.to_string())?;
+        if s.is_empty() {
+            let status = self.child.wait().map_err(|e| e.to_string())?;
+            return Err(format!("target {} exited: {status}", self.child.id()));
+        }
+        Ok(s.trim().to_string())
     }
 
-    pub fn cmd(&mut self, c: &str) -> String {
-        writeln!(self.input, "{c}").unwrap();
-        self.input.flush().unwrap();
+    /// Sends a command; its answer, or how the target died.
+    pub fn cmd(&mut self, c: &str) -> Result<String, String> {
+        writeln!(self.input, "{c}").map_err(|e| format!("target {}: {e}", self.child.id()))?;
+        self.input.flush().map_err(|e| e.to_string())?;
         self.line()
     }
 
     /// The digest, which must be `ok`.
-    pub fn digest(&mut self) -> String {
-        let d = self.cmd("digest");
-        assert!(d.starts_with("ok "), "target says {d}");
-        d
+    pub fn digest(&mut self) -> Result<String, String> {
+        let d = self.cmd("digest")?;
+        if !d.starts_with("ok ") {
+            return Err(format!("target says {d}"));
+        }
+        Ok(d)
     }
 }
 

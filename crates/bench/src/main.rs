@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+mod checkpoint;
 mod load;
 mod recovery;
 mod tables;
@@ -129,6 +130,23 @@ enum Bench {
     /// on and off, then under a fault every 10 s) against nginx and Apache,
     /// with ab and wrk; a markdown table and an SVG plot.
     Web(web::WebArgs),
+    /// Incremental checkpoints of a live process: pause by heap size and
+    /// share written against copying every page, restore time per kind,
+    /// and a workload's throughput with checkpoints every 100 and 10 ms.
+    Checkpoint {
+        /// Heap sizes, MiB.
+        #[arg(long, value_delimiter = ',', default_values_t = [16, 256, 1024])]
+        heap_mib: Vec<u64>,
+        /// Checkpoints (and restores) measured per configuration.
+        #[arg(long, default_value_t = 30)]
+        rounds: usize,
+        /// Seconds per throughput run.
+        #[arg(long, default_value_t = 3.0)]
+        secs: f64,
+        /// Throughput runs per configuration (the median is shown).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -184,6 +202,12 @@ fn run(b: Bench) -> anyhow::Result<bool> {
             load,
         } => watchdog::watchdog(hangs, fp_calls, overhead_calls, rounds, load),
         Bench::Web(args) => web::web(args),
+        Bench::Checkpoint {
+            heap_mib,
+            rounds,
+            secs,
+            repeats,
+        } => checkpoint::checkpoint(&heap_mib, rounds, secs, repeats),
     }
 }
 

@@ -1,0 +1,330 @@
+//! `kintsugi bench checkpoint`: RMK's TAC and RTCR's incremental copying
+//! measured on a live process (`kintsugi-ckpt-target`): the pause of an
+//! incremental checkpoint by heap size and share of pages written, against
+//! a baseline in the same run that copies every page each time (RTCR's
+//! first approach); restore time per kind; and a workload's throughput with
+//! checkpoints every 100 ms and every 10 ms against none.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use kintsugi_checkpoint::{file, Checkpointer, Stats};
+use kintsugi_supervisor::stats::Summary;
+
+/// The target process, driven over its stdin and stdout.
+struct Target {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+}
+
+fn target_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe.with_file_name("kintsugi-ckpt-target");
+    if !path.exists() {
+        bail!("{} not found (build the workspace)", path.display());
+    }
+    Ok(path)
+}
+
+impl Target {
+    fn start(heap: u64, threads: u32) -> anyhow::Result<Self> {
+        let mut child = Command::new(target_binary()?)
+            .args([
+                "--heap",
+                &heap.to_string(),
+                "--threads",
+                &threads.to_string(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("start kintsugi-ckpt-target")?;
+        let input = child.stdin.take().context("stdin")?;
+        let output = BufReader::new(child.stdout.take().context("stdout")?);
+        let mut t = Target {
+            child,
+            input,
+            output,
+        };
+        t.expect_reply("ready")?;
+        Ok(t)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn expect_reply(&mut self, prefix: &str) -> anyhow::Result<String> {
+        let mut line = String::new();
+        self.output.read_line(&mut line)?;
+        if !line.starts_with(prefix) {
+            bail!("target answered {line:?}, not {prefix}");
+        }
+        Ok(line.trim().to_string())
+    }
+
+    fn cmd(&mut self, c: &str, reply: &str) -> anyhow::Result<String> {
+        writeln!(self.input, "{c}")?;
+        self.input.flush()?;
+        self.expect_reply(reply)
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn row(cells: &[String]) {
+    println!("| {} |", cells.join(" | "));
+}
+
+/// Pauses of `rounds` checkpoints, each after `permille` of the pages are
+/// written; the first (which copies every resident page) is not counted.
+fn pauses(
+    c: &mut Checkpointer,
+    t: &mut Target,
+    permille: u32,
+    rounds: usize,
+) -> anyhow::Result<(Summary, Stats)> {
+    c.checkpoint()?;
+    let mut samples = Vec::new();
+    let mut last = Stats::default();
+    for r in 0..rounds {
+        t.cmd(&format!("mutate {permille} {r}"), "done")?;
+        last = c.checkpoint()?;
+        samples.push(ms(last.pause));
+    }
+    Ok((Summary::of(&samples).context("no rounds")?, last))
+}
+
+fn pause_table(heaps_mib: &[u64], rounds: usize) -> anyhow::Result<()> {
+    println!("### Pause per checkpoint (ms), incremental against copying every page\n");
+    row(&[
+        "heap",
+        "written",
+        "incremental p50",
+        "p99 (n)",
+        "pages copied",
+        "every page p50 (n)",
+        "ratio",
+    ]
+    .map(String::from));
+    row(&["---", "---:", "---:", "---:", "---:", "---:", "---:"].map(String::from));
+    for &mib in heaps_mib {
+        let mut t = Target::start(mib << 20, 2)?;
+        let mut inc = Checkpointer::attach(t.pid())?;
+        let mut base_t = Target::start(mib << 20, 2)?;
+        let mut full = Checkpointer::attach(base_t.pid())?;
+        full.set_full_copy(true);
+        for permille in [1u32, 10, 100] {
+            let (s, last) = pauses(&mut inc, &mut t, permille, rounds)?;
+            let (b, _) = pauses(&mut full, &mut base_t, permille, rounds.min(5))?;
+            row(&[
+                format!("{mib} MiB"),
+                format!("{:.1} %", permille as f64 / 10.0),
+                format!("{:.3}", s.p50),
+                format!("{:.3} ({})", s.p99, s.n),
+                last.pages.to_string(),
+                format!("{:.2} ({})", b.p50, b.n),
+                format!("{:.3}", s.p50 / b.p50),
+            ]);
+        }
+    }
+    println!();
+    Ok(())
+}
+
+fn restore_table(mib: u64, rounds: usize, dir: &std::path::Path) -> anyhow::Result<()> {
+    println!(
+        "### Restore of a {mib} MiB heap with 1 % of its pages written since the checkpoint (ms)\n"
+    );
+    row(&["kind", "p50", "p99 (n)", "pages written", "image file"].map(String::from));
+    row(&["---", "---:", "---:", "---:", "---"].map(String::from));
+    let mut t = Target::start(mib << 20, 2)?;
+    let mut c = Checkpointer::attach(t.pid())?;
+    c.checkpoint()?;
+    let digest = t.cmd("digest", "ok")?;
+    let mut in_place = Vec::new();
+    let mut pages = 0;
+    for r in 0..rounds {
+        t.cmd(&format!("mutate 10 {r}"), "done")?;
+        let s = c.restore_in_place()?;
+        pages = s.pages;
+        in_place.push(ms(s.pause));
+    }
+    anyhow::ensure!(
+        t.cmd("digest", "ok")? == digest,
+        "in-place restore lost the checkpoint"
+    );
+    let s = Summary::of(&in_place).context("rounds")?;
+    row(&[
+        "in place".into(),
+        format!("{:.3}", s.p50),
+        format!("{:.3} ({})", s.p99, s.n),
+        pages.to_string(),
+        "-".into(),
+    ]);
+
+    let path = dir.join("bench.ksgckpt");
+    let (mut write, mut read, mut restore) = (Vec::new(), Vec::new(), Vec::new());
+    let mut size = 0;
+    for r in 0..rounds.min(10) {
+        let at = Instant::now();
+        size = file::write(c.image(), &path)?;
+        write.push(ms(at.elapsed()));
+        t.cmd(&format!("mutate 10 {r}"), "done")?;
+        let at = Instant::now();
+        let image = file::read(&path)?;
+        read.push(ms(at.elapsed()));
+        let s = c.restore_image(image)?;
+        pages = s.pages;
+        restore.push(ms(s.pause));
+    }
+    std::fs::remove_file(&path).ok();
+    anyhow::ensure!(
+        t.cmd("digest", "ok")? == digest,
+        "image restore lost the checkpoint"
+    );
+    for (kind, v) in [
+        ("image file: write", &write),
+        ("image file: read and check", &read),
+        ("image file: restore (whole)", &restore),
+    ] {
+        let s = Summary::of(v).context("rounds")?;
+        row(&[
+            kind.into(),
+            format!("{:.3}", s.p50),
+            format!("{:.3} ({})", s.p99, s.n),
+            if kind.ends_with("(whole)") {
+                pages.to_string()
+            } else {
+                "-".into()
+            },
+            format!("{:.1} MiB (zstd)", size as f64 / (1 << 20) as f64),
+        ]);
+    }
+    println!();
+    Ok(())
+}
+
+/// Commands of the target's workload (`mutate 1`: 0.1 % of a 64 MiB heap
+/// written per command) answered in `secs`, with a checkpoint every
+/// `every` (none if `None`) taken by another thread.
+fn throughput(every: Option<Duration>, secs: f64) -> anyhow::Result<(f64, usize, f64)> {
+    let mut t = Target::start(64 << 20, 2)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let ckpt = every.map(|every| {
+        let (pid, stop) = (t.pid(), stop.clone());
+        std::thread::spawn(move || -> anyhow::Result<Vec<f64>> {
+            let mut c = Checkpointer::attach(pid)?;
+            let mut pauses = Vec::new();
+            let mut next = Instant::now();
+            while !stop.load(Ordering::SeqCst) {
+                pauses.push(ms(c.checkpoint()?.pause));
+                next += every;
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+            Ok(pauses)
+        })
+    });
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed().as_secs_f64() < secs {
+        t.cmd(&format!("mutate 1 {n}"), "done")?;
+        n += 1;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::SeqCst);
+    let pauses = match ckpt {
+        Some(h) => h
+            .join()
+            .map_err(|_| anyhow::anyhow!("checkpoint thread panicked"))??,
+        None => Vec::new(),
+    };
+    let p50 = Summary::of(&pauses).map_or(0.0, |s| s.p50);
+    Ok((rate, pauses.len(), p50))
+}
+
+fn throughput_table(secs: f64, repeats: usize) -> anyhow::Result<()> {
+    println!("### Workload throughput (64 MiB heap, 0.1 % of its pages (16) written per command, {secs} s runs, median of {repeats})\n");
+    row(&[
+        "checkpoints",
+        "commands/s",
+        "× none",
+        "checkpoints taken",
+        "pause p50 (ms)",
+    ]
+    .map(String::from));
+    row(&["---", "---:", "---:", "---:", "---:"].map(String::from));
+    let configs = [
+        ("none", None),
+        ("every 100 ms", Some(Duration::from_millis(100))),
+        ("every 10 ms", Some(Duration::from_millis(10))),
+    ];
+    let mut results = vec![Vec::new(); configs.len()];
+    // Interleaved, so that drift in the machine's speed hits all alike.
+    for _ in 0..repeats {
+        for (i, (_, every)) in configs.iter().enumerate() {
+            results[i].push(throughput(*every, secs)?);
+        }
+    }
+    let median = |v: &mut Vec<(f64, usize, f64)>| {
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v[v.len() / 2]
+    };
+    let none = median(&mut results[0]).0;
+    for (i, (name, _)) in configs.iter().enumerate() {
+        let (rate, taken, p50) = median(&mut results[i]);
+        row(&[
+            name.to_string(),
+            format!("{rate:.0}"),
+            format!("{:.3}", rate / none),
+            taken.to_string(),
+            if taken > 0 {
+                format!("{p50:.3}")
+            } else {
+                "-".into()
+            },
+        ]);
+    }
+    println!();
+    Ok(())
+}
+
+pub fn checkpoint(
+    heaps_mib: &[u64],
+    rounds: usize,
+    secs: f64,
+    repeats: usize,
+) -> anyhow::Result<bool> {
+    anyhow::ensure!(
+        rounds > 0 && repeats > 0 && !heaps_mib.is_empty(),
+        "sizes must be positive"
+    );
+    println!(
+        "kintsugi bench checkpoint: a live process ({}) checkpointed from outside;",
+        "kintsugi-ckpt-target"
+    );
+    println!("pause = from the first thread stopped to the last one let go.\n");
+    pause_table(heaps_mib, rounds)?;
+    let dir = std::env::temp_dir().join(format!("kintsugi-bench-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let restored = restore_table(heaps_mib[heaps_mib.len() / 2], rounds, &dir);
+    std::fs::remove_dir_all(&dir).ok();
+    restored?;
+    throughput_table(secs, repeats)?;
+    Ok(true)
+}

@@ -314,10 +314,7 @@ pub fn checkpoint(
         rounds > 0 && repeats > 0 && !heaps_mib.is_empty(),
         "sizes must be positive"
     );
-    println!(
-        "kintsugi bench checkpoint: a live process ({}) checkpointed from outside;",
-        "kintsugi-ckpt-target"
-    );
+    println!("kintsugi bench checkpoint: a live process (kintsugi-ckpt-target) checkpointed from outside;");
     println!("pause = from the first thread stopped to the last one let go.\n");
     pause_table(heaps_mib, rounds)?;
     let dir = std::env::temp_dir().join(format!("kintsugi-bench-ckpt-{}", std::process::id()));

@@ -12,6 +12,7 @@
 //!
 //! [`attach`]: Checkpointer::attach
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 use rustix::process::{pidfd_getfd, pidfd_open, Pid, PidfdFlags, PidfdGetfdFlags};
 
 use crate::freeze::Frozen;
-use crate::image::{Area, Image, ThreadState};
+use crate::image::{Area, Image, Rseq, ThreadState};
 use crate::maps::{self, Mapping};
 use crate::sys::{self, PageRegion, Scan};
 use crate::{memio, remote, Error};
@@ -47,6 +48,8 @@ pub struct Checkpointer {
     mem: File,
     insn: u64,
     image: Image,
+    /// Each thread's `clear_child_tid` address, asked once per thread.
+    tid_addresses: BTreeMap<u32, u64>,
     /// Copy every page of every area each time (RTCR's first approach; the
     /// baseline of `kintsugi bench checkpoint`).
     full_copy: bool,
@@ -98,6 +101,7 @@ impl Checkpointer {
                 exe,
                 ..Image::default()
             },
+            tid_addresses: BTreeMap::new(),
             full_copy: false,
         })
     }
@@ -130,6 +134,7 @@ impl Checkpointer {
     /// Takes a checkpoint of a process the caller holds still.
     pub fn checkpoint_frozen(&mut self, frozen: &Frozen) -> Result<Stats, Error> {
         let started = Instant::now();
+        self.learn_tid_addresses(frozen)?;
         let current = maps::read(self.pid)?;
         let mut stats = Stats::default();
         let mut old = std::mem::take(&mut self.image.areas);
@@ -154,7 +159,7 @@ impl Checkpointer {
             .filter(|m| !m.prot.shared && !m.is_special())
             .collect();
         self.image.brk = maps::program_break(self.pid, &self.image.layout)?;
-        self.image.threads = capture_threads(frozen)?;
+        self.image.threads = self.capture_threads(frozen)?;
         self.image.seq += 1;
         stats.areas = self.image.areas.len();
         stats.threads = self.image.threads.len();
@@ -245,6 +250,7 @@ impl Checkpointer {
             mem: &self.mem,
             insn: self.insn,
             image: &mut self.image,
+            tid_addresses: &mut self.tid_addresses,
         }
     }
 
@@ -260,21 +266,46 @@ pub(crate) struct Parts<'a> {
     pub mem: &'a File,
     pub insn: u64,
     pub image: &'a mut Image,
+    pub tid_addresses: &'a mut BTreeMap<u32, u64>,
 }
 
-/// Every thread's registers and extended state.
-fn capture_threads(frozen: &Frozen) -> Result<Vec<ThreadState>, Error> {
-    frozen
-        .tids()
-        .iter()
-        .map(|&tid| {
-            Ok(ThreadState::new(
-                tid,
-                &frozen.regs(tid)?,
-                frozen.xstate(tid)?,
-            ))
-        })
-        .collect()
+impl Checkpointer {
+    /// Asks each thread not seen before where its id word is (a system
+    /// call it makes: done before anything is copied, since running even
+    /// one instruction lets the kernel update the thread's rseq area), and
+    /// forgets the threads gone.
+    fn learn_tid_addresses(&mut self, frozen: &Frozen) -> Result<(), Error> {
+        self.tid_addresses
+            .retain(|tid, _| frozen.tids().contains(tid));
+        for &tid in frozen.tids() {
+            if !self.tid_addresses.contains_key(&tid) {
+                let a = remote::tid_address(frozen, &self.mem, tid, self.insn)?;
+                self.tid_addresses.insert(tid, a);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every thread's registers, extended state, id address and rseq
+    /// registration.
+    fn capture_threads(&self, frozen: &Frozen) -> Result<Vec<ThreadState>, Error> {
+        let mut threads = Vec::with_capacity(frozen.tids().len());
+        for &tid in frozen.tids() {
+            let mut t = ThreadState::new(tid, &frozen.regs(tid)?, frozen.xstate(tid)?);
+            t.tid_address = self.tid_addresses.get(&tid).copied().unwrap_or(0);
+            let rseq = sys::rseq_config(tid as i32).map_err(|e| Error::Kernel {
+                what: "PTRACE_GET_RSEQ_CONFIGURATION",
+                source: e,
+            })?;
+            t.rseq = Rseq {
+                address: rseq.address,
+                len: rseq.len,
+                signature: rseq.signature,
+            };
+            threads.push(t);
+        }
+        Ok(threads)
+    }
 }
 
 /// Makes the frozen target create a userfaultfd, takes it, and closes the

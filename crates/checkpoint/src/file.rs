@@ -245,7 +245,7 @@ impl<R: Read> Read for Checked<R> {
 
 /// Every bound a manifest must keep before anything is allocated for it.
 fn validate(m: &Manifest) -> Result<(), String> {
-    let aligned = |a: u64| a % PAGE == 0;
+    let aligned = |a: u64| a.is_multiple_of(PAGE);
     let mut span = 0u64;
     let mut last_end = 0u64;
     for a in &m.areas {

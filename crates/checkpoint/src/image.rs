@@ -20,6 +20,23 @@ pub struct ThreadState {
     pub regs: [u64; 27],
     /// The `xsave` area: x87, SSE, AVX and whatever else the CPU has.
     pub xstate: Vec<u8>,
+    /// Where the thread's C library keeps its id, the word the kernel
+    /// clears when the thread exits (`clear_child_tid`; 0 if none): a
+    /// restore into another process points its thread there and writes
+    /// the new id.
+    pub tid_address: u64,
+    /// The thread's restartable-sequences area, which the kernel keeps
+    /// writing (address 0 if none): a restore into another process moves
+    /// the registration there.
+    pub rseq: Rseq,
+}
+
+/// A restartable-sequences registration.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rseq {
+    pub address: u64,
+    pub len: u32,
+    pub signature: u32,
 }
 
 impl ThreadState {
@@ -27,6 +44,8 @@ impl ThreadState {
         let r = regs;
         Self {
             tid,
+            tid_address: 0,
+            rseq: Rseq::default(),
             regs: [
                 r.r15, r.r14, r.r13, r.r12, r.rbp, r.rbx, r.r11, r.r10, r.r9, r.r8, r.rax, r.rcx,
                 r.rdx, r.rsi, r.rdi, r.orig_rax, r.rip, r.cs, r.eflags, r.rsp, r.ss, r.fs_base,

@@ -26,13 +26,14 @@ mod image;
 pub mod maps;
 mod memio;
 mod remote;
+mod respawn;
 mod restore;
 mod sys;
 
 pub use checkpoint::{Checkpointer, Stats};
 pub use file::ImageError;
 pub use freeze::{thread_ids, Frozen};
-pub use image::{Area, Image, ThreadState};
+pub use image::{Area, Image, Rseq, ThreadState};
 
 use thiserror::Error;
 

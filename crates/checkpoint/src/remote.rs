@@ -110,3 +110,32 @@ pub fn checked(
     }
     Ok(r as u64)
 }
+
+/// Below a thread's stack pointer, past its red zone: where a system
+/// call's result is written and read back.
+const SCRATCH_BELOW_SP: u64 = 4096;
+
+/// Thread `tid`'s `clear_child_tid` address (`prctl(PR_GET_TID_ADDRESS)`,
+/// made by the thread, its answer written to scratch space below its
+/// stack pointer and the bytes there put back).
+pub fn tid_address(frozen: &Frozen, mem: &File, tid: u32, insn: u64) -> Result<u64, Error> {
+    let scratch = (frozen.regs(tid)?.rsp - SCRATCH_BELOW_SP) & !7;
+    let mem_err = |e| Error::proc(&format!("/proc/{}/mem", frozen.pid()), e);
+    let mut saved = [0u8; 8];
+    mem.read_exact_at(&mut saved, scratch).map_err(mem_err)?;
+    let args = [libc::PR_GET_TID_ADDRESS as u64, scratch, 0, 0, 0, 0];
+    let asked = checked(
+        frozen,
+        tid,
+        insn,
+        "prctl(PR_GET_TID_ADDRESS)",
+        libc::SYS_prctl,
+        args,
+    );
+    let mut addr = [0u8; 8];
+    let read = mem.read_exact_at(&mut addr, scratch).map_err(mem_err);
+    mem.write_all_at(&saved, scratch).map_err(mem_err)?;
+    asked?;
+    read?;
+    Ok(u64::from_le_bytes(addr))
+}

@@ -32,7 +32,8 @@ impl Checkpointer {
     /// Restores the latest checkpoint into a process the caller holds
     /// still (and will let go).
     pub fn restore_frozen(&mut self, frozen: &Frozen) -> Result<Stats, Error> {
-        self.restore_with(frozen, false)
+        let pairs = same_threads(self.image(), frozen)?;
+        self.restore_with(frozen, false, &pairs)
     }
 
     /// Restores `image` (read from a file, say) into the running process
@@ -61,14 +62,21 @@ impl Checkpointer {
             });
         }
         *self.parts().image = image;
-        self.restore_with(frozen, true)
+        let pairs = same_threads(self.image(), frozen)?;
+        self.restore_with(frozen, true, &pairs)
     }
 
-    fn restore_with(&mut self, frozen: &Frozen, whole: bool) -> Result<Stats, Error> {
+    /// Restores the image into the frozen process, `pairs` saying which of
+    /// its threads takes which thread of the image (by tid).
+    pub(crate) fn restore_with(
+        &mut self,
+        frozen: &Frozen,
+        whole: bool,
+        pairs: &[(u32, u32)],
+    ) -> Result<Stats, Error> {
         if self.image().seq == 0 {
             return Err(Error::NoCheckpoint(self.pid()));
         }
-        check_threads(self.image(), frozen)?;
         let remade = self.parts().restore_layout(frozen, whole)?;
         let mut stats = Stats::default();
         let starts: Vec<u64> = self.image().areas.keys().copied().collect();
@@ -89,7 +97,7 @@ impl Checkpointer {
             };
             stats.pages += self.parts().write_back(start, &ranges)?;
         }
-        restore_threads(self.image(), frozen)?;
+        restore_threads(self.image(), frozen, pairs)?;
         stats.areas = self.image().areas.len();
         stats.new_areas = remade.len();
         stats.threads = frozen.tids().len();
@@ -98,8 +106,9 @@ impl Checkpointer {
     }
 }
 
-/// In-place restore keeps the threads: the same set must be there.
-fn check_threads(image: &Image, frozen: &Frozen) -> Result<(), Error> {
+/// In-place restore keeps the threads: the same set must be there; each
+/// takes its own registers back.
+fn same_threads(image: &Image, frozen: &Frozen) -> Result<Vec<(u32, u32)>, Error> {
     let want: Vec<u32> = image.threads.iter().map(|t| t.tid).collect();
     if want != frozen.tids() {
         return Err(Error::ThreadsChanged {
@@ -108,13 +117,24 @@ fn check_threads(image: &Image, frozen: &Frozen) -> Result<(), Error> {
             now: frozen.tids().to_vec(),
         });
     }
-    Ok(())
+    Ok(want.iter().map(|&t| (t, t)).collect())
 }
 
-fn restore_threads(image: &Image, frozen: &Frozen) -> Result<(), Error> {
-    for t in &image.threads {
-        frozen.set_regs(t.tid, t.user_regs())?;
-        sys::set_xstate(t.tid as i32, &t.xstate).map_err(|e| Error::Kernel {
+/// Gives thread `to` the registers of the image's thread `from`, for
+/// each pair.
+pub(crate) fn restore_threads(
+    image: &Image,
+    frozen: &Frozen,
+    pairs: &[(u32, u32)],
+) -> Result<(), Error> {
+    for &(from, to) in pairs {
+        let t = image
+            .threads
+            .iter()
+            .find(|t| t.tid == from)
+            .ok_or(Error::NoCheckpoint(from))?;
+        frozen.set_regs(to, t.user_regs())?;
+        sys::set_xstate(to as i32, &t.xstate).map_err(|e| Error::Kernel {
             what: "PTRACE_SETREGSET NT_X86_XSTATE",
             source: e,
         })?;

@@ -4,7 +4,8 @@
 //! `PAGEMAP_SCAN` ioctl on `/proc/<pid>/pagemap` (Linux 6.7,
 //! `Documentation/admin-guide/mm/pagemap.rst`), and `PTRACE_GETREGSET` /
 //! `PTRACE_SETREGSET` for a thread's whole extended register state
-//! (`NT_X86_XSTATE`). Every call here takes a descriptor or tid and plain
+//! (`NT_X86_XSTATE`), and `PTRACE_GET_RSEQ_CONFIGURATION` (Linux 5.13).
+//! Every call here takes a descriptor or tid and plain
 //! data; nothing returns memory borrowed from the kernel.
 
 #![allow(unsafe_code)]
@@ -249,4 +250,40 @@ pub fn set_xstate(tid: i32, state: &[u8]) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// `PTRACE_GET_RSEQ_CONFIGURATION`.
+const PTRACE_GET_RSEQ_CONFIGURATION: libc::c_uint = 0x420f;
+
+/// A thread's restartable-sequences registration (`struct
+/// ptrace_rseq_configuration`): the area the kernel writes the current
+/// CPU into on every return to user space.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RseqConfig {
+    pub address: u64,
+    pub len: u32,
+    pub signature: u32,
+    pub flags: u32,
+    pub pad: u32,
+}
+
+/// Thread `tid`'s rseq registration (address 0: none). The thread must be
+/// in a ptrace-stop of ours.
+pub fn rseq_config(tid: i32) -> io::Result<RseqConfig> {
+    let mut conf = RseqConfig::default();
+    // SAFETY: the kernel writes at most `size_of::<RseqConfig>()` bytes
+    // (the size passed) into `conf`, which is that large and writable.
+    let r = unsafe {
+        libc::ptrace(
+            PTRACE_GET_RSEQ_CONFIGURATION,
+            tid,
+            std::mem::size_of::<RseqConfig>(),
+            &mut conf as *mut RseqConfig,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(conf)
 }

@@ -27,6 +27,7 @@ use rand::{Rng, SeedableRng};
 enum Kind {
     InPlace,
     ImageFile,
+    NewProcess,
 }
 
 #[derive(Debug)]
@@ -71,11 +72,7 @@ fn case(rng: &mut StdRng, max_heap: u64) -> Case {
         permille: (0..=rounds)
             .map(|_| shares[rng.gen_range(0..shares.len())])
             .collect(),
-        kind: if rng.gen_bool(0.5) {
-            Kind::InPlace
-        } else {
-            Kind::ImageFile
-        },
+        kind: [Kind::InPlace, Kind::ImageFile, Kind::NewProcess][rng.gen_range(0..3)],
     }
 }
 
@@ -90,32 +87,38 @@ fn hash(bytes: &[u8]) -> Vec<u32> {
     bytes.chunks(4096).map(crc32fast::hash).collect()
 }
 
-fn observe(frozen: &Frozen, image: &Image) -> Truth {
+/// What the frozen target holds in `image`'s mappings and threads. Words
+/// the kernel writes at will (each thread's rseq CPU fields) are seen as
+/// zero; `renamed` gives thread-id words the value they are compared with
+/// (a new process holds its own ids there).
+fn observe(frozen: &Frozen, image: &Image, renamed: &[(u64, u32)]) -> Truth {
     let mem = File::open(format!("/proc/{}/mem", frozen.pid())).unwrap();
+    let mut patches: Vec<(u64, Vec<u8>)> = renamed
+        .iter()
+        .map(|&(addr, tid)| (addr, tid.to_le_bytes().to_vec()))
+        .collect();
+    for t in image.threads.iter().filter(|t| t.rseq.address != 0) {
+        // cpu_id_start and cpu_id; node_id and mm_cid.
+        patches.push((t.rseq.address, vec![0; 8]));
+        patches.push((t.rseq.address + 20, vec![0; 8]));
+    }
     let mut bytes = BTreeMap::new();
     let mut buf = Vec::new();
     for a in image.areas.values() {
         buf.resize(a.map.len() as usize, 0);
         mem.read_exact_at(&mut buf, a.map.start).unwrap();
+        for (addr, b) in &patches {
+            if *addr >= a.map.start && addr + b.len() as u64 <= a.map.end {
+                let at = (addr - a.map.start) as usize;
+                buf[at..at + b.len()].copy_from_slice(b);
+            }
+        }
         bytes.insert(a.map.start, hash(&buf));
     }
     let threads = frozen
         .tids()
         .iter()
-        .map(|&tid| {
-            let regs = frozen.regs(tid).unwrap();
-            ThreadState::new(
-                tid,
-                &regs,
-                image
-                    .threads
-                    .iter()
-                    .find(|t| t.tid == tid)
-                    .unwrap()
-                    .xstate
-                    .clone(),
-            )
-        })
+        .map(|&tid| ThreadState::new(tid, &frozen.regs(tid).unwrap(), frozen.xstate(tid).unwrap()))
         .collect();
     Truth { bytes, threads }
 }
@@ -149,7 +152,7 @@ fn run(case: &Case, dir: &std::path::Path) -> Result<Duration, String> {
         let frozen = Frozen::freeze(t.pid()).map_err(|e| format!("freeze: {e}"))?;
         c.checkpoint_frozen(&frozen)
             .map_err(|e| format!("checkpoint {round}: {e}"))?;
-        truth = Some(observe(&frozen, c.image()));
+        truth = Some(observe(&frozen, c.image(), &[]));
     }
     let truth = truth.unwrap();
     // After the checkpoint: writes, new mappings, dropped ones.
@@ -160,23 +163,53 @@ fn run(case: &Case, dir: &std::path::Path) -> Result<Duration, String> {
     ))?;
     t.cmd(&format!("map {} {}", 1 + case.maps / 3, !case.seed))?;
     t.cmd(&format!("unmap {} {}", 1 + case.maps / 5, !case.seed))?;
+    let (mut t, mut c) = match case.kind {
+        Kind::NewProcess => {
+            // A new incarnation of the same program takes the image.
+            let path = dir.join(format!("case-{}.ksgckpt", case.seed));
+            file::write(c.image(), &path).map_err(|e| format!("write: {e}"))?;
+            let fresh = Target::start(case.seed, case.heap, case.maps, case.threads, case.spin);
+            let fc = Checkpointer::attach(fresh.pid()).map_err(|e| format!("attach new: {e}"))?;
+            drop(t);
+            (fresh, fc)
+        }
+        _ => (t, c),
+    };
     let frozen = Frozen::freeze(t.pid()).map_err(|e| format!("freeze: {e}"))?;
+    let path = dir.join(format!("case-{}.ksgckpt", case.seed));
     match case.kind {
         Kind::InPlace => {
             c.restore_frozen(&frozen)
                 .map_err(|e| format!("restore: {e}"))?;
         }
         Kind::ImageFile => {
-            let path = dir.join(format!("case-{}.ksgckpt", case.seed));
             file::write(c.image(), &path).map_err(|e| format!("write: {e}"))?;
             let image = file::read(&path).map_err(|e| format!("read: {e}"))?;
-            std::fs::remove_file(&path).ok();
             c.restore_image_frozen(&frozen, image)
                 .map_err(|e| format!("restore image: {e}"))?;
         }
+        Kind::NewProcess => {
+            let image = file::read(&path).map_err(|e| format!("read: {e}"))?;
+            c.restore_new_frozen(&frozen, image)
+                .map_err(|e| format!("restore into a new process: {e}"))?;
+        }
     }
+    std::fs::remove_file(&path).ok();
     // Checked before any thread runs again.
-    let after = observe(&frozen, c.image());
+    // In a new process, thread i of the image is thread i of the process,
+    // and the C library's id words hold the new ids.
+    let renamed: Vec<(u64, u32)> = match case.kind {
+        Kind::NewProcess => c
+            .image()
+            .threads
+            .iter()
+            .zip(&truth.threads)
+            .filter(|(t, _)| t.tid_address != 0)
+            .map(|(t, old)| (t.tid_address, old.tid))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let after = observe(&frozen, c.image(), &renamed);
     for (start, h) in &truth.bytes {
         let got = after
             .bytes
@@ -192,19 +225,13 @@ fn run(case: &Case, dir: &std::path::Path) -> Result<Duration, String> {
             ));
         }
     }
-    for (want, got) in truth.threads.iter().zip(&after.threads) {
+    // Thread i of the image is thread i of the process restored into.
+    for (i, (want, got)) in truth.threads.iter().zip(&after.threads).enumerate() {
         if want.regs != got.regs {
-            return Err(format!("thread {}: registers differ", want.tid));
+            return Err(format!("thread {i} ({}): registers differ", got.tid));
         }
-        let xs = frozen.xstate(got.tid).unwrap();
-        if c.image()
-            .threads
-            .iter()
-            .find(|t| t.tid == got.tid)
-            .map(|t| &t.xstate)
-            != Some(&xs)
-        {
-            return Err(format!("thread {}: extended state differs", got.tid));
+        if want.xstate != got.xstate {
+            return Err(format!("thread {i} ({}): extended state differs", got.tid));
         }
     }
     drop(frozen);

@@ -28,8 +28,13 @@ pub struct Target {
 
 impl Target {
     pub fn start(seed: u64, heap: u64, maps: u64, threads: u64, spin: bool) -> Self {
-        let mut cmd = Command::new(binary("kintsugi-ckpt-target"));
-        cmd.args(["--seed", &seed.to_string()])
+        // Address randomization off, so that a second process of the same
+        // program has its code where the first had it (a new incarnation
+        // forked from one pristine image has that by construction).
+        let mut cmd = Command::new("setarch");
+        cmd.arg("-R")
+            .arg(binary("kintsugi-ckpt-target"))
+            .args(["--seed", &seed.to_string()])
             .args(["--heap", &heap.to_string()])
             .args(["--maps", &maps.to_string()])
             .args(["--threads", &threads.to_string()])
@@ -58,6 +63,7 @@ impl Target {
         let mut s = String::new();
         self.output.read_line(&mut s).map_err(|e| e.to_string())?;
         if s.is_empty() {
+            self.reap_traced();
             let status = self.child.wait().map_err(|e| e.to_string())?;
             return Err(format!("target {} exited: {status}", self.child.id()));
         }
@@ -81,18 +87,25 @@ impl Target {
     }
 }
 
-impl Drop for Target {
-    fn drop(&mut self) {
-        // A thread that died while this thread traced it is a zombie that
-        // only its tracer may collect: collect each, or the wait hangs.
+impl Target {
+    /// A thread that died while this thread traced it is a zombie that
+    /// only its tracer may collect: collect each, or waiting for the
+    /// process hangs.
+    fn reap_traced(&self) {
         let tids = kintsugi_checkpoint::thread_ids(self.pid()).unwrap_or_default();
-        let _ = self.child.kill();
         for tid in tids.into_iter().filter(|&t| t != self.pid()) {
             let _ = nix::sys::wait::waitpid(
                 nix::unistd::Pid::from_raw(tid as i32),
                 Some(nix::sys::wait::WaitPidFlag::__WALL | nix::sys::wait::WaitPidFlag::WNOHANG),
             );
         }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        self.reap_traced();
         let _ = self.child.wait();
     }
 }

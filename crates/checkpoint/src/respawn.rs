@@ -1,0 +1,201 @@
+//! Restoring an image into another process, one that did not take it: a
+//! new incarnation of the same program (RTCR's restore into a fresh
+//! protection domain, and what a migrated image is restored into). The
+//! process must run the same executable with the same layout of code (the
+//! same binary and libraries at the same addresses: forked from the same
+//! pristine image, or started with address randomization off) and as many
+//! threads; the rest is made to match: the break, every private mapping
+//! and its contents, every thread's registers, thread `i` of the image
+//! going to thread `i` of the process.
+//!
+//! What differs between the two processes is the threads' ids and two
+//! words per thread that the kernel knows by address: the id the C library
+//! keeps in each thread's descriptor (the word the kernel clears when the
+//! thread exits, `clear_child_tid`; a checkpoint records its address with
+//! `prctl(PR_GET_TID_ADDRESS)`, asked once per thread) and the thread's
+//! restartable-sequences area, which the kernel writes the current CPU
+//! into on every return to user space (`PTRACE_GET_RSEQ_CONFIGURATION`).
+//! Each new thread unregisters its own rseq area and is pointed at the
+//! image's id word before the restore (thread stacks may lie elsewhere in
+//! the two layouts: the kernel must not write into restored memory by an
+//! old address), and afterwards the image's id word gets the new id and
+//! the image's rseq area is registered. Kernel state beyond
+//! the mappings and registers (descriptors, signal masks and handlers,
+//! timers) is the new process's own.
+
+use std::os::unix::fs::FileExt;
+
+use crate::checkpoint::{Checkpointer, Stats};
+use crate::freeze::Frozen;
+use crate::image::{Image, ThreadState};
+use crate::restore::restore_threads;
+use crate::{remote, sys, Error};
+
+impl Checkpointer {
+    /// Restores `image` into this process, which is not the one it was
+    /// taken from (see the module doc).
+    pub fn restore_new_frozen(&mut self, frozen: &Frozen, image: Image) -> Result<Stats, Error> {
+        let exe = self.image().exe.clone();
+        if image.exe != exe {
+            return Err(Error::Unrestorable {
+                pid: self.pid(),
+                detail: format!("the image is of {}, the process runs {exe}", image.exe),
+            });
+        }
+        if image.threads.len() != frozen.tids().len() {
+            return Err(Error::ThreadsChanged {
+                pid: self.pid(),
+                at_checkpoint: image.threads.iter().map(|t| t.tid).collect(),
+                now: frozen.tids().to_vec(),
+            });
+        }
+        let pairs: Vec<(u32, u32)> = image
+            .threads
+            .iter()
+            .map(|t| t.tid)
+            .zip(frozen.tids().iter().copied())
+            .collect();
+        let pid = self.pid();
+        *self.parts().image = image;
+        self.parts().image.pid = pid;
+        for &(old, new) in &pairs {
+            self.leave_own_words(frozen, old, new)?;
+        }
+        let stats = self.restore_with(frozen, true, &pairs)?;
+        for &(old, new) in &pairs {
+            self.take_image_words(frozen, old, new)?;
+        }
+        // The system calls just made ran in the threads, which the kernel
+        // may answer by saving their extended state anew: set it again.
+        restore_threads(self.image(), frozen, &pairs)?;
+        self.adopt_threads(&pairs);
+        Ok(stats)
+    }
+
+    /// Before the restore: thread `new` lets go of the words the kernel
+    /// writes in its own layout (its rseq area is unregistered) and is
+    /// pointed at the image's thread `old`'s id word (`set_tid_address`
+    /// only records the address). Done while its registers are its own.
+    fn leave_own_words(&mut self, frozen: &Frozen, old: u32, new: u32) -> Result<(), Error> {
+        let parts = self.parts();
+        let own = sys::rseq_config(new as i32).map_err(|e| Error::Kernel {
+            what: "PTRACE_GET_RSEQ_CONFIGURATION",
+            source: e,
+        })?;
+        if own.address != 0 {
+            remote::checked(
+                frozen,
+                new,
+                parts.insn,
+                "rseq(RSEQ_FLAG_UNREGISTER)",
+                libc::SYS_rseq,
+                [
+                    own.address,
+                    own.len as u64,
+                    RSEQ_FLAG_UNREGISTER,
+                    own.signature as u64,
+                    0,
+                    0,
+                ],
+            )?;
+        }
+        let addr = thread(parts.image, old)?.tid_address;
+        if addr != 0 {
+            remote::checked(
+                frozen,
+                new,
+                parts.insn,
+                "set_tid_address",
+                libc::SYS_set_tid_address,
+                [addr, 0, 0, 0, 0, 0],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// After the restore: thread `new`'s id goes into the image's id word
+    /// of thread `old` (which must hold `old`), and the image's rseq area
+    /// is registered for it.
+    fn take_image_words(&mut self, frozen: &Frozen, old: u32, new: u32) -> Result<(), Error> {
+        let parts = self.parts();
+        let t = thread(parts.image, old)?.clone();
+        let mem_err = |e| Error::proc(&format!("/proc/{}/mem", parts.pid), e);
+        if t.tid_address != 0 {
+            let mut word = [0u8; 4];
+            parts
+                .mem
+                .read_exact_at(&mut word, t.tid_address)
+                .map_err(mem_err)?;
+            if u32::from_le_bytes(word) != old {
+                return Err(Error::Unrestorable {
+                    pid: parts.pid,
+                    detail: format!(
+                        "thread {old}'s id word at {:#x} holds {} in the image",
+                        t.tid_address,
+                        u32::from_le_bytes(word)
+                    ),
+                });
+            }
+            parts
+                .mem
+                .write_all_at(&new.to_le_bytes(), t.tid_address)
+                .map_err(mem_err)?;
+        }
+        if t.rseq.address != 0 {
+            remote::checked(
+                frozen,
+                new,
+                parts.insn,
+                "rseq",
+                libc::SYS_rseq,
+                [
+                    t.rseq.address,
+                    t.rseq.len as u64,
+                    0,
+                    t.rseq.signature as u64,
+                    0,
+                    0,
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Makes the image this process's own: its threads renamed, their id
+    /// words holding the new ids, so that a later in-place restore or
+    /// checkpoint finds what the process has.
+    fn adopt_threads(&mut self, pairs: &[(u32, u32)]) {
+        let parts = self.parts();
+        for &(old, new) in pairs {
+            let Some(t) = parts.image.threads.iter_mut().find(|t| t.tid == old) else {
+                continue;
+            };
+            t.tid = new;
+            let addr = t.tid_address;
+            parts.tid_addresses.insert(new, addr);
+            if addr == 0 || old == new {
+                continue;
+            }
+            if let Some((_, area)) = parts.image.areas.range_mut(..=addr).next_back() {
+                if addr + 4 <= area.map.end {
+                    let at = (addr - area.map.start) as usize;
+                    area.data[at..at + 4].copy_from_slice(&new.to_le_bytes());
+                }
+            }
+        }
+        parts
+            .tid_addresses
+            .retain(|tid, _| pairs.iter().any(|&(_, new)| new == *tid));
+    }
+}
+
+/// `RSEQ_FLAG_UNREGISTER`.
+const RSEQ_FLAG_UNREGISTER: u64 = 1;
+
+fn thread(image: &Image, tid: u32) -> Result<&ThreadState, Error> {
+    image
+        .threads
+        .iter()
+        .find(|t| t.tid == tid)
+        .ok_or(Error::NoCheckpoint(tid))
+}

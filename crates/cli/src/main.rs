@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+mod control;
 mod inject;
 mod run;
 
@@ -30,6 +31,12 @@ enum Command {
     /// Put a fault into a system that `kintsugi run` runs: a register or
     /// memory bit flip, a crash signal, a hang or a delay.
     Inject(inject::InjectArgs),
+    /// Checkpoint a component of a system that `kintsugi run` runs, at
+    /// its next safe point, and print what it took.
+    Checkpoint(control::CheckpointArgs),
+    /// Restore a component of a running system from its latest checkpoint
+    /// (in place, keeping its pid) or from an image file.
+    Restore(control::RestoreArgs),
     /// Run a system with checking workloads, inject faults one at a time
     /// and classify what each did.
     Campaign(kintsugi_campaign::CampaignArgs),
@@ -64,6 +71,8 @@ fn main() -> std::process::ExitCode {
         Command::Run(args) => run::run(args),
         Command::Check { system } => run::check(&system),
         Command::Inject(args) => inject::inject(args),
+        Command::Checkpoint(args) => control::checkpoint(args),
+        Command::Restore(args) => control::restore(args),
         Command::Campaign(args) => kintsugi_campaign::campaign(args),
         Command::Bench { args } => bench(&args),
         Command::IdlLines { dir } => idl_lines(&dir),

@@ -253,14 +253,23 @@ fn execute(
     let roster = options.roster.clone().unwrap_or_default();
     let options = Options {
         roster: Some(roster.clone()),
+        checkpoint_dir: Some(
+            crate::inject::roster_dir().join(format!("{}.checkpoints", system.name)),
+        ),
         ..options
     };
-    let publisher = crate::inject::Publisher::start(system, roster)?;
+    let publisher = crate::inject::Publisher::start(system, roster.clone())?;
     tracing::info!("roster published at {}", publisher.path().display());
+    // Another run of a system with the same name keeps the socket: this
+    // one runs without (`kintsugi checkpoint` reaches the first).
+    let control = crate::control::Control::start(&system.name, roster)
+        .inspect_err(|e| tracing::warn!("no checkpoint control socket: {e:#}"))
+        .ok();
     let report = kintsugi_supervisor::run(system, options, &mut |e| {
         log.on(e);
         publisher.on(e);
     })?;
+    drop(control);
     drop(publisher);
     log.summary();
     for (name, exit) in &report.exits {

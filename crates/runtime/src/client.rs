@@ -182,6 +182,8 @@ impl Connection {
         decode: impl FnOnce(ReplyStatus<'_>) -> Result<T, WireError>,
     ) -> Result<T, Fault> {
         let edge = &self.inner.edge;
+        // Held here while the supervisor checkpoints this component.
+        let _calling = edge.begin_calling();
         self.wait_until_up()?;
         let slot = claimed_slot(edge);
         let s = edge.slot(slot);

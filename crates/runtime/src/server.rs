@@ -44,6 +44,13 @@ impl SlotWorker {
         let header = self.edge.header();
         let watch = crate::watchdog::this_worker();
         while self.wait_for_request() {
+            // Held here while the supervisor checkpoints this component;
+            // a request gone meanwhile (this thread was rolled back to a
+            // checkpoint taken just after it saw one) is not served.
+            let _serving = self.edge.begin_serving();
+            if s.state.load(Ordering::SeqCst) != state::REQUEST {
+                continue;
+            }
             if let Some(w) = watch {
                 w.take();
             }

@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 
 mod chaos;
+mod checkpoints;
 pub mod events;
 mod managed;
 mod options;
@@ -23,6 +24,7 @@ mod watch;
 pub mod watchdog;
 mod zygote;
 
+pub use checkpoints::Summary as CheckpointSummary;
 pub use events::{Event, Exit};
 pub use kintsugi_inject::{parse_signal, ChaosPlan};
 pub use options::{Options, Report, StopReason, SupervisorError};

@@ -1,6 +1,7 @@
 //! How a run is steered ([`Options`]), how it ended ([`Report`]) and what
 //! can stop it from starting ([`SupervisorError`]).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +54,9 @@ pub struct Options {
     pub lifelines: bool,
     /// A live view of the system for observers; one is made if not given.
     pub roster: Option<Arc<Roster>>,
+    /// Where periodic checkpoints kept as files go (`checkpoint.keep`);
+    /// a folder under the temporary directory if not given.
+    pub checkpoint_dir: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -67,6 +71,7 @@ impl Default for Options {
             interfaces: Vec::new(),
             lifelines: true,
             roster: None,
+            checkpoint_dir: None,
         }
     }
 }

@@ -4,13 +4,17 @@
 //! supervisor then treats as a crash of that incarnation.
 
 use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
 use kintsugi_runtime::abi::boot::ControlBlock;
 use kintsugi_runtime::abi::channel::Edge;
 use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::InterfaceInfo;
+
+use crate::checkpoints::{Command, Summary};
 
 /// One component as the roster sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +53,8 @@ pub struct Roster {
     stop: std::sync::atomic::AtomicBool,
     /// Written once per report or stop request; the supervisor's event loop listens.
     notify: Mutex<Option<OwnedFd>>,
+    /// The supervisor's checkpoint thread, while the system runs.
+    checkpoints: Mutex<Option<Sender<Command>>>,
 }
 
 impl Roster {
@@ -166,6 +172,51 @@ impl Roster {
             e.member.pid = pid;
             e.member.epoch = epoch;
         }
+        let name = name.to_string();
+        self.tell_checkpoints(match pid {
+            Some(pid) => Command::Live { name, pid },
+            None => Command::Down { name },
+        });
+    }
+
+    pub(crate) fn set_checkpoints(&self, commands: Option<Sender<Command>>) {
+        *self.checkpoints.lock().unwrap_or_else(|p| p.into_inner()) = commands;
+    }
+
+    fn tell_checkpoints(&self, cmd: Command) -> bool {
+        match &*self.checkpoints.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(tx) => tx.send(cmd).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Checkpoints `component` at its next safe point (waiting up to 2 s
+    /// for one) and, with `out`, writes the image to that file.
+    pub fn checkpoint(&self, component: &str, out: Option<PathBuf>) -> Result<Summary, String> {
+        let (reply, answer) = std::sync::mpsc::channel();
+        let name = component.to_string();
+        self.ask(Command::Take { name, out, reply }, answer)
+    }
+
+    /// Restores `component` at its next safe point: from its latest
+    /// checkpoint, in place, or from an image file (see `checkpoints.rs`).
+    pub fn restore(&self, component: &str, from: Option<PathBuf>) -> Result<Summary, String> {
+        let (reply, answer) = std::sync::mpsc::channel();
+        let name = component.to_string();
+        self.ask(Command::Restore { name, from, reply }, answer)
+    }
+
+    fn ask(
+        &self,
+        cmd: Command,
+        answer: std::sync::mpsc::Receiver<Result<Summary, String>>,
+    ) -> Result<Summary, String> {
+        if !self.tell_checkpoints(cmd) {
+            return Err("the system is not running".into());
+        }
+        answer
+            .recv()
+            .unwrap_or_else(|_| Err("the system stopped".into()))
     }
 }
 

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,7 @@ use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 use rustix::process::Signal;
 
 use crate::chaos::{Chaos, Target};
+use crate::checkpoints::{self, Command, Quiet, Tracked};
 use crate::events::{Event, Exit};
 use crate::managed::{Durable, Managed, Phase, Role, Served, Standby, Used, Wiring, Zygote};
 use crate::options::{Options, Report, StopReason, SupervisorError};
@@ -30,7 +32,7 @@ use crate::policy::RestartWindow;
 use crate::process::dying_exit;
 use crate::roster::{call_name, Roster};
 use crate::source::{listen, Source};
-use crate::vault::VaultStore;
+use crate::vault::{VaultActivity, VaultStore};
 use crate::watchdog::Monitor;
 use crate::zygote;
 
@@ -136,6 +138,11 @@ pub(crate) struct Supervisor<'a> {
     fault_pipe: OwnedFd,
     /// What every component is told at boot.
     pub(crate) wide: SystemWide,
+    /// What the checkpoint thread will keep of each component, gathered
+    /// at boot, and its commands, queued until it starts.
+    tracked: Vec<Tracked>,
+    checkpoint_commands: Option<Receiver<Command>>,
+    checkpoint_thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl<'a> Supervisor<'a> {
@@ -165,6 +172,8 @@ impl<'a> Supervisor<'a> {
             rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
         )?;
         roster.set_notify(fault_notify);
+        let (commands, checkpoint_commands) = std::sync::mpsc::channel();
+        roster.set_checkpoints(Some(commands));
         listen(&epoll, &fault_pipe, Source::Fault)?;
         Ok(Self {
             options,
@@ -181,6 +190,9 @@ impl<'a> Supervisor<'a> {
             roster,
             fault_pipe,
             wide: SystemWide::default(),
+            tracked: Vec::new(),
+            checkpoint_commands: Some(checkpoint_commands),
+            checkpoint_thread: None,
         })
     }
 
@@ -243,6 +255,13 @@ impl<'a> Supervisor<'a> {
                 .expect("one per component");
             self.boot(spec, served, used, durable)?;
         }
+        let dir = self.options.checkpoint_dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("kintsugi-checkpoints-{}", std::process::id()))
+        });
+        if let Some(rx) = self.checkpoint_commands.take() {
+            let tracked = std::mem::take(&mut self.tracked);
+            self.checkpoint_thread = Some(checkpoints::start(tracked, dir, rx)?);
+        }
         Ok(())
     }
 
@@ -269,7 +288,19 @@ impl<'a> Supervisor<'a> {
         };
         let (zygote_sock, zygote_peer) = seqpacket()?;
         let (vault_sock, vault_peer) = seqpacket()?;
-        self.vault.serve(spec.name.clone(), vault_sock);
+        let activity = Arc::new(VaultActivity::default());
+        self.tracked.push(Tracked::new(
+            spec.name.clone(),
+            spec.checkpoint,
+            Quiet {
+                served: served.iter().map(|s| s.edge.clone()).collect(),
+                used: used.iter().map(|u| u.edge.clone()).collect(),
+                vault: activity.clone(),
+                vault_sock: rustix::io::dup(&vault_sock)?,
+                vault_peer: rustix::io::dup(&vault_peer)?,
+            },
+        ));
+        self.vault.serve(spec.name.clone(), vault_sock, activity);
         let wiring = Wiring {
             control,
             zygote_peer,
@@ -549,6 +580,11 @@ impl<'a> Supervisor<'a> {
     fn shutdown(&mut self) -> Vec<(String, Exit)> {
         for id in self.signal_ids.drain(..) {
             signal_hook::low_level::unregister(id);
+        }
+        // No checkpoint or restore runs while the components stop.
+        self.roster.set_checkpoints(None);
+        if let Some(t) = self.checkpoint_thread.take() {
+            let _ = t.join();
         }
         let grace = self.options.stop_grace;
         let mut exits = Vec::new();

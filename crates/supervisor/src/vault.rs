@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kintsugi_runtime::abi::fdpass;
@@ -17,6 +18,16 @@ struct Entry {
     fd: Option<OwnedFd>,
 }
 
+/// What one component's vault thread has taken and finished, for telling
+/// a safe point (see `checkpoints.rs`): `taking` is raised before a request
+/// leaves the socket, `done` once it is applied and its reply sent, so a
+/// request is always either still queued or counted in `taking - done`.
+#[derive(Debug, Default)]
+pub(crate) struct VaultActivity {
+    pub taking: AtomicU64,
+    pub done: AtomicU64,
+}
+
 /// Every component's kept state.
 #[derive(Default, Clone)]
 pub struct VaultStore {
@@ -26,13 +37,21 @@ pub struct VaultStore {
 impl VaultStore {
     /// Serves one component's socket for as long as the system runs (the
     /// supervisor holds the other end for every incarnation to come).
-    pub fn serve(&self, component: String, sock: OwnedFd) -> std::thread::JoinHandle<()> {
+    pub fn serve(
+        &self,
+        component: String,
+        sock: OwnedFd,
+        activity: Arc<VaultActivity>,
+    ) -> std::thread::JoinHandle<()> {
         let store = self.clone();
         std::thread::Builder::new()
             .name(format!("vault:{component}"))
             .spawn(move || {
                 let mut buf = Vec::new();
                 loop {
+                    wait_readable(&sock);
+                    activity.taking.fetch_add(1, Ordering::SeqCst);
+                    let _finished = Finished(&activity.done);
                     // Whatever a faulty incarnation sends (an empty record, a
                     // message cut short) costs that message only: the vault
                     // must outlive every incarnation of its component.
@@ -168,6 +187,25 @@ impl VaultStore {
     }
 }
 
+/// Counts a taken request finished when dropped, whichever way its
+/// handling ends.
+struct Finished<'a>(&'a AtomicU64);
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Blocks until the socket has a message (or is closed).
+fn wait_readable(sock: &OwnedFd) {
+    let mut fds = [rustix::event::PollFd::new(
+        sock,
+        rustix::event::PollFlags::IN,
+    )];
+    while let Err(rustix::io::Errno::INTR) = rustix::event::poll(&mut fds, None) {}
+}
+
 /// A record as sent back; a duplicate of its descriptor, if it has one
 /// (and it can be duplicated), joins `fds`.
 /// Whether the component's end of a seqpacket socket is closed (an empty
@@ -242,7 +280,7 @@ mod tests {
             None,
         )
         .unwrap();
-        store.serve("c".into(), b);
+        store.serve("c".into(), b, Arc::default());
         Vault::new(a)
     }
 

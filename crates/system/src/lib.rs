@@ -23,6 +23,7 @@
 //! slots = 8                 # 1..=64
 //! arena_kib = 64            # private memory that survives micro-reboots (default 0: none)
 //! pool_kib = 0              # memory shared with its clients, also durable (default 0: none)
+//! checkpoint = { every_ms = 100, keep = 0 }  # optional: incremental checkpoints at safe points
 //!
 //! [watchdog]               # optional: hang detection (see docs/reliability.md)
 //! period_us = 5000          # the monitor samples every period
@@ -64,6 +65,10 @@ pub const SLOTS_RANGE: std::ops::RangeInclusive<u32> = 1..=64;
 pub const DEFAULT_SLOTS: u32 = 8;
 /// Values `realtime` (a SCHED_FIFO priority) may take.
 pub const REALTIME_RANGE: std::ops::RangeInclusive<u8> = 1..=99;
+/// Values `checkpoint.every_ms` may take (1 ms to an hour).
+pub const CHECKPOINT_EVERY_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=3_600_000;
+/// Values `checkpoint.keep` may take.
+pub const CHECKPOINT_KEEP_RANGE: std::ops::RangeInclusive<u32> = 0..=1000;
 /// Sizes `arena_kib` and `pool_kib` may take (0: none; at most 1 GiB).
 pub const DURABLE_KIB_RANGE: std::ops::RangeInclusive<u64> = 0..=1_048_576;
 
@@ -157,8 +162,30 @@ pub struct ComponentSpec {
     /// KiB of shared memory that the component shares with its clients, which
     /// map the pages it grants them (0: none), in [`DURABLE_KIB_RANGE`].
     pub pool_kib: u64,
+    /// Incremental checkpoints taken at safe points (none if absent).
+    pub checkpoint: Option<CheckpointPolicy>,
     /// Free-form configuration, always a JSON object (`{}` if absent).
     pub config: serde_json::Value,
+}
+
+/// `checkpoint = { every_ms = …, keep = … }`: the supervisor checkpoints
+/// the component every `every` at a safe point, keeping the latest
+/// checkpoint in its memory; with `keep` above 0, the `keep` latest are
+/// also written to image files in the system's checkpoint directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CheckpointPolicy {
+    pub every: Duration,
+    pub keep: u32,
+}
+
+impl Serialize for CheckpointPolicy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("CheckpointPolicy", 2)?;
+        st.serialize_field("every_ms", &(self.every.as_millis() as u64))?;
+        st.serialize_field("keep", &self.keep)?;
+        st.end()
+    }
 }
 
 /// A dependency of a component on an interface of another.

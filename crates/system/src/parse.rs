@@ -10,9 +10,10 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
-    ComponentSpec, ErrorKind, Location, RebootMode, RecoveryMode, RestartPolicy, SpinPolicy,
-    System, SystemError, Use, WatchdogSettings, DEFAULT_SLOTS, DURABLE_KIB_RANGE, MAX_WATCH_WINDOW,
-    PRIORITY_RANGE, REALTIME_RANGE, SLOTS_RANGE,
+    CheckpointPolicy, ComponentSpec, ErrorKind, Location, RebootMode, RecoveryMode, RestartPolicy,
+    SpinPolicy, System, SystemError, Use, WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE,
+    CHECKPOINT_KEEP_RANGE, DEFAULT_SLOTS, DURABLE_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE,
+    REALTIME_RANGE, SLOTS_RANGE,
 };
 
 #[derive(Deserialize)]
@@ -64,7 +65,15 @@ struct RawComponent {
     slots: Option<Spanned<i64>>,
     arena_kib: Option<Spanned<i64>>,
     pool_kib: Option<Spanned<i64>>,
+    checkpoint: Option<Spanned<RawCheckpoint>>,
     config: Option<Spanned<toml::Table>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCheckpoint {
+    every_ms: Spanned<i64>,
+    keep: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -452,6 +461,35 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
         }
     }
 
+    let checkpoint = match &rc.checkpoint {
+        None => None,
+        Some(c) => {
+            let c = c.get_ref();
+            let every = cx
+                .ranged(
+                    &owner,
+                    "checkpoint.every_ms",
+                    &Some(c.every_ms.clone()),
+                    CHECKPOINT_EVERY_MS_RANGE,
+                    "",
+                )?
+                .unwrap_or(100);
+            let keep = cx
+                .ranged(
+                    &owner,
+                    "checkpoint.keep",
+                    &c.keep,
+                    CHECKPOINT_KEEP_RANGE,
+                    "",
+                )?
+                .unwrap_or(0);
+            Some(CheckpointPolicy {
+                every: Duration::from_millis(every),
+                keep,
+            })
+        }
+    };
+
     let config = match &rc.config {
         None => serde_json::Value::Object(serde_json::Map::new()),
         Some(t) => {
@@ -483,6 +521,7 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
             slots,
             arena_kib,
             pool_kib,
+            checkpoint,
             config,
         },
         name_span: rc.name.span(),

@@ -90,7 +90,9 @@ pub struct EdgeHeader {
     pub slot_count: AtomicU32,
     /// Process id of the live server incarnation (0 while down).
     pub server_pid: AtomicU32,
-    _pad: AtomicU32,
+    /// 1 while the supervisor holds new calls at the server's workers for
+    /// a checkpoint (a futex; see [`Edge::begin_serving`]).
+    pub hold: AtomicU32,
     /// Raised by the supervisor each time the client's incarnation dies.
     pub client_epoch: AtomicU64,
     /// Upcall mailbox (server → client), a sequence lock: the server makes
@@ -116,6 +118,14 @@ pub struct EdgeHeader {
     /// of a call its generated stub made, a reply that does not decode):
     /// the supervisor's watchdog reboots that incarnation.
     pub suspected: AtomicU64,
+    /// Calls the server's workers have taken and not yet answered.
+    pub serving: AtomicU32,
+    /// Calls the client has begun and not yet finished reading.
+    pub calling: AtomicU32,
+    /// 1 while the supervisor holds the client's new calls for a
+    /// checkpoint of the client (a futex).
+    pub client_hold: AtomicU32,
+    _pad: AtomicU32,
     /// The interface's function names by id, written by the first stub
     /// (server or client) to use the edge, so that the supervisor can name
     /// calls of interfaces it was not built with. Untrusted: read through
@@ -289,6 +299,8 @@ impl Edge {
         let h = self.header();
         h.liveness.store(liveness::DOWN, Ordering::SeqCst);
         h.server_pid.store(0, Ordering::Relaxed);
+        // What the dead incarnation's workers were serving ends with it.
+        h.serving.store(0, Ordering::SeqCst);
     }
 
     /// Fails every call in flight (its server is dead); returns their function ids.
@@ -351,12 +363,56 @@ impl Edge {
     pub fn client_down(&self) {
         let h = self.header();
         h.claimed.store(0, Ordering::SeqCst);
+        h.calling.store(0, Ordering::SeqCst);
         h.client_epoch.fetch_add(1, Ordering::SeqCst);
         futex::wake_all(&h.upcall_ack);
         // The dead client may have posted a request without waking its worker.
         for i in 0..self.slots {
             futex::wake_all(&self.slot(i).state);
         }
+    }
+
+    // ---- holding calls for a checkpoint -----------------------------------
+    //
+    // A checkpoint is taken at a safe point, with no call being served or
+    // made. The supervisor raises `hold` (or `client_hold`) and then reads
+    // `serving` (or `calling`); a worker (or calling thread) raises the
+    // count and then reads the hold. Both in sequentially consistent order:
+    // at least one of the two sees the other, so a call either waits at
+    // the hold or is counted until it ends.
+
+    /// Counts a call the server's worker takes, waiting first while the
+    /// supervisor holds calls.
+    pub fn begin_serving(&self) -> Active<'_> {
+        let h = self.header();
+        Active::enter(&h.serving, &h.hold)
+    }
+
+    /// Counts a call the client makes, waiting first while the supervisor
+    /// holds the client's calls.
+    pub fn begin_calling(&self) -> Active<'_> {
+        let h = self.header();
+        Active::enter(&h.calling, &h.client_hold)
+    }
+
+    /// Raises or lowers the hold on the server's workers (supervisor).
+    pub fn hold_serving(&self, on: bool) {
+        set_hold(&self.header().hold, on);
+    }
+
+    /// Raises or lowers the hold on the client's calls (supervisor).
+    pub fn hold_calling(&self, on: bool) {
+        set_hold(&self.header().client_hold, on);
+    }
+
+    /// Calls being served now.
+    pub fn serving(&self) -> u32 {
+        self.header().serving.load(Ordering::SeqCst)
+    }
+
+    /// Calls being made now.
+    pub fn calling(&self) -> u32 {
+        self.header().calling.load(Ordering::SeqCst)
     }
 
     /// Function ids of the calls in flight right now (for fault reports).
@@ -381,5 +437,40 @@ impl Edge {
             .filter(|s| s.state.load(Ordering::Acquire) == state::REQUEST)
             .map(|s| s.func.load(Ordering::Relaxed))
             .collect()
+    }
+}
+
+fn set_hold(word: &AtomicU32, on: bool) {
+    word.store(on as u32, Ordering::SeqCst);
+    if !on {
+        futex::wake_all(word);
+    }
+}
+
+/// One call counted on an edge (see [`Edge::begin_serving`]); the count
+/// drops when this does.
+#[must_use]
+pub struct Active<'a> {
+    count: &'a AtomicU32,
+}
+
+impl<'a> Active<'a> {
+    fn enter(count: &'a AtomicU32, hold: &AtomicU32) -> Self {
+        loop {
+            count.fetch_add(1, Ordering::SeqCst);
+            if hold.load(Ordering::SeqCst) == 0 {
+                return Self { count };
+            }
+            count.fetch_sub(1, Ordering::SeqCst);
+            while hold.load(Ordering::SeqCst) != 0 {
+                futex::wait(hold, 1, None);
+            }
+        }
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -1,0 +1,237 @@
+//! `kintsugi checkpoint` and `kintsugi restore` on a system that `kintsugi
+//! run` runs, like CRIU's `dump` and `restore --display-stats`: the running
+//! `kintsugi run` listens on a Unix socket beside its roster file
+//! (`<roster dir>/<system>.sock`, mode 0600), takes one JSON request per
+//! connection and answers with one JSON line, the supervisor's
+//! [`CheckpointSummary`] or an error.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use kintsugi_supervisor::{CheckpointSummary, Roster};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "op")]
+enum Request {
+    Checkpoint {
+        component: String,
+        out: Option<PathBuf>,
+    },
+    Restore {
+        component: String,
+        from: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Answer {
+    Done(CheckpointSummary),
+    Error(String),
+}
+
+/// The listening socket of a running system; removed when dropped.
+pub struct Control {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The control socket of system `name`.
+fn socket_path(name: &str) -> PathBuf {
+    crate::inject::roster_dir().join(format!("{name}.sock"))
+}
+
+impl Control {
+    pub fn start(system: &str, roster: Arc<Roster>) -> anyhow::Result<Self> {
+        let path = socket_path(system);
+        // A socket file left by a run that did not stop cleanly.
+        if UnixStream::connect(&path).is_err() {
+            let _ = std::fs::remove_file(&path);
+        }
+        let listener = UnixListener::bind(&path).with_context(|| {
+            format!(
+                "{}: another `kintsugi run` of system `{system}` may be running",
+                path.display()
+            )
+        })?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stopping.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    if let Ok(conn) = conn {
+                        serve(conn, &roster);
+                    }
+                }
+            })?;
+        Ok(Self {
+            path,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the accepting thread, which then sees the flag.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Answers one connection's request.
+fn serve(conn: UnixStream, roster: &Roster) {
+    let mut line = String::new();
+    let mut reader = BufReader::new(&conn);
+    // A client that sends nothing must not hold the socket for ever.
+    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    let answer = match reader.read_line(&mut line) {
+        Err(e) => Answer::Error(format!("reading the request: {e}")),
+        Ok(_) => match serde_json::from_str::<Request>(&line) {
+            Err(e) => Answer::Error(format!("malformed request: {e}")),
+            Ok(Request::Checkpoint { component, out }) => {
+                answer(roster.checkpoint(&component, out))
+            }
+            Ok(Request::Restore { component, from }) => answer(roster.restore(&component, from)),
+        },
+    };
+    let mut text = serde_json::to_string(&answer).unwrap_or_default();
+    text.push('\n');
+    let _ = (&conn).write_all(text.as_bytes());
+}
+
+fn answer(r: Result<CheckpointSummary, String>) -> Answer {
+    match r {
+        Ok(s) => Answer::Done(s),
+        Err(e) => Answer::Error(e),
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct CheckpointArgs {
+    /// The running system: its name or its system file.
+    #[arg(long)]
+    pub system: String,
+    #[arg(long)]
+    pub component: String,
+    /// Also write the image to this file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RestoreArgs {
+    /// The running system: its name or its system file.
+    #[arg(long)]
+    pub system: String,
+    #[arg(long)]
+    pub component: String,
+    /// Restore this image file (taken from this incarnation: in place; from
+    /// an earlier one: into this one) instead of the latest checkpoint.
+    #[arg(long)]
+    pub from: Option<PathBuf>,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn checkpoint(args: CheckpointArgs) -> anyhow::Result<bool> {
+    let out = args.out.as_deref().map(absolute).transpose()?;
+    let request = Request::Checkpoint {
+        component: args.component,
+        out,
+    };
+    ask(&args.system, &request, args.json)
+}
+
+pub fn restore(args: RestoreArgs) -> anyhow::Result<bool> {
+    let from = args.from.as_deref().map(absolute).transpose()?;
+    let request = Request::Restore {
+        component: args.component,
+        from,
+    };
+    ask(&args.system, &request, args.json)
+}
+
+/// `path` as the supervisor, which may run elsewhere, must see it.
+fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
+    Ok(std::env::current_dir()?.join(path))
+}
+
+fn ask(system: &str, request: &Request, json: bool) -> anyhow::Result<bool> {
+    let name = if system.ends_with(".toml") {
+        crate::run::load(Path::new(system))?.name
+    } else {
+        system.to_string()
+    };
+    let path = socket_path(&name);
+    let mut conn = UnixStream::connect(&path).with_context(|| {
+        format!(
+            "{}: is system `{name}` running under `kintsugi run`?",
+            path.display()
+        )
+    })?;
+    let mut text = serde_json::to_string(request)?;
+    text.push('\n');
+    conn.write_all(text.as_bytes())?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    match serde_json::from_str::<Answer>(&line)
+        .with_context(|| format!("an answer that does not parse: {line:?}"))?
+    {
+        Answer::Done(s) if json => println!("{}", serde_json::to_string(&s)?),
+        Answer::Done(s) => println!("{}", describe(&s)),
+        Answer::Error(e) => anyhow::bail!("{e}"),
+    }
+    Ok(true)
+}
+
+/// One line, like CRIU's `--display-stats`.
+fn describe(s: &CheckpointSummary) -> String {
+    let kib = |b: u64| b as f64 / 1024.0;
+    let mut line = format!(
+        "{} of `{}` (pid {}): {} pages ({:.0} KiB) in {} mappings ({} new), {} threads; held {} µs; {:.1} ms in all ({} µs waiting for a safe point); image #{} holds {:.0} KiB",
+        s.kind,
+        s.component,
+        s.pid,
+        s.pages,
+        kib(s.bytes),
+        s.areas,
+        s.new_areas,
+        s.threads,
+        s.pause_us,
+        s.total_us as f64 / 1000.0,
+        s.waited_us,
+        s.seq,
+        kib(s.image_bytes),
+    );
+    if let Some(f) = &s.file {
+        line.push_str(&format!("; file {}", f.display()));
+    }
+    line.push_str(&format!(
+        "; periodic checkpoints: {} taken, {} skipped",
+        s.periodic_taken, s.periodic_skipped
+    ));
+    line
+}

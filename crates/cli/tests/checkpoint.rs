@@ -1,0 +1,263 @@
+//! `kintsugi checkpoint` and `kintsugi restore` on a running system, under
+//! a checking workload: bench-echo (with a 16 MiB heap, checkpointed every
+//! 50 ms, the 2 latest kept as files) serves echo-checker, which checks
+//! every byte of every reply. The server is restored in place from its
+//! latest checkpoint, then from an image file (same pid both times), then,
+//! after it is killed and rebooted, into its new incarnation from the file
+//! its dead one left; the checker is restored in place too. Truncated,
+//! corrupted and foreign image files are refused with an error naming the
+//! file and leave the system as it was. The checker must see no wrong
+//! reply and no failed call.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const SYSTEM: &str = r#"
+[system]
+name = "ckpt"
+
+[[component]]
+name = "echo"
+binary = "kintsugi-bench-echo"
+provides = ["bench"]
+restart = { max = 100, window_ms = 1000 }
+checkpoint = { every_ms = 50, keep = 2 }
+[component.config]
+grow_mib = 16
+grow_after_ms = 1
+
+[[component]]
+name = "checker"
+binary = "kintsugi-echo-checker"
+uses = ["bench"]
+[component.config]
+duration_ms = 120000
+report_ms = 50
+stop_file = "STOP_FILE"
+"#;
+
+struct Running {
+    child: Child,
+    runtime_dir: PathBuf,
+    tag: String,
+}
+
+impl Running {
+    fn ctl(&self, args: &[&str]) -> Result<Value, String> {
+        let out = kintsugi(&self.tag)
+            .env("XDG_RUNTIME_DIR", &self.runtime_dir)
+            .args(args)
+            .args(["--system", "ckpt", "--json"])
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        if !out.status.success() {
+            return Err(stderr);
+        }
+        Ok(serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}")))
+    }
+
+    fn pid(&self, component: &str) -> Option<u64> {
+        let path = self.runtime_dir.join("kintsugi/ckpt.json");
+        let roster: Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+        roster["members"]
+            .as_array()?
+            .iter()
+            .find(|m| m["name"] == component)?["pid"]
+            .as_u64()
+    }
+
+    /// Waits until `component` serves from a pid other than `not`.
+    fn wait_pid(&self, component: &str, not: Option<u64>) -> u64 {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(p) = self.pid(component).filter(|&p| Some(p) != not) {
+                return p;
+            }
+            assert!(Instant::now() < until, "{component} never served");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn checkpoint_dir(&self) -> PathBuf {
+        self.runtime_dir.join("kintsugi/ckpt.checkpoints")
+    }
+}
+
+fn start(test: &str) -> (Running, PathBuf) {
+    let dir = scratch(test);
+    let stop = dir.join("stop");
+    let system = write(
+        &dir,
+        "ckpt.toml",
+        &SYSTEM.replace("STOP_FILE", stop.to_str().unwrap()),
+    );
+    let tag = unique_tag(test);
+    let runtime_dir = dir.join("run");
+    std::fs::create_dir_all(&runtime_dir).unwrap();
+    let child = run_system(&tag, &system)
+        .env("XDG_RUNTIME_DIR", &runtime_dir)
+        .args(["--until-finished", "checker"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (
+        Running {
+            child,
+            runtime_dir,
+            tag,
+        },
+        dir,
+    )
+}
+
+fn field<'a>(v: &'a Value, k: &str) -> &'a Value {
+    v.get(k).unwrap_or_else(|| panic!("no `{k}` in {v}"))
+}
+
+/// The image files `dir` holds.
+fn images(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| Some(e.ok()?.path())).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn checkpoints_and_restores_of_a_serving_component_lose_no_call() {
+    let (sys, dir) = start("ckpt_restore");
+    let echo = sys.wait_pid("echo", None);
+    sys.wait_pid("checker", None);
+    // Its heap grown, and a few periodic checkpoints taken.
+    std::thread::sleep(Duration::from_millis(400));
+
+    let file = dir.join("echo.ksgckpt");
+    let taken = sys
+        .ctl(&[
+            "checkpoint",
+            "--component",
+            "echo",
+            "--out",
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+    assert_eq!(field(&taken, "pid").as_u64(), Some(echo));
+    assert!(field(&taken, "threads").as_u64().unwrap() >= 2, "{taken}");
+    assert!(
+        field(&taken, "image_bytes").as_u64().unwrap() >= 16 << 20,
+        "the 16 MiB heap is in the image: {taken}"
+    );
+    assert!(
+        field(&taken, "periodic_taken").as_u64().unwrap() >= 1,
+        "{taken}"
+    );
+    assert!(file.is_file());
+
+    for (args, kind) in [
+        (vec!["restore", "--component", "echo"], "restore in place"),
+        (
+            vec![
+                "restore",
+                "--component",
+                "echo",
+                "--from",
+                file.to_str().unwrap(),
+            ],
+            "restore from file",
+        ),
+        (vec!["checkpoint", "--component", "checker"], "checkpoint"),
+        (
+            vec!["restore", "--component", "checker"],
+            "restore in place",
+        ),
+    ] {
+        let done = sys.ctl(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        assert_eq!(field(&done, "kind"), kind, "{done}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(sys.pid("echo"), Some(echo), "restored in place: same pid");
+
+    // Bad files: refused, naming the file; nothing restored.
+    let bytes = std::fs::read(&file).unwrap();
+    let truncated = write(&dir, "truncated.ksgckpt", "");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let corrupted = dir.join("corrupted.ksgckpt");
+    let mut flipped = bytes.clone();
+    let at = flipped.len() * 2 / 3;
+    flipped[at] ^= 0x10;
+    std::fs::write(&corrupted, &flipped).unwrap();
+    let foreign = dir.join("ckpt.toml");
+    for bad in [&truncated, &corrupted, &foreign] {
+        let path = bad.to_str().unwrap();
+        let err = sys
+            .ctl(&["restore", "--component", "echo", "--from", path])
+            .expect_err("a bad image is refused");
+        assert!(err.contains(path), "the error names the file: {err}");
+    }
+    assert_eq!(sys.pid("echo"), Some(echo), "untouched by bad files");
+
+    // Into a new incarnation: the dead one's image, from its file.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(echo as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let reborn = sys.wait_pid("echo", Some(echo));
+    std::thread::sleep(Duration::from_millis(100));
+    let done = sys
+        .ctl(&[
+            "restore",
+            "--component",
+            "echo",
+            "--from",
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+    assert_eq!(
+        field(&done, "kind"),
+        "restore into a new incarnation",
+        "{done}"
+    );
+    assert_eq!(field(&done, "pid").as_u64(), Some(reborn));
+    std::thread::sleep(Duration::from_millis(300));
+    let after = sys
+        .ctl(&["checkpoint", "--component", "echo"])
+        .expect("the restored incarnation checkpoints again");
+    assert_eq!(field(&after, "pid").as_u64(), Some(reborn));
+
+    let kept = images(&sys.checkpoint_dir());
+    assert!(
+        (1..=2).contains(&kept.len()),
+        "keep = 2 image files: {kept:?}"
+    );
+    for f in &kept {
+        let size = std::fs::metadata(f).unwrap().len();
+        assert!(size > 0, "{}", f.display());
+    }
+
+    // The checker's last report, and the system stops with it.
+    std::fs::write(dir.join("stop"), "").unwrap();
+    let out = sys.child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let (stdout, stderr) = text(&out);
+    let reports = json_lines(&stdout);
+    let last = reports
+        .iter()
+        .find(|v| v["last"] == true)
+        .unwrap_or_else(|| panic!("no final checker report:\n{stdout}\n{stderr}"));
+    assert!(
+        last["calls"].as_u64().unwrap() > 1000,
+        "the checker made progress: {last}"
+    );
+    for r in reports.iter().filter(|v| v.get("calls").is_some()) {
+        assert_eq!(r["wrong"], 0, "no wrong reply: {r}\n{stderr}");
+        assert_eq!(r["failed"], 0, "no failed call: {r}\n{stderr}");
+    }
+    assert!(leftovers(&sys.tag).is_empty());
+}

@@ -1,0 +1,453 @@
+//! Checkpoints of running components at safe points (RMK's TAC,
+//! `seeds/001_68a97066b3f6a3ed.txt` §6; RTCR's hot and cold storage,
+//! `seeds/003_88af2f40302460e3.txt`), taken by one thread of the
+//! supervisor with `kintsugi-checkpoint`: periodically for components whose
+//! description asks for it, and on request (`kintsugi checkpoint`,
+//! `kintsugi restore`) for any component.
+//!
+//! A safe point is a moment when the component has no invocation in flight
+//! on any edge it serves or uses and no vault request unanswered or reply
+//! unread ([`Quiet`]). It is found without the component's help: the edges
+//! and the vault are looked at first, the process is then frozen (every
+//! thread in a ptrace-stop) and they are looked at again; a call that
+//! arrives meanwhile waits in its slot until the process runs again, which
+//! is how new calls are held while the checkpoint is taken. Channels, the
+//! vault and durable memory are shared mappings, outside every checkpoint:
+//! they are never rolled back.
+//!
+//! The latest checkpoint of each incarnation stays in this thread's memory
+//! (hot storage: it survives the component); with `keep` in the policy the
+//! latest `keep` are also written to image files (cold storage), as is any
+//! checkpoint asked for with `--out`.
+
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kintsugi_checkpoint::{file, Checkpointer, Frozen, Stats};
+use kintsugi_runtime::abi::channel::Edge;
+use kintsugi_system::CheckpointPolicy;
+use serde::Serialize;
+
+use crate::vault::VaultActivity;
+
+/// How long a periodic checkpoint waits for a safe point before it is
+/// skipped (and counted).
+const PERIODIC_HOLD: Duration = Duration::from_millis(20);
+/// How long a requested checkpoint or restore waits for one.
+const REQUESTED_HOLD: Duration = Duration::from_secs(2);
+
+/// What a component looks like from outside when it is at a safe point.
+pub(crate) struct Quiet {
+    /// Edges it serves: no request may be posted or being served.
+    pub served: Vec<Arc<Edge>>,
+    /// Edges it uses: no request may be posted, nor a reply unread.
+    pub used: Vec<Arc<Edge>>,
+    pub vault: Arc<VaultActivity>,
+    /// The supervisor's end of its vault socket (requests queue here).
+    pub vault_sock: OwnedFd,
+    /// A duplicate of the component's end (replies queue here).
+    pub vault_peer: OwnedFd,
+}
+
+impl Quiet {
+    /// Whether nothing is in flight between the component and anyone.
+    fn holds(&self) -> bool {
+        let taking = self.vault.taking.load(Ordering::SeqCst);
+        self.served.iter().all(|e| e.serving() == 0)
+            && self.used.iter().all(|e| e.calling() == 0)
+            && !queued(&self.vault_sock)
+            && self.vault.done.load(Ordering::SeqCst) == taking
+            && self.vault.taking.load(Ordering::SeqCst) == taking
+            && !queued(&self.vault_peer)
+    }
+
+    /// Holds new calls to and from the component until dropped: calls in
+    /// flight finish, new ones wait in their slots (server side) or before
+    /// they post (client side).
+    fn hold(&self) -> Held<'_> {
+        for e in &self.served {
+            e.hold_serving(true);
+        }
+        for e in &self.used {
+            e.hold_calling(true);
+        }
+        Held(self)
+    }
+}
+
+/// Calls held for a checkpoint (see [`Quiet::hold`]).
+struct Held<'a>(&'a Quiet);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        for e in &self.0.served {
+            e.hold_serving(false);
+        }
+        for e in &self.0.used {
+            e.hold_calling(false);
+        }
+    }
+}
+
+/// Whether a message waits on the socket (peeked, never taken).
+fn queued(sock: &OwnedFd) -> bool {
+    let mut b = [0u8; 1];
+    let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+    !matches!(
+        rustix::net::recv(sock, &mut b, flags),
+        Err(rustix::io::Errno::AGAIN)
+    )
+}
+
+/// The summary of one checkpoint or restore (`kintsugi checkpoint` and
+/// `kintsugi restore` print it).
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct Summary {
+    pub component: String,
+    pub pid: u32,
+    /// `checkpoint`, `restore in place`, `restore from file`, `restore into
+    /// a new incarnation`.
+    pub kind: String,
+    /// How many checkpoints the incarnation's image has absorbed.
+    pub seq: u64,
+    pub areas: usize,
+    pub new_areas: usize,
+    pub pages: u64,
+    pub bytes: u64,
+    pub threads: usize,
+    /// How long the component was held still, µs.
+    pub pause_us: u64,
+    /// From the request to the answer (waiting for a safe point and
+    /// writing the file included), µs.
+    pub total_us: u64,
+    /// Waiting for the safe point, µs.
+    pub waited_us: u64,
+    /// Memory the image holds.
+    pub image_bytes: u64,
+    /// The file written or read, if any.
+    pub file: Option<PathBuf>,
+    /// Periodic checkpoints of this component taken and skipped (no safe
+    /// point in time) so far.
+    pub periodic_taken: u64,
+    pub periodic_skipped: u64,
+}
+
+/// Asks the checkpoint thread for something; the answer comes back on
+/// `reply`.
+pub(crate) enum Command {
+    /// An incarnation of the component serves from `pid`.
+    Live { name: String, pid: u32 },
+    /// The component has no live incarnation.
+    Down { name: String },
+    Take {
+        name: String,
+        out: Option<PathBuf>,
+        reply: Sender<Result<Summary, String>>,
+    },
+    Restore {
+        name: String,
+        from: Option<PathBuf>,
+        reply: Sender<Result<Summary, String>>,
+    },
+}
+
+/// One component as the checkpoint thread keeps it.
+pub(crate) struct Tracked {
+    pub name: String,
+    pub policy: Option<CheckpointPolicy>,
+    pub quiet: Quiet,
+    incarnation: Holder,
+    next_due: Option<Instant>,
+    taken: u64,
+    skipped: u64,
+    /// Cold copies written for `keep`, oldest first.
+    files: VecDeque<PathBuf>,
+}
+
+/// The checkpoint thread's hold on a component's live incarnation.
+enum Holder {
+    Down,
+    /// Not attached yet (attaching freezes it once, to take a userfaultfd).
+    Live(u32),
+    Attached(Box<Checkpointer>),
+}
+
+impl Holder {
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Holder::Down => None,
+            Holder::Live(pid) => Some(*pid),
+            Holder::Attached(c) => Some(c.pid()),
+        }
+    }
+
+    fn attached(&mut self) -> Result<&mut Checkpointer, String> {
+        if let Holder::Live(pid) = *self {
+            let c = Checkpointer::attach(pid).map_err(|e| e.to_string())?;
+            *self = Holder::Attached(Box::new(c));
+        }
+        match self {
+            Holder::Attached(c) => Ok(c),
+            _ => Err("the component has no live incarnation".into()),
+        }
+    }
+}
+
+impl Tracked {
+    pub fn new(name: String, policy: Option<CheckpointPolicy>, quiet: Quiet) -> Self {
+        Self {
+            name,
+            policy,
+            quiet,
+            incarnation: Holder::Down,
+            next_due: None,
+            taken: 0,
+            skipped: 0,
+            files: VecDeque::new(),
+        }
+    }
+}
+
+/// The checkpoint thread: serves `commands` until every sender is gone.
+pub(crate) fn serve(mut comps: Vec<Tracked>, dir: PathBuf, commands: Receiver<Command>) {
+    loop {
+        let now = Instant::now();
+        let due = comps.iter().filter_map(|c| c.next_due).min();
+        let wait = due.map_or(Duration::from_secs(3600), |d| {
+            d.saturating_duration_since(now)
+        });
+        match commands.recv_timeout(wait) {
+            Ok(cmd) => handle(&mut comps, cmd),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        for c in comps
+            .iter_mut()
+            .filter(|c| c.next_due.is_some_and(|d| d <= now))
+        {
+            periodic(c, &dir);
+        }
+    }
+}
+
+fn handle(comps: &mut [Tracked], cmd: Command) {
+    match cmd {
+        Command::Live { name, pid } => {
+            if let Ok(c) = find(comps, &name) {
+                c.incarnation = Holder::Live(pid);
+                c.next_due = c.policy.map(|p| Instant::now() + p.every);
+            }
+        }
+        Command::Down { name } => {
+            if let Ok(c) = find(comps, &name) {
+                c.incarnation = Holder::Down;
+                c.next_due = None;
+            }
+        }
+        Command::Take { name, out, reply } => {
+            let answer = find(comps, &name).and_then(|c| take(c, out, REQUESTED_HOLD));
+            let _ = reply.send(answer);
+        }
+        Command::Restore { name, from, reply } => {
+            let answer = find(comps, &name).and_then(|c| restore(c, from.as_deref()));
+            let _ = reply.send(answer);
+        }
+    }
+}
+
+fn find<'a>(comps: &'a mut [Tracked], name: &str) -> Result<&'a mut Tracked, String> {
+    comps
+        .iter_mut()
+        .find(|c| c.name == name)
+        .ok_or_else(|| format!("no component `{name}` in this system"))
+}
+
+/// A periodic checkpoint, written to a file too when the policy keeps
+/// some.
+fn periodic(c: &mut Tracked, dir: &Path) {
+    let Some(policy) = c.policy else { return };
+    c.next_due = Some(Instant::now() + policy.every);
+    if policy.keep > 0 {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            tracing::warn!("{}: {e}", dir.display());
+        }
+    }
+    let out = (policy.keep > 0).then(|| {
+        let pid = c.incarnation.pid().unwrap_or(0);
+        dir.join(format!("{}-{pid}-{}.ksgckpt", c.name, c.taken + 1))
+    });
+    match take(c, out.clone(), PERIODIC_HOLD) {
+        Ok(_) => {
+            c.taken += 1;
+            if let Some(path) = out {
+                c.files.push_back(path);
+                while c.files.len() > policy.keep as usize {
+                    if let Some(old) = c.files.pop_front() {
+                        let _ = std::fs::remove_file(old);
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            c.skipped += 1;
+            tracing::debug!("periodic checkpoint of {} skipped: {e}", c.name);
+        }
+    }
+}
+
+/// Holds the component's calls and waits up to `hold` for a safe point;
+/// returns the process frozen at it, with the hold (to be dropped after
+/// the process is let go) and how long the wait took.
+fn at_safe_point<'a>(
+    quiet: &'a Quiet,
+    name: &str,
+    pid: u32,
+    hold: Duration,
+) -> Result<(Frozen, Held<'a>, Duration), String> {
+    let started = Instant::now();
+    let held = quiet.hold();
+    let mut backoff = Duration::from_micros(5);
+    loop {
+        if quiet.holds() {
+            let frozen = Frozen::freeze(pid).map_err(|e| e.to_string())?;
+            if quiet.holds() {
+                return Ok((frozen, held, started.elapsed()));
+            }
+        }
+        if started.elapsed() >= hold {
+            return Err(format!(
+                "`{name}` reached no safe point within {} ms (an invocation or a vault request was always in flight)",
+                hold.as_millis()
+            ));
+        }
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// Takes a checkpoint at a safe point; writes the image to `out` if given.
+fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary, String> {
+    let started = Instant::now();
+    let pid = c
+        .incarnation
+        .pid()
+        .ok_or("the component has no live incarnation")?;
+    c.incarnation.attached()?;
+    let (frozen, held, waited) = at_safe_point(&c.quiet, &c.name, pid, hold)?;
+    let ckpt = c.incarnation.attached()?;
+    let stats = ckpt.checkpoint_frozen(&frozen).map_err(|e| e.to_string());
+    let pause = frozen.held();
+    drop(frozen);
+    drop(held);
+    let mut stats = stats?;
+    stats.pause = pause;
+    if let Some(path) = &out {
+        file::write(ckpt.image(), path).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(summary(c, "checkpoint", stats, waited, started, out))
+}
+
+/// Restores the incarnation in place from its latest checkpoint, or from
+/// an image file: one taken from this incarnation is restored in place,
+/// one taken from an earlier incarnation (or exported elsewhere) into this
+/// new one. Nothing is touched unless the file reads whole and matches.
+fn restore(c: &mut Tracked, from: Option<&Path>) -> Result<Summary, String> {
+    let started = Instant::now();
+    let image = from
+        .map(|path| file::read(path).map_err(|e| e.to_string()))
+        .transpose()?;
+    let pid = c
+        .incarnation
+        .pid()
+        .ok_or("the component has no live incarnation")?;
+    let ckpt = c.incarnation.attached()?;
+    if let Some(image) = &image {
+        if image.exe != ckpt.image().exe {
+            return Err(format!(
+                "{}: the image is of {}, `{}` runs {}",
+                from.map(|p| p.display().to_string()).unwrap_or_default(),
+                image.exe,
+                c.name,
+                ckpt.image().exe
+            ));
+        }
+    } else if ckpt.image().seq == 0 {
+        return Err(format!("`{}` (pid {pid}) has no checkpoint yet", c.name));
+    }
+    let (frozen, held, waited) = at_safe_point(&c.quiet, &c.name, pid, REQUESTED_HOLD)?;
+    let ckpt = c.incarnation.attached()?;
+    let (kind, stats) = match image {
+        None => ("restore in place", ckpt.restore_frozen(&frozen)),
+        Some(image) if image.pid == pid => (
+            "restore from file",
+            ckpt.restore_image_frozen(&frozen, image),
+        ),
+        Some(image) => (
+            "restore into a new incarnation",
+            ckpt.restore_new_frozen(&frozen, image),
+        ),
+    };
+    let pause = frozen.held();
+    drop(frozen);
+    drop(held);
+    let mut stats = stats.map_err(|e| e.to_string())?;
+    stats.pause = pause;
+    Ok(summary(
+        c,
+        kind,
+        stats,
+        waited,
+        started,
+        from.map(Path::to_path_buf),
+    ))
+}
+
+fn summary(
+    c: &mut Tracked,
+    kind: &str,
+    stats: Stats,
+    waited: Duration,
+    started: Instant,
+    file: Option<PathBuf>,
+) -> Summary {
+    let (seq, image_bytes, pid) = match &c.incarnation {
+        Holder::Attached(ck) => (ck.image().seq, ck.image().populated_bytes(), ck.pid()),
+        _ => (0, 0, 0),
+    };
+    Summary {
+        component: c.name.clone(),
+        pid,
+        kind: kind.to_string(),
+        seq,
+        areas: stats.areas,
+        new_areas: stats.new_areas,
+        pages: stats.pages,
+        bytes: stats.bytes,
+        threads: stats.threads,
+        pause_us: stats.pause.as_micros() as u64,
+        total_us: started.elapsed().as_micros() as u64,
+        waited_us: waited.as_micros() as u64,
+        image_bytes,
+        file,
+        periodic_taken: c.taken,
+        periodic_skipped: c.skipped,
+    }
+}
+
+/// Starts the checkpoint thread; it runs until every sender of
+/// `commands` is dropped.
+pub(crate) fn start(
+    comps: Vec<Tracked>,
+    dir: PathBuf,
+    commands: Receiver<Command>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("checkpoints".into())
+        .spawn(move || serve(comps, dir, commands))
+}

@@ -115,6 +115,12 @@ impl Checkpointer {
         self.pid
     }
 
+    /// What travels with the image in its file besides memory (see
+    /// [`crate::file`]).
+    pub fn attachments_mut(&mut self) -> &mut BTreeMap<String, Vec<u8>> {
+        &mut self.image.attachments
+    }
+
     /// The latest checkpoint.
     pub fn image(&self) -> &Image {
         &self.image
@@ -154,10 +160,12 @@ impl Checkpointer {
             };
             self.image.areas.insert(m.start, area);
         }
-        self.image.layout = current
+        let (shared, private): (Vec<Mapping>, Vec<Mapping>) = current
             .into_iter()
-            .filter(|m| !m.prot.shared && !m.is_special())
-            .collect();
+            .filter(|m| !m.is_special())
+            .partition(|m| m.prot.shared);
+        self.image.layout = private;
+        self.image.shared = shared;
         self.image.brk = maps::program_break(self.pid, &self.image.layout)?;
         self.image.threads = self.capture_threads(frozen)?;
         self.image.seq += 1;

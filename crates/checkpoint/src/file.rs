@@ -13,7 +13,12 @@
 //! | · 8 | length of the manifest, little-endian |
 //! | · n | the manifest: `postcard` encoding of [`Manifest`] |
 //! | · … | the populated pages of each area, in the manifest's order |
+//! | · … | each attachment's bytes, in the manifest's order |
 //! | · 4 | CRC-32 of everything above in the frame, little-endian |
+//!
+//! Attachments are named byte strings that travel with the image: the
+//! supervisor puts the component's vault records and durable memory there
+//! when it exports a checkpoint (RTCR's marshalling for migration).
 //!
 //! `postcard` is a compact, stable serde encoding (its wire format is
 //! specified and versioned 1.0); the pages are raw bytes after it rather
@@ -67,9 +72,12 @@ pub struct Manifest {
     pub exe: String,
     pub seq: u64,
     pub layout: Vec<Mapping>,
+    pub shared: Vec<Mapping>,
     pub brk: (u64, u64),
     pub threads: Vec<ThreadState>,
     pub areas: Vec<AreaManifest>,
+    /// Each attachment's name and length in bytes.
+    pub attachments: Vec<(String, u64)>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -90,6 +98,7 @@ pub fn write(image: &Image, path: &Path) -> Result<u64, ImageError> {
         exe: image.exe.clone(),
         seq: image.seq,
         layout: image.layout.clone(),
+        shared: image.shared.clone(),
         brk: image.brk,
         threads: image.threads.clone(),
         areas: image
@@ -99,6 +108,11 @@ pub fn write(image: &Image, path: &Path) -> Result<u64, ImageError> {
                 map: a.map.clone(),
                 runs: a.populated_runs(),
             })
+            .collect(),
+        attachments: image
+            .attachments
+            .iter()
+            .map(|(k, v)| (k.clone(), v.len() as u64))
             .collect(),
     };
     let encoded = postcard::to_stdvec(&manifest).map_err(|e| io(std::io::Error::other(e)))?;
@@ -121,6 +135,9 @@ pub fn write(image: &Image, path: &Path) -> Result<u64, ImageError> {
         for &(s, e) in &m.runs {
             put(&mut z, a.bytes(s, e)).map_err(io)?;
         }
+    }
+    for bytes in image.attachments.values() {
+        put(&mut z, bytes).map_err(io)?;
     }
     let sum = crc.finalize();
     z.write_all(&sum.to_le_bytes()).map_err(io)?;
@@ -188,9 +205,11 @@ pub fn read(path: &Path) -> Result<Image, ImageError> {
         exe: manifest.exe,
         seq: manifest.seq,
         layout: manifest.layout,
+        shared: manifest.shared,
         brk: manifest.brk,
         threads: manifest.threads,
         areas: Default::default(),
+        attachments: Default::default(),
     };
     for m in manifest.areas {
         let mut area = Area::new(m.map);
@@ -201,6 +220,12 @@ pub fn read(path: &Path) -> Result<Image, ImageError> {
             area.mark(s, e);
         }
         image.areas.insert(area.map.start, area);
+    }
+    for (name, len) in manifest.attachments {
+        let mut bytes = vec![0u8; len as usize];
+        body.read_exact(&mut bytes)
+            .map_err(|e| corrupt(format!("attachment {name}: {e}")))?;
+        image.attachments.insert(name, bytes);
     }
     let want = body.crc.clone().finalize();
     let mut sum = [0u8; 4];
@@ -272,6 +297,10 @@ fn validate(m: &Manifest) -> Result<(), String> {
             }
             at = re;
         }
+    }
+    let attached: u64 = m.attachments.iter().map(|(_, len)| *len).sum();
+    if attached > MAX_SPAN {
+        return Err(format!("attachments of more than {MAX_SPAN} bytes"));
     }
     if m.threads.is_empty() {
         return Err("no thread".into());

@@ -183,12 +183,19 @@ pub struct Image {
     pub seq: u64,
     /// Every private mapping (checkpointed or not), in address order.
     pub layout: Vec<Mapping>,
+    /// Every shared mapping (channels, the vault's memfds, durable memory),
+    /// never copied: a process the image is restored into must have each
+    /// where the image's memory expects it.
+    pub shared: Vec<Mapping>,
     /// `start_brk` and `brk`.
     pub brk: (u64, u64),
     /// The checkpointed mappings' contents, by start address.
     pub areas: BTreeMap<u64, Area>,
     /// Every thread, leader first.
     pub threads: Vec<ThreadState>,
+    /// Named bytes that travel with the image in its file (see
+    /// [`crate::file`]); not part of the process.
+    pub attachments: BTreeMap<String, Vec<u8>>,
 }
 
 impl Image {

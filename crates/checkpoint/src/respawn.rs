@@ -49,6 +49,7 @@ impl Checkpointer {
                 now: frozen.tids().to_vec(),
             });
         }
+        same_shared_layout(self.pid(), &image)?;
         let pairs: Vec<(u32, u32)> = image
             .threads
             .iter()
@@ -198,4 +199,28 @@ fn thread(image: &Image, tid: u32) -> Result<&ThreadState, Error> {
         .iter()
         .find(|t| t.tid == tid)
         .ok_or(Error::NoCheckpoint(tid))
+}
+
+/// Every shared mapping of the image must be in process `pid` at the same
+/// address, with the same size and protection: the restored memory points
+/// into them (an edge, the control block), and they are not restored.
+fn same_shared_layout(pid: u32, image: &Image) -> Result<(), Error> {
+    let now = crate::maps::read(pid)?;
+    for m in &image.shared {
+        let found = now
+            .iter()
+            .any(|n| n.start == m.start && n.end == m.end && n.prot == m.prot);
+        if !found {
+            return Err(Error::Unrestorable {
+                pid,
+                detail: format!(
+                    "the image expects shared mapping {} at {:#x}-{:#x}, which this process does not have there (its system is wired differently, or its address space is randomized)",
+                    if m.name.is_empty() { "(anonymous)" } else { &m.name },
+                    m.start,
+                    m.end
+                ),
+            });
+        }
+    }
+    Ok(())
 }

@@ -60,6 +60,12 @@ pub struct RunArgs {
     /// string (`--set netd.port=8080 --set httpd.docroot=/srv/www`).
     #[arg(long = "set", value_name = "COMPONENT.KEY=VALUE", value_parser = Setting::parse)]
     pub settings: Vec<Setting>,
+    /// Start COMPONENT from an image file that `kintsugi checkpoint --out`
+    /// wrote (here or under another supervisor): its vault records and
+    /// durable memory are put in place before it starts, its memory and
+    /// threads restored once it serves. Repeatable.
+    #[arg(long = "restore", value_name = "COMPONENT=FILE", value_parser = parse_restore)]
+    pub restores: Vec<(String, PathBuf)>,
 }
 
 /// One `--set COMPONENT.KEY=VALUE`.
@@ -278,6 +284,16 @@ fn execute(
     Ok(report.success())
 }
 
+fn parse_restore(s: &str) -> Result<(String, PathBuf), String> {
+    let (name, file) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected COMPONENT=FILE"))?;
+    let file = std::env::current_dir()
+        .map_err(|e| e.to_string())?
+        .join(file);
+    Ok((name.to_string(), file))
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<bool> {
     let mut system = load(&args.system)?;
     for setting in &args.settings {
@@ -290,6 +306,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
         duration: args.duration.map(Duration::from_secs_f64),
         interfaces: interfaces(),
         lifelines: !args.no_lifelines,
+        restores: args.restores,
         ..Options::default()
     };
     execute(&system, options, args.quiet, args.events)

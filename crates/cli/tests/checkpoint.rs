@@ -8,6 +8,11 @@
 //! corrupted and foreign image files are refused with an error naming the
 //! file and leave the system as it was. The checker must see no wrong
 //! reply and no failed call.
+//!
+//! Migration (RTCR's): an image exported with `--out` from one system is
+//! restored by a second `kintsugi run` in its own network and mount
+//! namespaces (`unshare`), with the component's durable memory carried
+//! along; its checker finds the first system's heap in the server.
 
 mod common;
 
@@ -27,6 +32,7 @@ name = "echo"
 binary = "kintsugi-bench-echo"
 provides = ["bench"]
 restart = { max = 100, window_ms = 1000 }
+arena_kib = 4
 checkpoint = { every_ms = 50, keep = 2 }
 [component.config]
 grow_mib = 16
@@ -92,18 +98,37 @@ impl Running {
 
 fn start(test: &str) -> (Running, PathBuf) {
     let dir = scratch(test);
-    let stop = dir.join("stop");
-    let system = write(
-        &dir,
-        "ckpt.toml",
-        &SYSTEM.replace("STOP_FILE", stop.to_str().unwrap()),
-    );
-    let tag = unique_tag(test);
-    let runtime_dir = dir.join("run");
+    let (running, _) = start_in(&dir, "run", &[], false);
+    (running, dir)
+}
+
+/// `kintsugi run` of the system in `dir`, its roster under `dir/run_dir`,
+/// its checker stopped by `dir/run_dir/stop`; in new network and mount
+/// namespaces with `unshare`.
+fn start_in(dir: &Path, run_dir: &str, extra: &[&str], unshare: bool) -> (Running, PathBuf) {
+    let runtime_dir = dir.join(run_dir);
     std::fs::create_dir_all(&runtime_dir).unwrap();
-    let child = run_system(&tag, &system)
+    let stop = runtime_dir.join("stop");
+    let system = write(dir, "ckpt.toml", &SYSTEM.replace("STOP_FILE", "UNSET"));
+    let tag = unique_tag(run_dir);
+    let mut cmd = if unshare {
+        let mut c = std::process::Command::new("unshare");
+        c.args(["--net", "--mount", env!("CARGO_BIN_EXE_kintsugi")])
+            .env("KINTSUGI_TEST_TAG", &tag)
+            .env("KINTSUGI_LOG", "warn");
+        c
+    } else {
+        kintsugi(&tag)
+    };
+    let child = cmd
+        .arg("run")
+        .arg(&system)
+        .args(["--events", "json"])
         .env("XDG_RUNTIME_DIR", &runtime_dir)
         .args(["--until-finished", "checker"])
+        .arg("--set")
+        .arg(format!("checker.stop_file={}", stop.display()))
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -114,8 +139,36 @@ fn start(test: &str) -> (Running, PathBuf) {
             runtime_dir,
             tag,
         },
-        dir,
+        stop,
     )
+}
+
+impl Running {
+    /// Stops the checker and the system; its stdout, checked: the
+    /// checker's every report clean, its last one returned.
+    fn finish(self, stop: &Path) -> (String, Value) {
+        std::fs::write(stop, "").unwrap();
+        let out = self.child.wait_with_output().unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let reports = json_lines(&stdout);
+        for r in reports.iter().filter(|v| v.get("calls").is_some()) {
+            assert_eq!(r["wrong"], 0, "no wrong reply: {r}\n{stderr}");
+            assert_eq!(r["failed"], 0, "no failed call: {r}\n{stderr}");
+        }
+        let last = reports
+            .iter()
+            .find(|v| v["last"] == true)
+            .unwrap_or_else(|| panic!("no final checker report:\n{stdout}\n{stderr}"))
+            .clone();
+        // Beside two CPU hogs it makes a few hundred calls a second.
+        assert!(
+            last["calls"].as_u64().unwrap() >= 10,
+            "the checker made progress: {last}"
+        );
+        assert!(leftovers(&self.tag).is_empty());
+        (stdout, last)
+    }
 }
 
 fn field<'a>(v: &'a Value, k: &str) -> &'a Value {
@@ -132,6 +185,7 @@ fn images(dir: &Path) -> Vec<PathBuf> {
 #[test]
 fn checkpoints_and_restores_of_a_serving_component_lose_no_call() {
     let (sys, dir) = start("ckpt_restore");
+
     let echo = sys.wait_pid("echo", None);
     sys.wait_pid("checker", None);
     // Its heap grown, and a few periodic checkpoints taken.
@@ -241,23 +295,59 @@ fn checkpoints_and_restores_of_a_serving_component_lose_no_call() {
         assert!(size > 0, "{}", f.display());
     }
 
-    // The checker's last report, and the system stops with it.
-    std::fs::write(dir.join("stop"), "").unwrap();
-    let out = sys.child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    let (stdout, stderr) = text(&out);
-    let reports = json_lines(&stdout);
-    let last = reports
-        .iter()
-        .find(|v| v["last"] == true)
-        .unwrap_or_else(|| panic!("no final checker report:\n{stdout}\n{stderr}"));
-    assert!(
-        last["calls"].as_u64().unwrap() > 1000,
-        "the checker made progress: {last}"
+    sys.finish(&dir.join("run/stop"));
+}
+
+#[test]
+fn an_image_exported_by_one_system_serves_under_another_in_other_namespaces() {
+    let dir = scratch("ckpt_migrate");
+    let (a, a_stop) = start_in(&dir, "a", &[], false);
+    a.wait_pid("echo", None);
+    a.wait_pid("checker", None);
+    std::thread::sleep(Duration::from_millis(400));
+    let file = dir.join("moved.ksgckpt");
+    let taken = a
+        .ctl(&[
+            "checkpoint",
+            "--component",
+            "echo",
+            "--out",
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+    assert!(field(&taken, "image_bytes").as_u64().unwrap() >= 16 << 20);
+    let (a_out, _) = a.finish(&a_stop);
+    assert!(a_out.contains(r#""incarnations":1"#), "{a_out}");
+
+    // The second system grows no heap of its own: what it serves with came
+    // in the image, and its arena (the incarnation count) with it.
+    let restore = format!("echo={}", file.display());
+    let (b, b_stop) = start_in(
+        &dir,
+        "b",
+        &["--restore", &restore, "--set", "echo.grow_mib=0"],
+        true,
     );
-    for r in reports.iter().filter(|v| v.get("calls").is_some()) {
-        assert_eq!(r["wrong"], 0, "no wrong reply: {r}\n{stderr}");
-        assert_eq!(r["failed"], 0, "no failed call: {r}\n{stderr}");
-    }
-    assert!(leftovers(&sys.tag).is_empty());
+    b.wait_pid("echo", None);
+    std::thread::sleep(Duration::from_millis(400));
+    let (b_out, last) = b.finish(&b_stop);
+    let restored = events(&b_out)
+        .into_iter()
+        .find_map(|e| match e {
+            Event::Restored { pages, .. } => Some(pages),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no restored event:\n{b_out}"));
+    assert!(
+        restored > 4096,
+        "the 16 MiB heap came along: {restored} pages"
+    );
+    assert_eq!(
+        last["heap_mib"], 16,
+        "the first system's heap serves: {last}"
+    );
+    assert!(
+        b_out.contains(r#""incarnations":2"#),
+        "the arena came along (count 1, then this incarnation): {b_out}"
+    );
 }

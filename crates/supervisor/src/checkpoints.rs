@@ -20,8 +20,10 @@
 //! latest `keep` are also written to image files (cold storage), as is any
 //! checkpoint asked for with `--out`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -33,7 +35,7 @@ use kintsugi_runtime::abi::channel::Edge;
 use kintsugi_system::CheckpointPolicy;
 use serde::Serialize;
 
-use crate::vault::VaultActivity;
+use crate::vault::{ExportedRecord, VaultActivity, VaultStore};
 
 /// How long a periodic checkpoint waits for a safe point before it is
 /// skipped (and counted).
@@ -156,11 +158,89 @@ pub(crate) enum Command {
     },
 }
 
+/// Attachment names of an exported image: the component's vault records
+/// (postcard of [`ExportedRecord`]s) and its durable memory.
+const VAULT: &str = "kintsugi.vault";
+const ARENA: &str = "kintsugi.arena";
+const POOL: &str = "kintsugi.pool";
+
+/// What a component keeps outside its process, exported with an image
+/// file and imported by a supervisor that restores it (RTCR's
+/// marshalling for migration).
+pub(crate) struct Kept {
+    pub vault: VaultStore,
+    /// Its durable memory's memfds.
+    pub arena: Option<File>,
+    pub pool: Option<File>,
+}
+
+impl Kept {
+    /// The attachments of an exported image.
+    fn export(&self, name: &str) -> Result<BTreeMap<String, Vec<u8>>, String> {
+        let records = self.vault.export(name)?;
+        let mut out = BTreeMap::new();
+        out.insert(
+            VAULT.to_string(),
+            postcard::to_stdvec(&records).map_err(|e| e.to_string())?,
+        );
+        for (key, file) in [(ARENA, &self.arena), (POOL, &self.pool)] {
+            if let Some(f) = file {
+                let len = f.metadata().map_err(|e| e.to_string())?.len();
+                let mut bytes = vec![0u8; len as usize];
+                f.read_exact_at(&mut bytes, 0).map_err(|e| e.to_string())?;
+                out.insert(key.to_string(), bytes);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Puts an image's attachments in place, before the component's first
+    /// incarnation starts: its vault records, and its durable memory (which
+    /// must have the size the image's had).
+    pub fn import(
+        &self,
+        name: &str,
+        attachments: &BTreeMap<String, Vec<u8>>,
+    ) -> Result<(), String> {
+        if let Some(bytes) = attachments.get(VAULT) {
+            let records: Vec<ExportedRecord> =
+                postcard::from_bytes(bytes).map_err(|e| format!("vault records: {e}"))?;
+            self.vault.import(name, records)?;
+        }
+        for (key, file) in [(ARENA, &self.arena), (POOL, &self.pool)] {
+            let (Some(bytes), Some(f)) = (attachments.get(key), file) else {
+                if attachments.contains_key(key) != file.is_some() {
+                    return Err(format!(
+                        "{key}: the image has {} it, the system description {}",
+                        if attachments.contains_key(key) {
+                            ""
+                        } else {
+                            "no"
+                        },
+                        if file.is_some() { "gives one" } else { "none" }
+                    ));
+                }
+                continue;
+            };
+            let len = f.metadata().map_err(|e| e.to_string())?.len();
+            if len != bytes.len() as u64 {
+                return Err(format!(
+                    "{key}: {} bytes in the image, {len} in this system",
+                    bytes.len()
+                ));
+            }
+            f.write_all_at(bytes, 0).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
 /// One component as the checkpoint thread keeps it.
 pub(crate) struct Tracked {
     pub name: String,
     pub policy: Option<CheckpointPolicy>,
     pub quiet: Quiet,
+    pub kept: Kept,
     incarnation: Holder,
     next_due: Option<Instant>,
     taken: u64,
@@ -199,11 +279,12 @@ impl Holder {
 }
 
 impl Tracked {
-    pub fn new(name: String, policy: Option<CheckpointPolicy>, quiet: Quiet) -> Self {
+    pub fn new(name: String, policy: Option<CheckpointPolicy>, quiet: Quiet, kept: Kept) -> Self {
         Self {
             name,
             policy,
             quiet,
+            kept,
             incarnation: Holder::Down,
             next_due: None,
             taken: 0,
@@ -342,13 +423,21 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
     let (frozen, held, waited) = at_safe_point(&c.quiet, &c.name, pid, hold)?;
     let ckpt = c.incarnation.attached()?;
     let stats = ckpt.checkpoint_frozen(&frozen).map_err(|e| e.to_string());
+    // What it keeps outside, as of the same instant.
+    let exported = match (&stats, &out) {
+        (Ok(_), Some(_)) => Some(c.kept.export(&c.name)),
+        _ => None,
+    };
     let pause = frozen.held();
     drop(frozen);
     drop(held);
     let mut stats = stats?;
     stats.pause = pause;
-    if let Some(path) = &out {
-        file::write(ckpt.image(), path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let (Some(path), Some(exported)) = (&out, exported) {
+        *ckpt.attachments_mut() = exported?;
+        let written = file::write(ckpt.image(), path);
+        ckpt.attachments_mut().clear();
+        written.map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(summary(c, "checkpoint", stats, waited, started, out))
 }
@@ -396,6 +485,8 @@ fn restore(c: &mut Tracked, from: Option<&Path>) -> Result<Summary, String> {
     let pause = frozen.held();
     drop(frozen);
     drop(held);
+    // The hot image keeps memory only.
+    ckpt.attachments_mut().clear();
     let mut stats = stats.map_err(|e| e.to_string())?;
     stats.pause = pause;
     Ok(summary(

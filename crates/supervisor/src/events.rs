@@ -150,6 +150,16 @@ pub enum Event {
     },
     /// The pristine image died and was rebuilt from the binary.
     ZygoteRespawned { component: String, pid: u32 },
+    /// A component's first incarnation took an image exported elsewhere
+    /// (`kintsugi run --restore`).
+    Restored {
+        component: String,
+        pid: u32,
+        file: String,
+        pages: u64,
+        #[serde(rename = "pause_us", with = "micros")]
+        pause: Duration,
+    },
     /// The system stopped.
     Stopped { reason: String },
 }
@@ -205,6 +215,17 @@ impl fmt::Display for Event {
             Event::ZygoteRespawned { component, pid } => {
                 write!(f, "{component}: pristine image lost; rebuilt from the binary (pid {pid})")
             }
+            Event::Restored {
+                component,
+                pid,
+                file,
+                pages,
+                pause,
+            } => write!(
+                f,
+                "{component}: restored from {file} into pid {pid} ({pages} pages, held {} µs)",
+                pause.as_micros()
+            ),
             Event::Stopped { reason } => write!(f, "system stopped: {reason}"),
         }
     }

@@ -22,6 +22,12 @@ pub enum SupervisorError {
     },
     #[error("component `{component}` failed to boot: {detail}")]
     Boot { component: String, detail: String },
+    #[error("component `{component}`: restoring {file}: {detail}")]
+    Restore {
+        component: String,
+        file: String,
+        detail: String,
+    },
     #[error("chaos target `{0}` is not a component of this system")]
     UnknownTarget(String),
     #[error("supervisor: {0}")]
@@ -57,6 +63,11 @@ pub struct Options {
     /// Where periodic checkpoints kept as files go (`checkpoint.keep`);
     /// a folder under the temporary directory if not given.
     pub checkpoint_dir: Option<PathBuf>,
+    /// Components whose first incarnation takes an exported image (its
+    /// vault records and durable memory put in place before it starts, its
+    /// memory and threads restored once it serves): another supervisor's
+    /// checkpoint, moved here (`kintsugi run --restore C=FILE`).
+    pub restores: Vec<(String, PathBuf)>,
 }
 
 impl Default for Options {
@@ -72,6 +83,7 @@ impl Default for Options {
             lifelines: true,
             roster: None,
             checkpoint_dir: None,
+            restores: Vec::new(),
         }
     }
 }

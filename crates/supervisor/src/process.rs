@@ -125,12 +125,16 @@ fn exit_in_stat(stat: &str) -> Option<Exit> {
 /// Execs `binary` as a component: `boot_json` in its environment, `pass` the
 /// only inherited descriptors besides stdio, its own process group (so a
 /// terminal's Ctrl-C reaches the supervisor alone), `nice` applied (also 0:
-/// the supervisor's own threads run at a higher priority).
+/// the supervisor's own threads run at a higher priority); with
+/// `fixed_layout`, address-space randomization off (`ADDR_NO_RANDOMIZE`),
+/// so that every exec of the binary lays out its memory alike and a
+/// checkpoint taken under one supervisor restores under another.
 pub fn spawn_component(
     binary: &Path,
     boot_json: &str,
     pass: &[RawFd],
     nice: i32,
+    fixed_layout: bool,
 ) -> std::io::Result<Proc> {
     let pass = pass.to_vec();
     let mut cmd = Command::new(binary);
@@ -138,7 +142,8 @@ pub fn spawn_component(
         .stdin(Stdio::null())
         .process_group(0);
     // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (fcntl, setpriority); it allocates nothing.
+    // async-signal-safe functions (fcntl, setpriority, personality); it
+    // allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             for &fd in &pass {
@@ -150,6 +155,15 @@ pub fn spawn_component(
             // default, and a child inherits its nice value.
             if libc::setpriority(libc::PRIO_PROCESS, 0, nice) == -1 {
                 return Err(std::io::Error::last_os_error());
+            }
+            if fixed_layout {
+                // 0xffffffff queries the persona without changing it.
+                let persona = libc::personality(0xffff_ffff);
+                if persona == -1
+                    || libc::personality((persona | libc::ADDR_NO_RANDOMIZE) as libc::c_ulong) == -1
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });

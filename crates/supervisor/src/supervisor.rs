@@ -24,7 +24,7 @@ use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 use rustix::process::Signal;
 
 use crate::chaos::{Chaos, Target};
-use crate::checkpoints::{self, Command, Quiet, Tracked};
+use crate::checkpoints::{self, Command, Kept, Quiet, Tracked};
 use crate::events::{Event, Exit};
 use crate::managed::{Durable, Managed, Phase, Role, Served, Standby, Used, Wiring, Zygote};
 use crate::options::{Options, Report, StopReason, SupervisorError};
@@ -35,6 +35,8 @@ use crate::source::{listen, Source};
 use crate::vault::{VaultActivity, VaultStore};
 use crate::watchdog::Monitor;
 use crate::zygote;
+use kintsugi_checkpoint::Image;
+use std::path::PathBuf;
 
 /// The nice value of the supervisor's threads (event loop, vault, lifeline
 /// watchers, watchdog monitor), above the components' default of 0: a
@@ -143,6 +145,9 @@ pub(crate) struct Supervisor<'a> {
     tracked: Vec<Tracked>,
     checkpoint_commands: Option<Receiver<Command>>,
     checkpoint_thread: Option<std::thread::JoinHandle<()>>,
+    /// Images to restore at boot (`Options::restores`), read and checked
+    /// before anything starts.
+    restores: HashMap<String, (PathBuf, Image)>,
 }
 
 impl<'a> Supervisor<'a> {
@@ -193,6 +198,7 @@ impl<'a> Supervisor<'a> {
             tracked: Vec::new(),
             checkpoint_commands: Some(checkpoint_commands),
             checkpoint_thread: None,
+            restores: HashMap::new(),
         })
     }
 
@@ -207,6 +213,7 @@ impl<'a> Supervisor<'a> {
                 return Err(SupervisorError::UnknownTarget(c.target().to_string()));
             }
         }
+        self.read_restores(system)?;
         let mut durable = system
             .components
             .iter()
@@ -262,6 +269,47 @@ impl<'a> Supervisor<'a> {
             let tracked = std::mem::take(&mut self.tracked);
             self.checkpoint_thread = Some(checkpoints::start(tracked, dir, rx)?);
         }
+        self.restore_at_boot()
+    }
+
+    /// Reads every image of `Options::restores`: a bad file stops the
+    /// start before anything runs.
+    fn read_restores(&mut self, system: &System) -> Result<(), SupervisorError> {
+        for (name, path) in &self.options.restores {
+            let fail = |detail: String| SupervisorError::Restore {
+                component: name.clone(),
+                file: path.display().to_string(),
+                detail,
+            };
+            if system.component(name).is_none() {
+                return Err(fail("no such component in this system".into()));
+            }
+            let image = kintsugi_checkpoint::file::read(path).map_err(|e| fail(e.to_string()))?;
+            self.restores.insert(name.clone(), (path.clone(), image));
+        }
+        Ok(())
+    }
+
+    /// Restores each image of `Options::restores` into its component's
+    /// first incarnation, now serving.
+    fn restore_at_boot(&mut self) -> Result<(), SupervisorError> {
+        for (name, (path, _)) in std::mem::take(&mut self.restores) {
+            let done = self
+                .roster
+                .restore(&name, Some(path.clone()))
+                .map_err(|detail| SupervisorError::Restore {
+                    component: name.clone(),
+                    file: path.display().to_string(),
+                    detail,
+                })?;
+            self.emit(Event::Restored {
+                component: name,
+                pid: done.pid,
+                file: path.display().to_string(),
+                pages: done.pages,
+                pause: Duration::from_micros(done.pause_us),
+            });
+        }
         Ok(())
     }
 
@@ -289,6 +337,22 @@ impl<'a> Supervisor<'a> {
         let (zygote_sock, zygote_peer) = seqpacket()?;
         let (vault_sock, vault_peer) = seqpacket()?;
         let activity = Arc::new(VaultActivity::default());
+        let file_of = |r: Option<&Region>| -> std::io::Result<Option<std::fs::File>> {
+            r.map(|r| r.dup_fd().map(std::fs::File::from)).transpose()
+        };
+        let kept = Kept {
+            vault: self.vault.clone(),
+            arena: file_of(durable.arena.as_ref())?,
+            pool: file_of(durable.pool.as_deref())?,
+        };
+        if let Some((path, image)) = self.restores.get(&spec.name) {
+            kept.import(&spec.name, &image.attachments)
+                .map_err(|detail| SupervisorError::Restore {
+                    component: spec.name.clone(),
+                    file: path.display().to_string(),
+                    detail,
+                })?;
+        }
         self.tracked.push(Tracked::new(
             spec.name.clone(),
             spec.checkpoint,
@@ -299,6 +363,7 @@ impl<'a> Supervisor<'a> {
                 vault_sock: rustix::io::dup(&vault_sock)?,
                 vault_peer: rustix::io::dup(&vault_peer)?,
             },
+            kept,
         ));
         self.vault.serve(spec.name.clone(), vault_sock, activity);
         let wiring = Wiring {

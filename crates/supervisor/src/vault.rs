@@ -3,7 +3,10 @@
 //! socket; requests are applied whole under one lock.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -176,6 +179,61 @@ impl VaultStore {
         })
     }
 
+    /// Every record of `component`, for an exported checkpoint: a
+    /// descriptor travels as its contents if it is a memfd; any other kind
+    /// (a socket) cannot leave this machine, and fails the export.
+    pub(crate) fn export(&self, component: &str) -> Result<Vec<ExportedRecord>, String> {
+        let all = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(records) = all.get(component) else {
+            return Ok(Vec::new());
+        };
+        records
+            .iter()
+            .map(|(key, e)| {
+                let contents =
+                    e.fd.as_ref()
+                        .map(|fd| memfd_contents(key, fd))
+                        .transpose()?;
+                Ok(ExportedRecord {
+                    key: key.clone(),
+                    value: e.value.to_string(),
+                    contents,
+                })
+            })
+            .collect()
+    }
+
+    /// Puts exported records into `component`'s vault (before its first
+    /// incarnation reads them); each descriptor becomes a new memfd.
+    pub(crate) fn import(
+        &self,
+        component: &str,
+        records: Vec<ExportedRecord>,
+    ) -> Result<(), String> {
+        let mut all = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = all.entry(component.to_string()).or_default();
+        for r in records {
+            let value =
+                serde_json::from_str(&r.value).map_err(|e| format!("record {}: {e}", r.key))?;
+            let fd = r
+                .contents
+                .map(|bytes| {
+                    let fd = rustix::fs::memfd_create(
+                        format!("kintsugi:{component}:{}", r.key),
+                        rustix::fs::MemfdFlags::CLOEXEC,
+                    )
+                    .map_err(|e| format!("record {}: memfd_create: {e}", r.key))?;
+                    let file = std::fs::File::from(fd);
+                    file.write_all_at(&bytes, 0)
+                        .map_err(|e| format!("record {}: {e}", r.key))?;
+                    Ok::<_, String>(OwnedFd::from(file))
+                })
+                .transpose()?;
+            kept.insert(r.key, Entry { value, fd });
+        }
+        Ok(())
+    }
+
     /// Number of records kept for `component`.
     #[cfg(test)]
     pub fn len(&self, component: &str) -> usize {
@@ -185,6 +243,37 @@ impl VaultStore {
             .get(component)
             .map_or(0, |r| r.len())
     }
+}
+
+/// A vault record as it travels with an exported checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct ExportedRecord {
+    pub key: String,
+    /// The value, as JSON text.
+    pub value: String,
+    /// The contents of its descriptor (a memfd), if it has one.
+    pub contents: Option<Vec<u8>>,
+}
+
+/// The whole contents of the memfd behind record `key`'s descriptor.
+fn memfd_contents(key: &str, fd: &OwnedFd) -> Result<Vec<u8>, String> {
+    let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    if !target.starts_with("/memfd:") {
+        return Err(format!(
+            "record {key} holds {target}, which cannot travel with a checkpoint (only memfds can)"
+        ));
+    }
+    let file = std::fs::File::from(fd.try_clone().map_err(|e| format!("record {key}: {e}"))?);
+    let len = file
+        .metadata()
+        .map_err(|e| format!("record {key}: {e}"))?
+        .len();
+    let mut bytes = vec![0u8; len as usize];
+    file.read_exact_at(&mut bytes, 0)
+        .map_err(|e| format!("record {key}: {e}"))?;
+    Ok(bytes)
 }
 
 /// Counts a taken request finished when dropped, whichever way its

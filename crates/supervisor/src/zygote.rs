@@ -26,7 +26,10 @@ pub(crate) fn exec(
 ) -> Result<Proc, SupervisorError> {
     let (boot, pass) = wiring.boot_info(spec, wide);
     let json = serde_json::to_string(&boot).expect("boot info serializes");
-    spawn_component(&spec.binary, &json, &pass, spec.priority).map_err(|source| {
+    // A checkpointed component gets the same layout at every exec, so that
+    // its images restore under another supervisor (another machine).
+    let fixed_layout = spec.checkpoint.is_some();
+    spawn_component(&spec.binary, &json, &pass, spec.priority, fixed_layout).map_err(|source| {
         SupervisorError::Spawn {
             component: spec.name.clone(),
             binary: spec.binary.display().to_string(),

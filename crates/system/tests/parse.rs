@@ -192,6 +192,31 @@ fn durable_memory_and_realtime() {
 }
 
 #[test]
+fn checkpoint_policy() {
+    let text = format!(
+        "{HEAD}\
+[[component]]\nname = \"kv\"\nbinary = \"kv\"\ncheckpoint = {{ every_ms = 100, keep = 3 }}\n\
+[[component]]\nname = \"app\"\nbinary = \"app\"\ncheckpoint = {{ every_ms = 10 }}\n\
+[[component]]\nname = \"plain\"\nbinary = \"plain\"\n"
+    );
+    let s = parse(Path::new("x.toml"), &text).unwrap();
+    let kv = s.component("kv").unwrap().checkpoint.unwrap();
+    assert_eq!((kv.every, kv.keep), (Duration::from_millis(100), 3));
+    let app = s.component("app").unwrap().checkpoint.unwrap();
+    assert_eq!((app.every, app.keep), (Duration::from_millis(10), 0));
+    assert_eq!(s.component("plain").unwrap().checkpoint, None);
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(json["components"][0]["checkpoint"]["every_ms"], 100);
+
+    let (msg, kind) = err_with_head(
+        "[[component]]\nname = \"a\"\nbinary = \"a\"\ncheckpoint = { keep = 1 }\n",
+    );
+    assert_eq!(kind, ErrorKind::Syntax);
+    assert!(msg.starts_with("sys.toml:7:"), "{msg}");
+    assert!(msg.contains("every_ms"), "{msg}");
+}
+
+#[test]
 fn location_counts_characters_from_one() {
     let t = "ab\ncé\n";
     assert_eq!(Location::of_offset(t, 0), Location { line: 1, col: 1 });
@@ -229,7 +254,7 @@ fn unknown_key() {
         msg,
         "sys.toml:7:1: unknown field `foo`, expected one of `name`, `binary`, `provides`, `uses`, \
          `priority`, `realtime`, `recovery`, `reboot`, `restart`, `slots`, `arena_kib`, \
-         `pool_kib`, `config`"
+         `pool_kib`, `checkpoint`, `config`"
     );
     let (msg, _) = err_with_head(
         "[[component]]\nname = \"a\"\nbinary = \"a\"\nrestart = { max = 1, window = 3 }\n",
@@ -449,6 +474,14 @@ fn out_of_range_values() {
         (
             "pool_kib = 2000000",
             "sys.toml:7:12: component `a`: pool_kib 2000000 is out of range (0..=1048576)",
+        ),
+        (
+            "checkpoint = { every_ms = 0 }",
+            "sys.toml:7:27: component `a`: checkpoint.every_ms 0 is out of range (1..=3600000)",
+        ),
+        (
+            "checkpoint = { every_ms = 10, keep = 1001 }",
+            "sys.toml:7:38: component `a`: checkpoint.keep 1001 is out of range (0..=1000)",
         ),
     ];
     for (extra, want) in cases {

@@ -116,7 +116,10 @@ pub fn write(image: &Image, path: &Path) -> Result<u64, ImageError> {
             .collect(),
     };
     let encoded = postcard::to_stdvec(&manifest).map_err(|e| io(std::io::Error::other(e)))?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // Unique per write: two threads may write the same path at once.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
     let file = File::create(&tmp).map_err(io)?;
     let mut out = BufWriter::new(file);
     out.write_all(MAGIC).map_err(io)?;
@@ -178,6 +181,10 @@ pub fn read(path: &Path) -> Result<Image, ImageError> {
             path: name.clone(),
             found: version,
         });
+    }
+    let flags = u32::from_le_bytes(head[12..16].try_into().unwrap_or_default());
+    if flags != 0 {
+        return Err(corrupt(format!("unknown flags {flags:#x}")));
     }
     let z = zstd::Decoder::with_buffer(input).map_err(|e| corrupt(e.to_string()))?;
     let mut body = Checked {

@@ -208,9 +208,8 @@ fn checkpoint_policy() {
     let json = serde_json::to_value(&s).unwrap();
     assert_eq!(json["components"][0]["checkpoint"]["every_ms"], 100);
 
-    let (msg, kind) = err_with_head(
-        "[[component]]\nname = \"a\"\nbinary = \"a\"\ncheckpoint = { keep = 1 }\n",
-    );
+    let (msg, kind) =
+        err_with_head("[[component]]\nname = \"a\"\nbinary = \"a\"\ncheckpoint = { keep = 1 }\n");
     assert_eq!(kind, ErrorKind::Syntax);
     assert!(msg.starts_with("sys.toml:7:"), "{msg}");
     assert!(msg.contains("every_ms"), "{msg}");

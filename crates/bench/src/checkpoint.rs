@@ -34,7 +34,12 @@ fn target_binary() -> anyhow::Result<PathBuf> {
 
 impl Target {
     fn start(heap: u64, threads: u32) -> anyhow::Result<Self> {
-        let mut child = Command::new(target_binary()?)
+        // Address randomization off (as the supervisor runs checkpointed
+        // components), so that a second target has the first one's layout
+        // and can take its image.
+        let mut child = Command::new("setarch")
+            .arg("-R")
+            .arg(target_binary()?)
             .args([
                 "--heap",
                 &heap.to_string(),
@@ -198,6 +203,30 @@ fn restore_table(mib: u64, rounds: usize, dir: &std::path::Path) -> anyhow::Resu
         t.cmd("digest", "ok")? == digest,
         "image restore lost the checkpoint"
     );
+    // Into a new process of the same program (a new incarnation, or
+    // another machine's): every mapping made and written whole.
+    let mut fresh = Vec::new();
+    for _ in 0..rounds.min(10) {
+        let mut other = Target::start(mib << 20, 2)?;
+        let mut oc = Checkpointer::attach(other.pid())?;
+        let frozen = kintsugi_checkpoint::Frozen::freeze(other.pid())?;
+        let s = oc.restore_new_frozen(&frozen, c.image().clone())?;
+        fresh.push(ms(frozen.held()));
+        drop(frozen);
+        pages = s.pages;
+        anyhow::ensure!(
+            other.cmd("digest", "ok")? == digest,
+            "a restore into a new process lost the checkpoint"
+        );
+    }
+    let s = Summary::of(&fresh).context("rounds")?;
+    row(&[
+        "new process: restore (whole)".into(),
+        format!("{:.3}", s.p50),
+        format!("{:.3} ({})", s.p99, s.n),
+        pages.to_string(),
+        "-".into(),
+    ]);
     for (kind, v) in [
         ("image file: write", &write),
         ("image file: read and check", &read),
@@ -323,5 +352,133 @@ pub fn checkpoint(
     std::fs::remove_dir_all(&dir).ok();
     restored?;
     throughput_table(secs, repeats)?;
+    component_table(secs, repeats)?;
     Ok(true)
+}
+
+/// The system of [`component_table`]: bench-echo with a 64 MiB heap, its
+/// checkpoint policy in place of `CHECKPOINT`, under echo-checker.
+const COMPONENT_SYSTEM: &str = r#"
+[system]
+name = "bench-checkpoint"
+
+[[component]]
+name = "echo"
+binary = "kintsugi-bench-echo"
+provides = ["bench"]
+CHECKPOINT
+[component.config]
+grow_mib = 64
+grow_after_ms = 1
+
+[[component]]
+name = "checker"
+binary = "kintsugi-echo-checker"
+uses = ["bench"]
+[component.config]
+duration_ms = DURATION
+report_ms = 100000
+report_file = "REPORT"
+"#;
+
+/// One run of [`COMPONENT_SYSTEM`]: the checker's calls per second, and
+/// the supervisor's summary of a checkpoint requested near the end (with
+/// its count of periodic checkpoints taken and skipped).
+fn component_run(
+    policy: Option<u64>,
+    secs: f64,
+    dir: &std::path::Path,
+) -> anyhow::Result<(f64, Option<kintsugi_supervisor::CheckpointSummary>)> {
+    let report = dir.join(format!("report-{}.jsonl", policy.unwrap_or(0)));
+    std::fs::remove_file(&report).ok();
+    let text = COMPONENT_SYSTEM
+        .replace(
+            "CHECKPOINT",
+            &policy.map_or(String::new(), |ms| {
+                format!("checkpoint = {{ every_ms = {ms} }}")
+            }),
+        )
+        .replace("DURATION", &((secs * 1000.0) as u64).to_string())
+        .replace("REPORT", &report.display().to_string());
+    let system = crate::parse_system("bench-checkpoint (built in)", &text)?;
+    let roster = kintsugi_supervisor::Roster::new();
+    let asker = {
+        let roster = roster.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs_f64(secs * 0.9));
+            roster.checkpoint("echo", None).ok()
+        })
+    };
+    let options = kintsugi_supervisor::Options {
+        stop_when_finished: Some("checker".into()),
+        interfaces: kintsugi_interfaces::ALL.to_vec(),
+        roster: Some(roster),
+        ..Default::default()
+    };
+    crate::run_collecting(&system, options)?;
+    let summary = asker.join().ok().flatten();
+    let text = std::fs::read_to_string(&report).with_context(|| format!("{}", report.display()))?;
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap_or("{}"))?;
+    anyhow::ensure!(
+        last["wrong"] == 0 && last["failed"] == 0,
+        "the checker saw errors: {last}"
+    );
+    let calls = last["calls"].as_f64().context("calls")?;
+    Ok((calls / secs, summary))
+}
+
+/// A kintsugi component's throughput under periodic checkpoints: the echo
+/// calls a checking client makes per second, with the server checkpointed
+/// every 100 ms and every 10 ms against not at all.
+fn component_table(secs: f64, repeats: usize) -> anyhow::Result<()> {
+    println!(
+        "### A component under its client: echo calls per second (bench-echo with a 64 MiB heap, {secs} s runs, median of {repeats})\n"
+    );
+    row(&[
+        "checkpoints",
+        "calls/s",
+        "× none",
+        "periodic taken",
+        "skipped",
+        "pause of one (ms)",
+        "pages in it",
+    ]
+    .map(String::from));
+    row(&["---", "---:", "---:", "---:", "---:", "---:", "---:"].map(String::from));
+    let dir = std::env::temp_dir().join(format!("kintsugi-bench-ckpt-sys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut none = None;
+    for policy in [None, Some(100), Some(10)] {
+        let mut runs = Vec::new();
+        let mut summary = None;
+        for _ in 0..repeats {
+            let (rate, s) = component_run(policy, secs, &dir)?;
+            runs.push(rate);
+            summary = s.or(summary);
+        }
+        runs.sort_by(f64::total_cmp);
+        let median = runs[runs.len() / 2];
+        let base = *none.get_or_insert(median);
+        let (taken, skipped, pause, pages) = match (&summary, policy) {
+            (Some(s), Some(_)) => (
+                s.periodic_taken.to_string(),
+                s.periodic_skipped.to_string(),
+                format!("{:.3}", s.pause_us as f64 / 1000.0),
+                s.pages.to_string(),
+            ),
+            _ => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        row(&[
+            policy.map_or("none".into(), |ms| format!("every {ms} ms")),
+            format!("{median:.0}"),
+            format!("{:.3}", median / base),
+            taken,
+            skipped,
+            pause,
+            pages,
+        ]);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    println!();
+    Ok(())
 }

@@ -27,6 +27,8 @@ enum Request {
     Restore {
         component: String,
         from: Option<PathBuf>,
+        #[serde(default)]
+        force: bool,
     },
 }
 
@@ -110,7 +112,11 @@ fn serve(conn: UnixStream, roster: &Roster) {
             Ok(Request::Checkpoint { component, out }) => {
                 answer(roster.checkpoint(&component, out))
             }
-            Ok(Request::Restore { component, from }) => answer(roster.restore(&component, from)),
+            Ok(Request::Restore {
+                component,
+                from,
+                force,
+            }) => answer(roster.restore(&component, from, force)),
         },
     };
     let mut text = serde_json::to_string(&answer).unwrap_or_default();
@@ -151,6 +157,11 @@ pub struct RestoreArgs {
     /// an earlier one: into this one) instead of the latest checkpoint.
     #[arg(long)]
     pub from: Option<PathBuf>,
+    /// Do not wait for a safe point (a hung component never reaches one):
+    /// calls it is serving are run again by its rolled-back workers. Its
+    /// own calls and vault requests must still be over.
+    #[arg(long)]
+    pub force: bool,
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -170,6 +181,7 @@ pub fn restore(args: RestoreArgs) -> anyhow::Result<bool> {
     let request = Request::Restore {
         component: args.component,
         from,
+        force: args.force,
     };
     ask(&args.system, &request, args.json)
 }

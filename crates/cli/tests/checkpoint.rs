@@ -13,6 +13,11 @@
 //! restored by a second `kintsugi run` in its own network and mount
 //! namespaces (`unshare`), with the component's durable memory carried
 //! along; its checker finds the first system's heap in the server.
+//!
+//! TAC's rollback: a server hung inside a call (a loop, then a wait that
+//! never ends) is restored in place from its last checkpoint with
+//! `--force`, keeping its pid; its workers run the call again, and the
+//! client gets every answer right.
 
 mod common;
 
@@ -52,14 +57,35 @@ struct Running {
     child: Child,
     runtime_dir: PathBuf,
     tag: String,
+    system: String,
 }
 
 impl Running {
+    /// Counter `counter` of `component` in the published roster.
+    fn counter(&self, component: &str, counter: &str) -> u64 {
+        let path = self
+            .runtime_dir
+            .join(format!("kintsugi/{}.json", self.system));
+        let Some(roster) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        else {
+            return 0;
+        };
+        roster["members"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["name"] == component))
+            .and_then(|m| m["counters"].as_array().cloned())
+            .and_then(|c| c.into_iter().find(|c| c[0] == counter))
+            .and_then(|c| c[1].as_u64())
+            .unwrap_or(0)
+    }
+
     fn ctl(&self, args: &[&str]) -> Result<Value, String> {
         let out = kintsugi(&self.tag)
             .env("XDG_RUNTIME_DIR", &self.runtime_dir)
             .args(args)
-            .args(["--system", "ckpt", "--json"])
+            .args(["--system", &self.system, "--json"])
             .output()
             .unwrap();
         let (stdout, stderr) = text(&out);
@@ -70,7 +96,9 @@ impl Running {
     }
 
     fn pid(&self, component: &str) -> Option<u64> {
-        let path = self.runtime_dir.join("kintsugi/ckpt.json");
+        let path = self
+            .runtime_dir
+            .join(format!("kintsugi/{}.json", self.system));
         let roster: Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
         roster["members"]
             .as_array()?
@@ -138,6 +166,7 @@ fn start_in(dir: &Path, run_dir: &str, extra: &[&str], unshare: bool) -> (Runnin
             child,
             runtime_dir,
             tag,
+            system: "ckpt".into(),
         },
         stop,
     )
@@ -350,4 +379,89 @@ fn an_image_exported_by_one_system_serves_under_another_in_other_namespaces() {
         b_out.contains(r#""incarnations":2"#),
         "the arena came along (count 1, then this incarnation): {b_out}"
     );
+}
+
+const HUNG: &str = r#"
+[system]
+name = "ckpt-hang"
+
+[[component]]
+name = "spinner"
+binary = "kintsugi-spinner"
+provides = ["spin"]
+checkpoint = { every_ms = 20 }
+
+[[component]]
+name = "workload"
+binary = "kintsugi-spin-workload"
+uses = ["spin"]
+[component.config]
+ops = 600
+small_units = [1, 200]
+hangs = [{ at_op = 150, kind = 1 }, { at_op = 400, kind = 2 }]
+"#;
+
+#[test]
+fn a_hung_server_is_rolled_back_in_place_and_runs_the_call_again() {
+    let dir = scratch("ckpt_hang");
+    let system = write(&dir, "hang.toml", HUNG);
+    let runtime_dir = dir.join("run");
+    std::fs::create_dir_all(&runtime_dir).unwrap();
+    let tag = unique_tag("ckpt_hang");
+    let child = run_system(&tag, &system)
+        .env("XDG_RUNTIME_DIR", &runtime_dir)
+        .args(["--until-finished", "workload"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sys = Running {
+        child,
+        runtime_dir,
+        tag,
+        system: "ckpt-hang".into(),
+    };
+    let spinner = sys.wait_pid("spinner", None);
+    let mut seen = 0;
+    for hang in 1..=2 {
+        // The hang has begun when spinner stamps its start.
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let now = sys.counter("spinner", "hang_ns");
+            if now != seen && now != 0 {
+                seen = now;
+                break;
+            }
+            assert!(Instant::now() < until, "hang {hang} never began");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let refused = sys.ctl(&["restore", "--component", "spinner"]);
+        assert!(
+            refused.as_ref().is_err_and(|e| e.contains("safe point")),
+            "a hung server reaches no safe point: {refused:?}"
+        );
+        let done = sys
+            .ctl(&["restore", "--component", "spinner", "--force"])
+            .unwrap_or_else(|e| panic!("hang {hang}: {e}"));
+        assert_eq!(field(&done, "kind"), "restore in place", "{done}");
+        assert_eq!(field(&done, "pid").as_u64(), Some(spinner), "same pid");
+    }
+    let out = sys.child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let report = json_lines(&stdout)
+        .into_iter()
+        .find(|v| v.get("ops").is_some())
+        .unwrap_or_else(|| panic!("no workload report:\n{stdout}\n{stderr}"));
+    assert_eq!(report["ops"], 600, "{report}");
+    assert_eq!(report["hangs"], 2, "{report}");
+    assert_eq!(report["errors"], 0, "{report}\n{stderr}");
+    assert_eq!(report["mismatches"], 0, "{report}\n{stderr}");
+    assert_eq!(
+        reboots(&stdout, "spinner"),
+        0,
+        "rolled back, never rebooted"
+    );
+    assert!(leftovers(&sys.tag).is_empty());
 }

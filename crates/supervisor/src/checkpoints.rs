@@ -59,9 +59,15 @@ pub(crate) struct Quiet {
 impl Quiet {
     /// Whether nothing is in flight between the component and anyone.
     fn holds(&self) -> bool {
+        self.served.iter().all(|e| e.serving() == 0) && self.own_quiet()
+    }
+
+    /// Whether the component has no call of its own in flight and no
+    /// vault exchange: what a forced restore needs (the calls it serves
+    /// are run again by the workers it rolls back).
+    fn own_quiet(&self) -> bool {
         let taking = self.vault.taking.load(Ordering::SeqCst);
-        self.served.iter().all(|e| e.serving() == 0)
-            && self.used.iter().all(|e| e.calling() == 0)
+        self.used.iter().all(|e| e.calling() == 0)
             && !queued(&self.vault_sock)
             && self.vault.done.load(Ordering::SeqCst) == taking
             && self.vault.taking.load(Ordering::SeqCst) == taking
@@ -154,6 +160,8 @@ pub(crate) enum Command {
     Restore {
         name: String,
         from: Option<PathBuf>,
+        /// Without waiting for a safe point (see [`restore`]).
+        force: bool,
         reply: Sender<Result<Summary, String>>,
     },
 }
@@ -335,8 +343,13 @@ fn handle(comps: &mut [Tracked], cmd: Command) {
             let answer = find(comps, &name).and_then(|c| take(c, out, REQUESTED_HOLD));
             let _ = reply.send(answer);
         }
-        Command::Restore { name, from, reply } => {
-            let answer = find(comps, &name).and_then(|c| restore(c, from.as_deref()));
+        Command::Restore {
+            name,
+            from,
+            force,
+            reply,
+        } => {
+            let answer = find(comps, &name).and_then(|c| restore(c, from.as_deref(), force));
             let _ = reply.send(answer);
         }
     }
@@ -391,19 +404,56 @@ fn at_safe_point<'a>(
     pid: u32,
     hold: Duration,
 ) -> Result<(Frozen, Held<'a>, Duration), String> {
+    at_point(
+        quiet,
+        name,
+        pid,
+        hold,
+        Quiet::holds,
+        "a safe point (an invocation or a vault request was always in flight)",
+    )
+}
+
+/// [`at_safe_point`] for a forced restore: only the component's own calls
+/// and vault exchanges must be over; calls it serves may be in flight (a
+/// hung one, say).
+fn at_forced_point<'a>(
+    quiet: &'a Quiet,
+    name: &str,
+    pid: u32,
+    hold: Duration,
+) -> Result<(Frozen, Held<'a>, Duration), String> {
+    at_point(
+        quiet,
+        name,
+        pid,
+        hold,
+        Quiet::own_quiet,
+        "a point without a call or vault request of its own in flight",
+    )
+}
+
+fn at_point<'a>(
+    quiet: &'a Quiet,
+    name: &str,
+    pid: u32,
+    hold: Duration,
+    ready: fn(&Quiet) -> bool,
+    what: &str,
+) -> Result<(Frozen, Held<'a>, Duration), String> {
     let started = Instant::now();
     let held = quiet.hold();
     let mut backoff = Duration::from_micros(5);
     loop {
-        if quiet.holds() {
+        if ready(quiet) {
             let frozen = Frozen::freeze(pid).map_err(|e| e.to_string())?;
-            if quiet.holds() {
+            if ready(quiet) {
                 return Ok((frozen, held, started.elapsed()));
             }
         }
         if started.elapsed() >= hold {
             return Err(format!(
-                "`{name}` reached no safe point within {} ms (an invocation or a vault request was always in flight)",
+                "`{name}` reached no {what} within {} ms",
                 hold.as_millis()
             ));
         }
@@ -446,7 +496,14 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
 /// an image file: one taken from this incarnation is restored in place,
 /// one taken from an earlier incarnation (or exported elsewhere) into this
 /// new one. Nothing is touched unless the file reads whole and matches.
-fn restore(c: &mut Tracked, from: Option<&Path>) -> Result<Summary, String> {
+///
+/// `force` does not wait for a safe point (TAC's rollback of a hung
+/// incarnation, which never reaches one): calls being served are rolled
+/// back with the workers serving them, which find them still posted and
+/// run them again; the component's own calls and vault exchanges must
+/// still be over (their replies would reach threads that no longer wait
+/// for them).
+fn restore(c: &mut Tracked, from: Option<&Path>, force: bool) -> Result<Summary, String> {
     let started = Instant::now();
     let image = from
         .map(|path| file::read(path).map_err(|e| e.to_string()))
@@ -469,7 +526,10 @@ fn restore(c: &mut Tracked, from: Option<&Path>) -> Result<Summary, String> {
     } else if ckpt.image().seq == 0 {
         return Err(format!("`{}` (pid {pid}) has no checkpoint yet", c.name));
     }
-    let (frozen, held, waited) = at_safe_point(&c.quiet, &c.name, pid, REQUESTED_HOLD)?;
+    let (frozen, held, waited) = match force {
+        false => at_safe_point(&c.quiet, &c.name, pid, REQUESTED_HOLD)?,
+        true => at_forced_point(&c.quiet, &c.name, pid, REQUESTED_HOLD)?,
+    };
     let ckpt = c.incarnation.attached()?;
     let (kind, stats) = match image {
         None => ("restore in place", ckpt.restore_frozen(&frozen)),
@@ -482,6 +542,13 @@ fn restore(c: &mut Tracked, from: Option<&Path>) -> Result<Summary, String> {
             ckpt.restore_new_frozen(&frozen, image),
         ),
     };
+    if stats.is_ok() {
+        // Every worker is back where it was at the checkpoint, a safe
+        // point: none is serving.
+        for e in &c.quiet.served {
+            e.reset_serving();
+        }
+    }
     let pause = frozen.held();
     drop(frozen);
     drop(held);

@@ -198,12 +198,24 @@ impl Roster {
         self.ask(Command::Take { name, out, reply }, answer)
     }
 
-    /// Restores `component` at its next safe point: from its latest
+    /// Restores `component` at its next safe point (`force`: without
+    /// waiting for one, as for a hung component): from its latest
     /// checkpoint, in place, or from an image file (see `checkpoints.rs`).
-    pub fn restore(&self, component: &str, from: Option<PathBuf>) -> Result<Summary, String> {
+    pub fn restore(
+        &self,
+        component: &str,
+        from: Option<PathBuf>,
+        force: bool,
+    ) -> Result<Summary, String> {
         let (reply, answer) = std::sync::mpsc::channel();
         let name = component.to_string();
-        self.ask(Command::Restore { name, from, reply }, answer)
+        let cmd = Command::Restore {
+            name,
+            from,
+            force,
+            reply,
+        };
+        self.ask(cmd, answer)
     }
 
     fn ask(

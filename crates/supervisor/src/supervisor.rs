@@ -296,7 +296,7 @@ impl<'a> Supervisor<'a> {
         for (name, (path, _)) in std::mem::take(&mut self.restores) {
             let done = self
                 .roster
-                .restore(&name, Some(path.clone()))
+                .restore(&name, Some(path.clone()), false)
                 .map_err(|detail| SupervisorError::Restore {
                     component: name.clone(),
                     file: path.display().to_string(),

@@ -405,6 +405,12 @@ impl Edge {
         set_hold(&self.header().client_hold, on);
     }
 
+    /// No call is being served: the server's every worker was just rolled
+    /// back to a checkpoint taken when none was (supervisor).
+    pub fn reset_serving(&self) {
+        self.header().serving.store(0, Ordering::SeqCst);
+    }
+
     /// Calls being served now.
     pub fn serving(&self) -> u32 {
         self.header().serving.load(Ordering::SeqCst)

@@ -92,6 +92,7 @@ impl Watch {
                 component: name.into(),
                 pid,
                 detail: detail.into(),
+                hang: false,
             });
         }
         let until = Instant::now() + limit;

@@ -17,7 +17,8 @@
 //! TAC's rollback: a server hung inside a call (a loop, then a wait that
 //! never ends) is restored in place from its last checkpoint with
 //! `--force`, keeping its pid; its workers run the call again, and the
-//! client gets every answer right.
+//! client gets every answer right. The same with the watchdog finding the
+//! hangs and `on_hang = "rollback"`: rolled back, never rebooted.
 
 mod common;
 
@@ -398,6 +399,8 @@ uses = ["spin"]
 [component.config]
 ops = 600
 small_units = [1, 200]
+nap_ms = 200
+nap_after_hang_ms = 1100
 hangs = [{ at_op = 150, kind = 1 }, { at_op = 400, kind = 2 }]
 "#;
 
@@ -464,4 +467,46 @@ fn a_hung_server_is_rolled_back_in_place_and_runs_the_call_again() {
         "rolled back, never rebooted"
     );
     assert!(leftovers(&sys.tag).is_empty());
+}
+
+#[test]
+fn the_watchdog_answers_a_hang_by_a_rollback_in_place() {
+    let dir = scratch("ckpt_hang_watchdog");
+    let described = HUNG
+        .replace(
+            "checkpoint = { every_ms = 20 }",
+            "checkpoint = { every_ms = 20, on_hang = \"rollback\" }",
+        )
+        .replace(
+            "[[component]]\nname = \"spinner\"",
+            "[watchdog]\nperiod_us = 1000\nstuck_ms = 300\ndefault_bound_us = 100000\n\n[[component]]\nname = \"spinner\"",
+        );
+    assert!(described.contains("on_hang") && described.contains("[watchdog]"));
+    let system = write(&dir, "hang.toml", &described);
+    let tag = unique_tag("ckpt_hang_watchdog");
+    let out = run_system(&tag, &system)
+        .env("XDG_RUNTIME_DIR", &dir)
+        .args(["--until-finished", "workload"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let report = json_lines(&stdout)
+        .into_iter()
+        .find(|v| v.get("ops").is_some())
+        .unwrap_or_else(|| panic!("no workload report:\n{stdout}\n{stderr}"));
+    assert_eq!(report["ops"], 600, "{report}");
+    assert_eq!(report["errors"], 0, "{report}\n{stderr}");
+    assert_eq!(report["mismatches"], 0, "{report}\n{stderr}");
+    let rolled: Vec<u32> = events(&stdout)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::RolledBack { pid, .. } => Some(pid),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rolled.len(), 2, "each hang rolled back:\n{stdout}");
+    assert_eq!(rolled[0], rolled[1], "in place: one pid");
+    assert_eq!(reboots(&stdout, "spinner"), 0, "never rebooted:\n{stdout}");
+    assert!(leftovers(&tag).is_empty());
 }

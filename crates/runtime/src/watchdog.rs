@@ -92,6 +92,18 @@ impl WorkerEntry {
         self.taken.store((t | 1) + 1, Ordering::Release);
     }
 
+    /// The worker was rolled back to a checkpoint taken while it was idle
+    /// (supervisor): it is in no stretch and holds no request, whatever
+    /// this entry said of the incarnation's later life.
+    pub fn rolled_back(&self) {
+        if self.seq.load(Ordering::Acquire) & 1 == 1 {
+            self.end();
+        }
+        if self.taken.load(Ordering::Acquire) & 1 == 1 {
+            self.release();
+        }
+    }
+
     /// Whether the thread is inside a stretch.
     pub fn in_stretch(&self) -> bool {
         self.seq.load(Ordering::Acquire) & 1 == 1

@@ -31,15 +31,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kintsugi_checkpoint::{file, Checkpointer, Frozen, Stats};
+use kintsugi_runtime::abi::boot::ControlBlock;
 use kintsugi_runtime::abi::channel::Edge;
+use kintsugi_runtime::abi::shm::Region;
 use kintsugi_system::CheckpointPolicy;
 use serde::Serialize;
 
 use crate::vault::{ExportedRecord, VaultActivity, VaultStore};
 
 /// How long a periodic checkpoint waits for a safe point before it is
-/// skipped (and counted).
-const PERIODIC_HOLD: Duration = Duration::from_millis(20);
+/// skipped (and counted): new calls wait this long at most, so that a long
+/// call in flight (a blocking wait) costs the others little at every
+/// attempt.
+const PERIODIC_HOLD: Duration = Duration::from_millis(2);
 /// How long a requested checkpoint or restore waits for one.
 const REQUESTED_HOLD: Duration = Duration::from_secs(2);
 
@@ -54,12 +58,37 @@ pub(crate) struct Quiet {
     pub vault_sock: OwnedFd,
     /// A duplicate of the component's end (replies queue here).
     pub vault_peer: OwnedFd,
+    /// Its control block, whose watchdog entries a rollback makes agree
+    /// with the threads it rolled back.
+    pub control: Arc<Region>,
 }
 
 impl Quiet {
     /// Whether nothing is in flight between the component and anyone.
     fn holds(&self) -> bool {
         self.served.iter().all(|e| e.serving() == 0) && self.own_quiet()
+    }
+
+    /// What stands in the way of a safe point, for an error message.
+    fn busy(&self) -> String {
+        let serving: u32 = self.served.iter().map(|e| e.serving()).sum();
+        let calling: u32 = self.used.iter().map(|e| e.calling()).sum();
+        let taking = self.vault.taking.load(Ordering::SeqCst);
+        let done = self.vault.done.load(Ordering::SeqCst);
+        format!(
+            "{serving} calls being served, {calling} being made, {} vault requests unanswered{}{}",
+            taking - done.min(taking),
+            if queued(&self.vault_sock) {
+                ", a vault request queued"
+            } else {
+                ""
+            },
+            if queued(&self.vault_peer) {
+                ", a vault reply unread"
+            } else {
+                ""
+            },
+        )
     }
 
     /// Whether the component has no call of its own in flight and no
@@ -404,14 +433,7 @@ fn at_safe_point<'a>(
     pid: u32,
     hold: Duration,
 ) -> Result<(Frozen, Held<'a>, Duration), String> {
-    at_point(
-        quiet,
-        name,
-        pid,
-        hold,
-        Quiet::holds,
-        "a safe point (an invocation or a vault request was always in flight)",
-    )
+    at_point(quiet, name, pid, hold, Quiet::holds, "safe point")
 }
 
 /// [`at_safe_point`] for a forced restore: only the component's own calls
@@ -429,7 +451,7 @@ fn at_forced_point<'a>(
         pid,
         hold,
         Quiet::own_quiet,
-        "a point without a call or vault request of its own in flight",
+        "point without a call or vault request of its own in flight",
     )
 }
 
@@ -453,8 +475,9 @@ fn at_point<'a>(
         }
         if started.elapsed() >= hold {
             return Err(format!(
-                "`{name}` reached no {what} within {} ms",
-                hold.as_millis()
+                "`{name}` reached no {what} within {} ms ({})",
+                hold.as_millis(),
+                quiet.busy()
             ));
         }
         std::thread::sleep(backoff);
@@ -544,9 +567,16 @@ fn restore(c: &mut Tracked, from: Option<&Path>, force: bool) -> Result<Summary,
     };
     if stats.is_ok() {
         // Every worker is back where it was at the checkpoint, a safe
-        // point: none is serving.
+        // point: none is serving, none in a stretch. (Sections other
+        // threads were in are not put back: see the README.)
         for e in &c.quiet.served {
             e.reset_serving();
+        }
+        let ctl: &ControlBlock = c.quiet.control.at(0);
+        for w in ctl.watch.workers.iter() {
+            if w.pid.load(Ordering::Relaxed) == pid {
+                w.rolled_back();
+            }
         }
     }
     let pause = frozen.held();

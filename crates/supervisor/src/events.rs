@@ -150,6 +150,16 @@ pub enum Event {
     },
     /// The pristine image died and was rebuilt from the binary.
     ZygoteRespawned { component: String, pid: u32 },
+    /// A hang was answered by rolling the incarnation back in place to its
+    /// latest checkpoint (`checkpoint.on_hang = "rollback"`).
+    RolledBack {
+        component: String,
+        pid: u32,
+        detail: String,
+        pages: u64,
+        #[serde(rename = "pause_us", with = "micros")]
+        pause: Duration,
+    },
     /// A component's first incarnation took an image exported elsewhere
     /// (`kintsugi run --restore`).
     Restored {
@@ -215,6 +225,17 @@ impl fmt::Display for Event {
             Event::ZygoteRespawned { component, pid } => {
                 write!(f, "{component}: pristine image lost; rebuilt from the binary (pid {pid})")
             }
+            Event::RolledBack {
+                component,
+                pid,
+                detail,
+                pages,
+                pause,
+            } => write!(
+                f,
+                "{component}: {detail}; rolled back in place (pid {pid}, {pages} pages, held {} µs)",
+                pause.as_micros()
+            ),
             Event::Restored {
                 component,
                 pid,

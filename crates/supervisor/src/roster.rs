@@ -23,6 +23,8 @@ pub struct Member {
     /// The live incarnation's process, if one serves.
     pub pid: Option<u32>,
     pub epoch: u64,
+    /// In-place rollbacks of this incarnation (its pid stays).
+    pub rollbacks: u64,
 }
 
 /// A fault found outside the supervisor's own detection (a hang, a checker).
@@ -34,6 +36,18 @@ pub struct FaultReport {
     pub pid: u32,
     /// What was found, for the event log.
     pub detail: String,
+    /// A hang the watchdog found (which a checkpointed component may
+    /// answer by a rollback instead of a reboot).
+    pub hang: bool,
+}
+
+/// The end of a rollback the supervisor started on a hang.
+#[derive(Debug, Clone)]
+pub(crate) struct RollbackOutcome {
+    pub component: String,
+    pub pid: u32,
+    pub detail: String,
+    pub result: Result<Summary, String>,
 }
 
 struct Entry {
@@ -49,6 +63,7 @@ struct Entry {
 pub struct Roster {
     entries: Mutex<Vec<Entry>>,
     faults: Mutex<Vec<FaultReport>>,
+    rollbacks: Mutex<Vec<RollbackOutcome>>,
     /// Set by [`Roster::request_stop`].
     stop: std::sync::atomic::AtomicBool,
     /// Written once per report or stop request; the supervisor's event loop listens.
@@ -140,6 +155,29 @@ impl Roster {
         *self.notify.lock().unwrap_or_else(|p| p.into_inner()) = Some(fd);
     }
 
+    /// A rollback started on a hang has ended: the event loop reports it
+    /// (and reboots the component if it failed).
+    pub(crate) fn rollback_done(&self, outcome: RollbackOutcome) {
+        if outcome.result.is_ok() {
+            if let Some(e) = self
+                .lock()
+                .iter_mut()
+                .find(|e| e.member.name == outcome.component)
+            {
+                e.member.rollbacks += 1;
+            }
+        }
+        self.rollbacks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(outcome);
+        self.wake();
+    }
+
+    pub(crate) fn take_rollbacks(&self) -> Vec<RollbackOutcome> {
+        std::mem::take(&mut *self.rollbacks.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     pub(crate) fn take_faults(&self) -> Vec<FaultReport> {
         std::mem::take(&mut *self.faults.lock().unwrap_or_else(|p| p.into_inner()))
     }
@@ -160,6 +198,7 @@ impl Roster {
                 name: name.to_string(),
                 pid: None,
                 epoch: 0,
+                rollbacks: 0,
             },
             control,
             served,
@@ -171,6 +210,7 @@ impl Roster {
         if let Some(e) = self.lock().iter_mut().find(|e| e.member.name == name) {
             e.member.pid = pid;
             e.member.epoch = epoch;
+            e.member.rollbacks = 0;
         }
         let name = name.to_string();
         self.tell_checkpoints(match pid {

@@ -16,7 +16,7 @@ use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::futex::timespec;
 use kintsugi_runtime::futex::Spin;
 use kintsugi_runtime::priority::{self, Priority};
-use kintsugi_system::{ComponentSpec, RebootMode, SpinPolicy, System};
+use kintsugi_system::{ComponentSpec, HangAction, RebootMode, SpinPolicy, System};
 
 use crate::managed::SystemWide;
 use rustix::event::epoll;
@@ -30,7 +30,7 @@ use crate::managed::{Durable, Managed, Phase, Role, Served, Standby, Used, Wirin
 use crate::options::{Options, Report, StopReason, SupervisorError};
 use crate::policy::RestartWindow;
 use crate::process::dying_exit;
-use crate::roster::{call_name, Roster};
+use crate::roster::{call_name, FaultReport, RollbackOutcome, Roster};
 use crate::source::{listen, Source};
 use crate::vault::{VaultActivity, VaultStore};
 use crate::watchdog::Monitor;
@@ -47,6 +47,9 @@ use std::path::PathBuf;
 /// part) took 130–300 µs p50 with the supervisor at nice 0 and 91–129 µs at
 /// nice -10 (docs/benchmarks.md).
 const SUPERVISOR_NICE: i32 = -10;
+
+/// A hang within this long of a rollback on a hang reboots instead.
+const ROLLBACK_AGAIN: Duration = Duration::from_secs(1);
 
 /// The calling thread at [`SUPERVISOR_NICE`] while it lives (where the
 /// kernel permits: without `CAP_SYS_NICE` it stays as it was), then back.
@@ -148,6 +151,9 @@ pub(crate) struct Supervisor<'a> {
     /// Images to restore at boot (`Options::restores`), read and checked
     /// before anything starts.
     restores: HashMap<String, (PathBuf, Image)>,
+    /// Which incarnation of each component was last rolled back on a
+    /// hang, and when.
+    rolled_back: HashMap<String, (u32, Instant)>,
 }
 
 impl<'a> Supervisor<'a> {
@@ -199,6 +205,7 @@ impl<'a> Supervisor<'a> {
             checkpoint_commands: Some(checkpoint_commands),
             checkpoint_thread: None,
             restores: HashMap::new(),
+            rolled_back: HashMap::new(),
         })
     }
 
@@ -362,6 +369,7 @@ impl<'a> Supervisor<'a> {
                 vault: activity.clone(),
                 vault_sock: rustix::io::dup(&vault_sock)?,
                 vault_peer: rustix::io::dup(&vault_peer)?,
+                control: control.clone(),
             },
             kept,
         ));
@@ -504,12 +512,69 @@ impl<'a> Supervisor<'a> {
             let Some(live) = m.live().filter(|l| l.proc.pid == report.pid) else {
                 continue;
             };
+            if report.hang && self.may_roll_back(&m.spec, report.pid) {
+                self.roll_back(report);
+                continue;
+            }
             live.proc.signal(Signal::KILL);
             self.emit(Event::FaultReported {
                 component: report.component,
                 pid: report.pid,
                 detail: report.detail,
             });
+        }
+        for done in self.roster.take_rollbacks() {
+            match done.result {
+                Ok(s) => self.emit(Event::RolledBack {
+                    component: done.component,
+                    pid: done.pid,
+                    detail: done.detail,
+                    pages: s.pages,
+                    pause: Duration::from_micros(s.pause_us),
+                }),
+                Err(e) => self.roster.report_fault(FaultReport {
+                    component: done.component,
+                    pid: done.pid,
+                    detail: format!("{}; the rollback failed: {e}", done.detail),
+                    hang: false,
+                }),
+            }
+        }
+    }
+
+    /// Whether a hang of `spec`'s live incarnation `pid` is to be answered
+    /// by a rollback: its policy says so, and it did not hang again within
+    /// a second of its last rollback (a hang the rollback brings back is
+    /// the incarnation's own: it is rebooted).
+    fn may_roll_back(&self, spec: &ComponentSpec, pid: u32) -> bool {
+        spec.checkpoint
+            .is_some_and(|p| p.on_hang == HangAction::Rollback)
+            && self
+                .rolled_back
+                .get(&spec.name)
+                .is_none_or(|&(last, t)| last != pid || t.elapsed() >= ROLLBACK_AGAIN)
+    }
+
+    /// Rolls the hung incarnation back in place, off the event loop (the
+    /// checkpoint thread answers); the outcome comes back through the
+    /// roster, a failure as a fault report that reboots it.
+    fn roll_back(&mut self, report: FaultReport) {
+        self.rolled_back
+            .insert(report.component.clone(), (report.pid, Instant::now()));
+        let roster = self.roster.clone();
+        let spawned = std::thread::Builder::new()
+            .name("rollback".into())
+            .spawn(move || {
+                let result = roster.restore(&report.component, None, true);
+                roster.rollback_done(RollbackOutcome {
+                    component: report.component,
+                    pid: report.pid,
+                    detail: report.detail,
+                    result,
+                });
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no rollback thread: {e}");
         }
     }
 

@@ -256,8 +256,10 @@ struct Unserved {
 /// One component as the monitor sees it.
 #[derive(Default)]
 struct CompState {
-    /// The incarnation the per-thread state belongs to.
+    /// The incarnation the per-thread state belongs to, and how often it
+    /// had been rolled back in place.
     pid: u32,
+    rollbacks: u64,
     /// A hang of this incarnation was reported: leave it alone.
     reported: bool,
     workers: Vec<WorkerState>,
@@ -279,8 +281,9 @@ impl Sampler {
             };
             let ctl: &ControlBlock = control.at(0);
             let st = self.comps.entry(member.name.clone()).or_default();
-            if st.pid != pid {
+            if st.pid != pid || st.rollbacks != member.rollbacks {
                 st.pid = pid;
+                st.rollbacks = member.rollbacks;
                 st.reported = false;
                 st.stats.clear();
                 st.workers.resize_with(WORKERS, WorkerState::default);
@@ -308,6 +311,7 @@ impl Sampler {
                     component: member.name.clone(),
                     pid,
                     detail,
+                    hang: true,
                 });
             }
         }

@@ -23,7 +23,7 @@
 //! slots = 8                 # 1..=64
 //! arena_kib = 64            # private memory that survives micro-reboots (default 0: none)
 //! pool_kib = 0              # memory shared with its clients, also durable (default 0: none)
-//! checkpoint = { every_ms = 100, keep = 0 }  # optional: incremental checkpoints at safe points
+//! checkpoint = { every_ms = 100, keep = 0, on_hang = "reboot" }  # optional: incremental checkpoints at safe points; on_hang = "rollback": a hang the watchdog finds rolls it back in place
 //!
 //! [watchdog]               # optional: hang detection (see docs/reliability.md)
 //! period_us = 5000          # the monitor samples every period
@@ -176,14 +176,29 @@ pub struct ComponentSpec {
 pub struct CheckpointPolicy {
     pub every: Duration,
     pub keep: u32,
+    pub on_hang: HangAction,
+}
+
+/// What a hang the watchdog finds in a checkpointed component leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HangAction {
+    /// A micro-reboot, as for any component.
+    #[default]
+    Reboot,
+    /// TAC's rollback: the live incarnation restored in place from its
+    /// latest checkpoint, keeping its pid (a reboot if that fails, or if
+    /// it hangs again within a second of a rollback).
+    Rollback,
 }
 
 impl Serialize for CheckpointPolicy {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("CheckpointPolicy", 2)?;
+        let mut st = s.serialize_struct("CheckpointPolicy", 3)?;
         st.serialize_field("every_ms", &(self.every.as_millis() as u64))?;
         st.serialize_field("keep", &self.keep)?;
+        st.serialize_field("on_hang", &self.on_hang)?;
         st.end()
     }
 }

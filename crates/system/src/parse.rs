@@ -10,10 +10,10 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
-    CheckpointPolicy, ComponentSpec, ErrorKind, Location, RebootMode, RecoveryMode, RestartPolicy,
-    SpinPolicy, System, SystemError, Use, WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE,
-    CHECKPOINT_KEEP_RANGE, DEFAULT_SLOTS, DURABLE_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE,
-    REALTIME_RANGE, SLOTS_RANGE,
+    CheckpointPolicy, ComponentSpec, ErrorKind, HangAction, Location, RebootMode, RecoveryMode,
+    RestartPolicy, SpinPolicy, System, SystemError, Use, WatchdogSettings,
+    CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE, DEFAULT_SLOTS, DURABLE_KIB_RANGE,
+    MAX_WATCH_WINDOW, PRIORITY_RANGE, REALTIME_RANGE, SLOTS_RANGE,
 };
 
 #[derive(Deserialize)]
@@ -74,6 +74,7 @@ struct RawComponent {
 struct RawCheckpoint {
     every_ms: Spanned<i64>,
     keep: Option<Spanned<i64>>,
+    on_hang: Option<HangAction>,
 }
 
 #[derive(Deserialize)]
@@ -486,6 +487,7 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
             Some(CheckpointPolicy {
                 every: Duration::from_millis(every),
                 keep,
+                on_hang: c.on_hang.unwrap_or_default(),
             })
         }
     };

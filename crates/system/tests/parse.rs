@@ -5,7 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use kintsugi_system::{
-    parse, ErrorKind, Location, RebootMode, RecoveryMode, RestartPolicy, SpinPolicy, Use,
+    parse, ErrorKind, HangAction, Location, RebootMode, RecoveryMode, RestartPolicy, SpinPolicy,
+    Use,
 };
 
 const DEMO: &str = include_str!("../../../systems/demo.toml");
@@ -195,15 +196,21 @@ fn durable_memory_and_realtime() {
 fn checkpoint_policy() {
     let text = format!(
         "{HEAD}\
-[[component]]\nname = \"kv\"\nbinary = \"kv\"\ncheckpoint = {{ every_ms = 100, keep = 3 }}\n\
+[[component]]\nname = \"kv\"\nbinary = \"kv\"\ncheckpoint = {{ every_ms = 100, keep = 3, on_hang = \"rollback\" }}\n\
 [[component]]\nname = \"app\"\nbinary = \"app\"\ncheckpoint = {{ every_ms = 10 }}\n\
 [[component]]\nname = \"plain\"\nbinary = \"plain\"\n"
     );
     let s = parse(Path::new("x.toml"), &text).unwrap();
     let kv = s.component("kv").unwrap().checkpoint.unwrap();
-    assert_eq!((kv.every, kv.keep), (Duration::from_millis(100), 3));
+    assert_eq!(
+        (kv.every, kv.keep, kv.on_hang),
+        (Duration::from_millis(100), 3, HangAction::Rollback)
+    );
     let app = s.component("app").unwrap().checkpoint.unwrap();
-    assert_eq!((app.every, app.keep), (Duration::from_millis(10), 0));
+    assert_eq!(
+        (app.every, app.keep, app.on_hang),
+        (Duration::from_millis(10), 0, HangAction::Reboot)
+    );
     assert_eq!(s.component("plain").unwrap().checkpoint, None);
     let json = serde_json::to_value(&s).unwrap();
     assert_eq!(json["components"][0]["checkpoint"]["every_ms"], 100);
@@ -213,6 +220,12 @@ fn checkpoint_policy() {
     assert_eq!(kind, ErrorKind::Syntax);
     assert!(msg.starts_with("sys.toml:7:"), "{msg}");
     assert!(msg.contains("every_ms"), "{msg}");
+    let (msg, kind) = err_with_head(
+        "[[component]]\nname = \"a\"\nbinary = \"a\"\ncheckpoint = { every_ms = 5, on_hang = \"retry\" }\n",
+    );
+    assert_eq!(kind, ErrorKind::Syntax);
+    assert!(msg.starts_with("sys.toml:7:"), "{msg}");
+    assert!(msg.contains("rollback"), "the choices are named: {msg}");
 }
 
 #[test]

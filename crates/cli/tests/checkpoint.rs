@@ -120,6 +120,17 @@ impl Running {
         }
     }
 
+    /// Once echo and its checker serve, its heap grown and a few periodic
+    /// checkpoints taken: echo checkpointed into `file`.
+    fn export_echo(&self, file: &Path) -> Value {
+        self.wait_pid("echo", None);
+        self.wait_pid("checker", None);
+        std::thread::sleep(Duration::from_millis(400));
+        let out = file.to_str().unwrap();
+        self.ctl(&["checkpoint", "--component", "echo", "--out", out])
+            .unwrap()
+    }
+
     fn checkpoint_dir(&self) -> PathBuf {
         self.runtime_dir.join("kintsugi/ckpt.checkpoints")
     }
@@ -217,20 +228,8 @@ fn checkpoints_and_restores_of_a_serving_component_lose_no_call() {
     let (sys, dir) = start("ckpt_restore");
 
     let echo = sys.wait_pid("echo", None);
-    sys.wait_pid("checker", None);
-    // Its heap grown, and a few periodic checkpoints taken.
-    std::thread::sleep(Duration::from_millis(400));
-
     let file = dir.join("echo.ksgckpt");
-    let taken = sys
-        .ctl(&[
-            "checkpoint",
-            "--component",
-            "echo",
-            "--out",
-            file.to_str().unwrap(),
-        ])
-        .unwrap();
+    let taken = sys.export_echo(&file);
     assert_eq!(field(&taken, "pid").as_u64(), Some(echo));
     assert!(field(&taken, "threads").as_u64().unwrap() >= 2, "{taken}");
     assert!(
@@ -332,19 +331,8 @@ fn checkpoints_and_restores_of_a_serving_component_lose_no_call() {
 fn an_image_exported_by_one_system_serves_under_another_in_other_namespaces() {
     let dir = scratch("ckpt_migrate");
     let (a, a_stop) = start_in(&dir, "a", &[], false);
-    a.wait_pid("echo", None);
-    a.wait_pid("checker", None);
-    std::thread::sleep(Duration::from_millis(400));
     let file = dir.join("moved.ksgckpt");
-    let taken = a
-        .ctl(&[
-            "checkpoint",
-            "--component",
-            "echo",
-            "--out",
-            file.to_str().unwrap(),
-        ])
-        .unwrap();
+    let taken = a.export_echo(&file);
     assert!(field(&taken, "image_bytes").as_u64().unwrap() >= 16 << 20);
     let (a_out, _) = a.finish(&a_stop);
     assert!(a_out.contains(r#""incarnations":1"#), "{a_out}");
@@ -380,6 +368,22 @@ fn an_image_exported_by_one_system_serves_under_another_in_other_namespaces() {
         b_out.contains(r#""incarnations":2"#),
         "the arena came along (count 1, then this incarnation): {b_out}"
     );
+}
+
+/// The spin workload's run: its 600 answers right, after its 2 hangs;
+/// returns its stdout.
+fn spin_workload_right(out: &std::process::Output) -> String {
+    let (stdout, stderr) = text(out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let report = json_lines(&stdout)
+        .into_iter()
+        .find(|v| v.get("ops").is_some())
+        .unwrap_or_else(|| panic!("no workload report:\n{stdout}\n{stderr}"));
+    assert_eq!(report["ops"], 600, "{report}");
+    assert_eq!(report["hangs"], 2, "{report}");
+    assert_eq!(report["errors"], 0, "{report}\n{stderr}");
+    assert_eq!(report["mismatches"], 0, "{report}\n{stderr}");
+    stdout
 }
 
 const HUNG: &str = r#"
@@ -451,16 +455,7 @@ fn a_hung_server_is_rolled_back_in_place_and_runs_the_call_again() {
         assert_eq!(field(&done, "pid").as_u64(), Some(spinner), "same pid");
     }
     let out = sys.child.wait_with_output().unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let report = json_lines(&stdout)
-        .into_iter()
-        .find(|v| v.get("ops").is_some())
-        .unwrap_or_else(|| panic!("no workload report:\n{stdout}\n{stderr}"));
-    assert_eq!(report["ops"], 600, "{report}");
-    assert_eq!(report["hangs"], 2, "{report}");
-    assert_eq!(report["errors"], 0, "{report}\n{stderr}");
-    assert_eq!(report["mismatches"], 0, "{report}\n{stderr}");
+    let stdout = spin_workload_right(&out);
     assert_eq!(
         reboots(&stdout, "spinner"),
         0,
@@ -489,15 +484,7 @@ fn the_watchdog_answers_a_hang_by_a_rollback_in_place() {
         .args(["--until-finished", "workload"])
         .output()
         .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let report = json_lines(&stdout)
-        .into_iter()
-        .find(|v| v.get("ops").is_some())
-        .unwrap_or_else(|| panic!("no workload report:\n{stdout}\n{stderr}"));
-    assert_eq!(report["ops"], 600, "{report}");
-    assert_eq!(report["errors"], 0, "{report}\n{stderr}");
-    assert_eq!(report["mismatches"], 0, "{report}\n{stderr}");
+    let stdout = spin_workload_right(&out);
     let rolled: Vec<u32> = events(&stdout)
         .into_iter()
         .filter_map(|e| match e {

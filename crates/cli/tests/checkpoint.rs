@@ -497,3 +497,31 @@ fn the_watchdog_answers_a_hang_by_a_rollback_in_place() {
     assert_eq!(reboots(&stdout, "spinner"), 0, "never rebooted:\n{stdout}");
     assert!(leftovers(&tag).is_empty());
 }
+
+#[test]
+fn a_bad_image_to_start_from_stops_the_start_before_anything_runs() {
+    let dir = scratch("ckpt_bad_start");
+    let system = write(&dir, "ckpt.toml", &SYSTEM.replace("STOP_FILE", "UNSET"));
+    let bad = write(&dir, "bad.ksgckpt", "not an image\n");
+    for (arg, says) in [
+        (format!("echo={}", bad.display()), bad.display().to_string()),
+        (
+            "nosuch=x.ksgckpt".to_string(),
+            "no such component".to_string(),
+        ),
+    ] {
+        let tag = unique_tag("ckpt_bad_start");
+        let out = kintsugi(&tag)
+            .env("XDG_RUNTIME_DIR", &dir)
+            .arg("run")
+            .arg(&system)
+            .args(["--restore", &arg])
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(!out.status.success(), "{stdout}{stderr}");
+        assert!(stderr.contains(&says), "{arg}: {stderr}");
+        assert!(!stdout.contains("started"), "nothing started: {stdout}");
+        assert!(leftovers(&tag).is_empty());
+    }
+}

@@ -480,3 +480,49 @@ impl Drop for Active<'_> {
         self.count.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A hold keeps new calls out and lets the counted ones finish; the
+    /// calls it held go on once it is lowered.
+    #[test]
+    fn a_hold_keeps_new_calls_out_and_counts_those_in() {
+        for (begin, hold, count) in [
+            (
+                Edge::begin_serving as fn(&Edge) -> Active<'_>,
+                Edge::hold_serving as fn(&Edge, bool),
+                Edge::serving as fn(&Edge) -> u32,
+            ),
+            (Edge::begin_calling, Edge::hold_calling, Edge::calling),
+        ] {
+            let edge = Arc::new(Edge::create("kintsugi-test-hold", 2).unwrap());
+            let first = begin(&edge);
+            hold(&edge, true);
+            let entered = Arc::new(AtomicBool::new(false));
+            let late = {
+                let (edge, entered) = (edge.clone(), entered.clone());
+                std::thread::spawn(move || {
+                    let _call = begin(&edge);
+                    entered.store(true, Ordering::SeqCst);
+                })
+            };
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(
+                !entered.load(Ordering::SeqCst),
+                "a new call waits at the hold"
+            );
+            assert_eq!(count(&edge), 1, "only the call already in counts");
+            drop(first);
+            assert_eq!(count(&edge), 0, "a safe point");
+            hold(&edge, false);
+            late.join().unwrap();
+            assert!(entered.load(Ordering::SeqCst), "the held call went on");
+            assert_eq!(count(&edge), 0);
+        }
+    }
+}

@@ -182,10 +182,10 @@ impl Connection {
         decode: impl FnOnce(ReplyStatus<'_>) -> Result<T, WireError>,
     ) -> Result<T, Fault> {
         let edge = &self.inner.edge;
-        // Held here while the supervisor checkpoints this component.
-        let _calling = edge.begin_calling();
         self.wait_until_up()?;
         let slot = claimed_slot(edge);
+        // Held here while the supervisor checkpoints this component.
+        let _calling = edge.begin_calling(slot);
         let s = edge.slot(slot);
         {
             // SAFETY: the slot is IDLE and claimed by this thread alone, so the

@@ -47,7 +47,7 @@ impl SlotWorker {
             // Held here while the supervisor checkpoints this component;
             // a request gone meanwhile (this thread was rolled back to a
             // checkpoint taken just after it saw one) is not served.
-            let _serving = self.edge.begin_serving();
+            let _serving = self.edge.begin_serving(self.slot);
             if s.state.load(Ordering::SeqCst) != state::REQUEST {
                 continue;
             }

@@ -20,7 +20,7 @@
 //! The header also holds a one-entry mailbox for upcalls, calls from the
 //! server to the client's upcall thread (see [`crate::upcall`]).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{compiler_fence, AtomicU32, AtomicU64, Ordering};
 
 use crate::abi::shm::{Region, SharedPod};
 use crate::counters::SharedName;
@@ -38,7 +38,7 @@ const MAGIC: u64 = u64::from_le_bytes(*b"kintsug1");
 const HEADER_SIZE: usize = 4096;
 /// Function names an edge's header holds (larger ids go unnamed).
 pub const EDGE_FUNCTIONS: usize = 64;
-const SLOT_HEADER_SIZE: usize = 64;
+const SLOT_HEADER_SIZE: usize = 192;
 const SLOT_SIZE: usize = SLOT_HEADER_SIZE + 2 * BUFFER_SIZE;
 
 /// Slot states.
@@ -118,10 +118,6 @@ pub struct EdgeHeader {
     /// of a call its generated stub made, a reply that does not decode):
     /// the supervisor's watchdog reboots that incarnation.
     pub suspected: AtomicU64,
-    /// Calls the server's workers have taken and not yet answered.
-    pub serving: AtomicU32,
-    /// Calls the client has begun and not yet finished reading.
-    pub calling: AtomicU32,
     /// 1 while the supervisor holds the client's new calls for a
     /// checkpoint of the client (a futex).
     pub client_hold: AtomicU32,
@@ -158,6 +154,17 @@ pub struct SlotHeader {
     /// The caller's incarnation (`EdgeHeader::client_epoch` when it called):
     /// a request a dead incarnation left behind is refused unrun.
     pub client_epoch: AtomicU64,
+    /// 1 while the client thread that claimed this slot makes a call (see
+    /// [`Edge::begin_calling`]), in a cache line of its own: only the
+    /// client writes it.
+    pub calling: AtomicU32,
+    _calling_line: [AtomicU32; 15],
+    /// 1 while the server's worker of this slot serves a call (see
+    /// [`Edge::begin_serving`]), in a cache line only the worker writes
+    /// (sharing one with `calling` cost the spinning null invocation
+    /// 0.15 → 0.63 µs p50 in two runs of three).
+    pub serving: AtomicU32,
+    _serving_line: [AtomicU32; 15],
 }
 // SAFETY: repr(C), atomics only, all-zero is IDLE.
 unsafe impl SharedPod for SlotHeader {}
@@ -300,7 +307,7 @@ impl Edge {
         h.liveness.store(liveness::DOWN, Ordering::SeqCst);
         h.server_pid.store(0, Ordering::Relaxed);
         // What the dead incarnation's workers were serving ends with it.
-        h.serving.store(0, Ordering::SeqCst);
+        self.reset_serving();
     }
 
     /// Fails every call in flight (its server is dead); returns their function ids.
@@ -363,7 +370,9 @@ impl Edge {
     pub fn client_down(&self) {
         let h = self.header();
         h.claimed.store(0, Ordering::SeqCst);
-        h.calling.store(0, Ordering::SeqCst);
+        for i in 0..self.slots {
+            self.slot(i).calling.store(0, Ordering::SeqCst);
+        }
         h.client_epoch.fetch_add(1, Ordering::SeqCst);
         futex::wake_all(&h.upcall_ack);
         // The dead client may have posted a request without waking its worker.
@@ -375,24 +384,27 @@ impl Edge {
     // ---- holding calls for a checkpoint -----------------------------------
     //
     // A checkpoint is taken at a safe point, with no call being served or
-    // made. The supervisor raises `hold` (or `client_hold`) and then reads
-    // `serving` (or `calling`); a worker (or calling thread) raises the
-    // count and then reads the hold. Both in sequentially consistent order:
-    // at least one of the two sees the other, so a call either waits at
-    // the hold or is counted until it ends.
+    // made. A worker (or calling thread) raises its slot's `serving` (or
+    // `calling`) flag before it touches the call and lowers it once the
+    // call is over; the supervisor reads the flags of a component it has
+    // frozen. Freezing stops every thread in the kernel, which drains its
+    // stores: the frozen flags are exact, with no fence or atomic
+    // read-modify-write on the call's path (the flags are plain stores,
+    // kept in program order by compiler fences). The hold word only keeps
+    // new calls out while calls in flight drain, so that a safe point comes
+    // soon; a thread that reads it late just makes the supervisor try again.
 
-    /// Counts a call the server's worker takes, waiting first while the
-    /// supervisor holds calls.
-    pub fn begin_serving(&self) -> Active<'_> {
-        let h = self.header();
-        Active::enter(&h.serving, &h.hold)
+    /// Marks slot `slot`'s worker serving a call until the guard drops,
+    /// waiting first while the supervisor holds calls.
+    pub fn begin_serving(&self, slot: u32) -> Active<'_> {
+        Active::enter(&self.slot(slot).serving, &self.header().hold)
     }
 
-    /// Counts a call the client makes, waiting first while the supervisor
-    /// holds the client's calls.
-    pub fn begin_calling(&self) -> Active<'_> {
-        let h = self.header();
-        Active::enter(&h.calling, &h.client_hold)
+    /// Marks the client thread of slot `slot` making a call until the
+    /// guard drops, waiting first while the supervisor holds the client's
+    /// calls.
+    pub fn begin_calling(&self, slot: u32) -> Active<'_> {
+        Active::enter(&self.slot(slot).calling, &self.header().client_hold)
     }
 
     /// Raises or lowers the hold on the server's workers (supervisor).
@@ -408,17 +420,23 @@ impl Edge {
     /// No call is being served: the server's every worker was just rolled
     /// back to a checkpoint taken when none was (supervisor).
     pub fn reset_serving(&self) {
-        self.header().serving.store(0, Ordering::SeqCst);
+        for i in 0..self.slots {
+            self.slot(i).serving.store(0, Ordering::SeqCst);
+        }
     }
 
-    /// Calls being served now.
+    /// Calls being served now (exact while the server is frozen).
     pub fn serving(&self) -> u32 {
-        self.header().serving.load(Ordering::SeqCst)
+        (0..self.slots)
+            .map(|i| self.slot(i).serving.load(Ordering::SeqCst).min(1))
+            .sum()
     }
 
-    /// Calls being made now.
+    /// Calls being made now (exact while the client is frozen).
     pub fn calling(&self) -> u32 {
-        self.header().calling.load(Ordering::SeqCst)
+        (0..self.slots)
+            .map(|i| self.slot(i).calling.load(Ordering::SeqCst).min(1))
+            .sum()
     }
 
     /// Function ids of the calls in flight right now (for fault reports).
@@ -453,22 +471,24 @@ fn set_hold(word: &AtomicU32, on: bool) {
     }
 }
 
-/// One call counted on an edge (see [`Edge::begin_serving`]); the count
-/// drops when this does.
+/// One call marked in its slot (see [`Edge::begin_serving`]); the mark
+/// goes when this does.
 #[must_use]
 pub struct Active<'a> {
-    count: &'a AtomicU32,
+    flag: &'a AtomicU32,
 }
 
 impl<'a> Active<'a> {
-    fn enter(count: &'a AtomicU32, hold: &AtomicU32) -> Self {
+    fn enter(flag: &'a AtomicU32, hold: &AtomicU32) -> Self {
         loop {
-            count.fetch_add(1, Ordering::SeqCst);
-            if hold.load(Ordering::SeqCst) == 0 {
-                return Self { count };
+            flag.store(1, Ordering::Relaxed);
+            // Before anything of the call, in program order.
+            compiler_fence(Ordering::SeqCst);
+            if hold.load(Ordering::Relaxed) == 0 {
+                return Self { flag };
             }
-            count.fetch_sub(1, Ordering::SeqCst);
-            while hold.load(Ordering::SeqCst) != 0 {
+            flag.store(0, Ordering::Relaxed);
+            while hold.load(Ordering::Relaxed) != 0 {
                 futex::wait(hold, 1, None);
             }
         }
@@ -477,7 +497,9 @@ impl<'a> Active<'a> {
 
 impl Drop for Active<'_> {
     fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::SeqCst);
+        // After everything of the call, in program order.
+        compiler_fence(Ordering::SeqCst);
+        self.flag.store(0, Ordering::Release);
     }
 }
 
@@ -494,20 +516,20 @@ mod tests {
     fn a_hold_keeps_new_calls_out_and_counts_those_in() {
         for (begin, hold, count) in [
             (
-                Edge::begin_serving as fn(&Edge) -> Active<'_>,
+                Edge::begin_serving as fn(&Edge, u32) -> Active<'_>,
                 Edge::hold_serving as fn(&Edge, bool),
                 Edge::serving as fn(&Edge) -> u32,
             ),
             (Edge::begin_calling, Edge::hold_calling, Edge::calling),
         ] {
             let edge = Arc::new(Edge::create("kintsugi-test-hold", 2).unwrap());
-            let first = begin(&edge);
+            let first = begin(&edge, 0);
             hold(&edge, true);
             let entered = Arc::new(AtomicBool::new(false));
             let late = {
                 let (edge, entered) = (edge.clone(), entered.clone());
                 std::thread::spawn(move || {
-                    let _call = begin(&edge);
+                    let _call = begin(&edge, 1);
                     entered.store(true, Ordering::SeqCst);
                 })
             };

@@ -1,9 +1,10 @@
 //! `kintsugi checkpoint` and `kintsugi restore` on a system that `kintsugi
 //! run` runs, like CRIU's `dump` and `restore --display-stats`: the running
 //! `kintsugi run` listens on a Unix socket beside its roster file
-//! (`<roster dir>/<system>.sock`, mode 0600), takes one JSON request per
-//! connection and answers with one JSON line, the supervisor's
-//! [`CheckpointSummary`] or an error.
+//! (`<roster dir>/<system>.<supervisor pid>.sock`, mode 0600: one per run,
+//! so that runs of same-named systems never take each other's; the roster
+//! file names the pid), takes one JSON request per connection and answers
+//! with one JSON line, the supervisor's [`CheckpointSummary`] or an error.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -46,36 +47,45 @@ pub struct Control {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// The control socket of system `name`.
-fn socket_path(name: &str) -> PathBuf {
-    crate::inject::roster_dir().join(format!("{name}.sock"))
+/// The control socket of the run of system `name` by supervisor `pid`.
+fn socket_path(name: &str, pid: u32) -> PathBuf {
+    crate::inject::roster_dir().join(format!("{name}.{pid}.sock"))
 }
+
+/// How often the listening thread looks at its stop flag.
+const POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Control {
     pub fn start(system: &str, roster: Arc<Roster>) -> anyhow::Result<Self> {
-        let path = socket_path(system);
-        // A socket file left by a run that did not stop cleanly.
-        if UnixStream::connect(&path).is_err() {
-            let _ = std::fs::remove_file(&path);
-        }
-        let listener = UnixListener::bind(&path).with_context(|| {
-            format!(
-                "{}: another `kintsugi run` of system `{system}` may be running",
-                path.display()
-            )
-        })?;
+        let path = socket_path(system, std::process::id());
+        // Left by an earlier process with this pid that did not stop cleanly.
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).with_context(|| format!("{}", path.display()))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let thread = std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
-                for conn in listener.incoming() {
-                    if stopping.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    if let Ok(conn) = conn {
-                        serve(conn, &roster);
+                while !stopping.load(Ordering::SeqCst) {
+                    match listener.accept() {
+                        Ok((conn, _)) => {
+                            let _ = conn.set_nonblocking(false);
+                            serve(conn, &roster);
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            let mut fds = [rustix::event::PollFd::new(
+                                &listener,
+                                rustix::event::PollFlags::IN,
+                            )];
+                            let ts = rustix::time::Timespec {
+                                tv_sec: 0,
+                                tv_nsec: POLL.as_nanos() as i64,
+                            };
+                            let _ = rustix::event::poll(&mut fds, Some(&ts));
+                        }
+                        Err(_) => std::thread::sleep(POLL),
                     }
                 }
             })?;
@@ -90,8 +100,6 @@ impl Control {
 impl Drop for Control {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Wakes the accepting thread, which then sees the flag.
-        let _ = UnixStream::connect(&self.path);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -192,12 +200,9 @@ fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
 }
 
 fn ask(system: &str, request: &Request, json: bool) -> anyhow::Result<bool> {
-    let name = if system.ends_with(".toml") {
-        crate::run::load(Path::new(system))?.name
-    } else {
-        system.to_string()
-    };
-    let path = socket_path(&name);
+    let published = crate::inject::read_roster(&crate::inject::roster_file(system)?)?;
+    let name = published.system.clone();
+    let path = socket_path(&name, published.supervisor_pid);
     let mut conn = UnixStream::connect(&path).with_context(|| {
         format!(
             "{}: is system `{name}` running under `kintsugi run`?",

@@ -176,7 +176,7 @@ pub struct InjectArgs {
 }
 
 /// The roster file of `system` (a name, a system file or a roster file).
-fn roster_file(system: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn roster_file(system: &str) -> anyhow::Result<PathBuf> {
     let p = Path::new(system);
     if p.extension().is_some_and(|e| e == "json") {
         return Ok(p.to_path_buf());
@@ -189,7 +189,7 @@ fn roster_file(system: &str) -> anyhow::Result<PathBuf> {
     Ok(roster_dir().join(format!("{name}.json")))
 }
 
-fn read_roster(path: &Path) -> anyhow::Result<Published> {
+pub(crate) fn read_roster(path: &Path) -> anyhow::Result<Published> {
     let text = std::fs::read_to_string(path).with_context(|| {
         format!(
             "{}: no published roster; is the system running under `kintsugi run`?",

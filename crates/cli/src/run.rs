@@ -266,8 +266,6 @@ fn execute(
     };
     let publisher = crate::inject::Publisher::start(system, roster.clone())?;
     tracing::info!("roster published at {}", publisher.path().display());
-    // Another run of a system with the same name keeps the socket: this
-    // one runs without (`kintsugi checkpoint` reaches the first).
     let control = crate::control::Control::start(&system.name, roster)
         .inspect_err(|e| tracing::warn!("no checkpoint control socket: {e:#}"))
         .ok();

@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
-
-use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
 
 use kintsugi_runtime::abi::fdpass;
 use kintsugi_runtime::vault::{

@@ -277,12 +277,7 @@ fn shm_round_trips(iterations: usize, spin: Duration) -> anyhow::Result<Vec<f64>
     let edge = Arc::new(Edge::create("bench-ipc", 1)?);
     let server_edge = edge.clone();
     let _peer = Peer::spawn(move || {
-        let worker = SlotWorker {
-            edge: server_edge,
-            slot: 0,
-            client: 0,
-            retire: Default::default(),
-        };
+        let worker = SlotWorker::new(server_edge, 0, 0, Default::default());
         worker.run(bench::service(Arc::new(NullServer)).as_ref(), 1);
     })?;
     edge.server_live(1, _peer.0);

@@ -53,6 +53,65 @@ pub struct Checkpointer {
     /// Copy every page of every area each time (RTCR's first approach; the
     /// baseline of `kintsugi bench checkpoint`).
     full_copy: bool,
+    /// The last checkpoint failed: the next copies every page.
+    resync: bool,
+}
+
+/// How to put the previous checkpoint back if one fails halfway.
+#[derive(Default)]
+struct Undo {
+    /// Areas updated in place: the bytes and marks they had.
+    updated: Vec<Saved>,
+    /// Areas replaced by new ones.
+    replaced: Vec<Area>,
+}
+
+/// An area's bytes in some ranges, and its marks, before an update.
+struct Saved {
+    start: u64,
+    ranges: Vec<(u64, u64, Vec<u8>)>,
+    populated: Vec<u64>,
+}
+
+impl Saved {
+    fn of(area: &Area, ranges: &[(u64, u64)]) -> Self {
+        Self {
+            start: area.map.start,
+            ranges: ranges
+                .iter()
+                .map(|&(s, e)| (s, e, area.bytes(s, e).to_vec()))
+                .collect(),
+            populated: area.populated.clone(),
+        }
+    }
+}
+
+impl Undo {
+    /// The previous checkpoint's areas, from the ones a failed checkpoint
+    /// `touched` and the ones it did not get to (`rest`).
+    fn revert(
+        self,
+        touched: BTreeMap<u64, Area>,
+        mut rest: BTreeMap<u64, Area>,
+    ) -> BTreeMap<u64, Area> {
+        let mut saved: BTreeMap<u64, Saved> =
+            self.updated.into_iter().map(|s| (s.start, s)).collect();
+        for (start, mut area) in touched {
+            // An area made anew is dropped; one updated gets its bytes back.
+            if let Some(s) = saved.remove(&start) {
+                for (from, to, bytes) in s.ranges {
+                    let at = (from - area.map.start) as usize;
+                    area.data[at..at + (to - from) as usize].copy_from_slice(&bytes);
+                }
+                area.populated = s.populated;
+                rest.insert(start, area);
+            }
+        }
+        for area in self.replaced {
+            rest.insert(area.map.start, area);
+        }
+        rest
+    }
 }
 
 fn open_proc(pid: u32, what: &str, write: bool) -> Result<File, Error> {
@@ -103,6 +162,7 @@ impl Checkpointer {
             },
             tid_addresses: BTreeMap::new(),
             full_copy: false,
+            resync: false,
         })
     }
 
@@ -137,43 +197,108 @@ impl Checkpointer {
         Ok(stats)
     }
 
-    /// Takes a checkpoint of a process the caller holds still.
+    /// Takes a checkpoint of a process the caller holds still. It is all
+    /// or nothing: if it fails (the process died under it, say), the
+    /// latest checkpoint is still the one before, whole, and the next
+    /// checkpoint copies every page again (the failed one's scans have
+    /// already protected pages written since).
     pub fn checkpoint_frozen(&mut self, frozen: &Frozen) -> Result<Stats, Error> {
         let started = Instant::now();
         self.learn_tid_addresses(frozen)?;
         let current = maps::read(self.pid)?;
         let mut stats = Stats::default();
         let mut old = std::mem::take(&mut self.image.areas);
-        for m in current.iter().filter(|m| m.is_checkpointed()) {
-            let area = match old.remove(&m.start) {
-                Some(a) if a.map == *m && !self.full_copy => {
-                    let mut a = a;
-                    stats.pages += self.copy_written(&mut a)?;
-                    a
-                }
-                _ => {
-                    stats.new_areas += 1;
-                    let mut a = Area::new(m.clone());
-                    stats.pages += self.copy_new(&mut a)?;
-                    a
-                }
-            };
-            self.image.areas.insert(m.start, area);
-        }
+        let mut undo = Undo::default();
+        let copied = self.copy_areas(&current, &mut old, &mut undo, &mut stats);
+        let threads = copied.and_then(|()| self.capture_threads(frozen));
+        let brk = threads.and_then(|t| Ok((t, maps::program_break(self.pid, &current)?)));
+        let (threads, brk) = match brk {
+            Ok(done) => done,
+            Err(e) => {
+                let touched = std::mem::take(&mut self.image.areas);
+                self.image.areas = undo.revert(touched, old);
+                self.resync = true;
+                return Err(e);
+            }
+        };
+        self.resync = false;
         let (shared, private): (Vec<Mapping>, Vec<Mapping>) = current
             .into_iter()
             .filter(|m| !m.is_special())
             .partition(|m| m.prot.shared);
         self.image.layout = private;
         self.image.shared = shared;
-        self.image.brk = maps::program_break(self.pid, &self.image.layout)?;
-        self.image.threads = self.capture_threads(frozen)?;
+        self.image.brk = brk;
+        self.image.threads = threads;
         self.image.seq += 1;
         stats.areas = self.image.areas.len();
         stats.threads = self.image.threads.len();
         stats.bytes = stats.pages * maps::PAGE;
         stats.pause = frozen.held().max(started.elapsed());
         Ok(stats)
+    }
+
+    /// Copies what changed in every checkpointed mapping into the image's
+    /// areas (`old`: the previous checkpoint's, taken out), noting in
+    /// `undo` how to put the previous checkpoint back.
+    fn copy_areas(
+        &mut self,
+        current: &[Mapping],
+        old: &mut BTreeMap<u64, Area>,
+        undo: &mut Undo,
+        stats: &mut Stats,
+    ) -> Result<(), Error> {
+        for m in current.iter().filter(|m| m.is_checkpointed()) {
+            let prev = old.remove(&m.start);
+            let incremental = !self.full_copy
+                && !self.resync
+                && prev.as_ref().is_some_and(|a| a.map == *m && a.tracked);
+            let area = match prev {
+                Some(mut a) if incremental => match self.written(&a.map) {
+                    Ok(Some(ranges)) => {
+                        undo.updated.push(Saved::of(&a, &ranges));
+                        let read = memio::read_into(self.pid, &self.mem, &mut a, &ranges);
+                        let start = a.map.start;
+                        // Where the undo finds it, whatever happens next.
+                        self.image.areas.insert(start, a);
+                        let bytes =
+                            read.map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid), e))?;
+                        stats.pages += bytes / maps::PAGE;
+                        continue;
+                    }
+                    // Unmapped and mapped again in the same place since:
+                    // the new mapping is not registered yet.
+                    Ok(None) => {
+                        undo.replaced.push(a);
+                        self.fresh_area(m, stats)?
+                    }
+                    Err(e) => {
+                        old.insert(a.map.start, a);
+                        return Err(e);
+                    }
+                },
+                prev => {
+                    undo.replaced.extend(prev);
+                    self.fresh_area(m, stats)?
+                }
+            };
+            self.image.areas.insert(m.start, area);
+        }
+        Ok(())
+    }
+
+    /// A mapping copied whole into a new area.
+    fn fresh_area(&mut self, m: &Mapping, stats: &mut Stats) -> Result<Area, Error> {
+        stats.new_areas += 1;
+        let mut a = Area::new(m.clone());
+        stats.pages += self.copy_new(&mut a)?;
+        Ok(a)
+    }
+
+    /// The latest checkpoint, taken out of a checkpointer done with its
+    /// process (one that died, whose image a new incarnation is to get).
+    pub fn into_image(mut self) -> Image {
+        std::mem::take(&mut self.image)
     }
 
     /// A new area: registered for write-protection, its resident pages
@@ -202,22 +327,6 @@ impl Checkpointer {
                 source: e,
             })?;
         }
-        Ok(bytes / maps::PAGE)
-    }
-
-    /// A tracked area: only the pages written since the last checkpoint,
-    /// protected again by the same scan.
-    fn copy_written(&mut self, area: &mut Area) -> Result<u64, Error> {
-        if !area.tracked {
-            return self.copy_new(area);
-        }
-        let Some(ranges) = self.written(&area.map)? else {
-            // Unmapped and mapped again in the same place since: the new
-            // mapping is not registered yet.
-            return self.copy_new(area);
-        };
-        let bytes = memio::read_into(self.pid, &self.mem, area, &ranges)
-            .map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid), e))?;
         Ok(bytes / maps::PAGE)
     }
 

@@ -35,29 +35,32 @@ impl Checkpointer {
     /// Restores `image` into this process, which is not the one it was
     /// taken from (see the module doc).
     pub fn restore_new_frozen(&mut self, frozen: &Frozen, image: Image) -> Result<Stats, Error> {
+        let pid = self.pid();
         let exe = self.image().exe.clone();
+        // From here on the image is this checkpointer's, whatever fails:
+        // [`Checkpointer::into_image`] gives it back.
+        *self.parts().image = image;
+        let image = self.image();
         if image.exe != exe {
             return Err(Error::Unrestorable {
-                pid: self.pid(),
+                pid,
                 detail: format!("the image is of {}, the process runs {exe}", image.exe),
             });
         }
         if image.threads.len() != frozen.tids().len() {
             return Err(Error::ThreadsChanged {
-                pid: self.pid(),
+                pid,
                 at_checkpoint: image.threads.iter().map(|t| t.tid).collect(),
                 now: frozen.tids().to_vec(),
             });
         }
-        same_shared_layout(self.pid(), &image)?;
+        same_shared_layout(pid, image)?;
         let pairs: Vec<(u32, u32)> = image
             .threads
             .iter()
             .map(|t| t.tid)
             .zip(frozen.tids().iter().copied())
             .collect();
-        let pid = self.pid();
-        *self.parts().image = image;
         self.parts().image.pid = pid;
         for &(old, new) in &pairs {
             self.leave_own_words(frozen, old, new)?;

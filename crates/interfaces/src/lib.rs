@@ -45,6 +45,12 @@ pub mod net {
     kintsugi_runtime::include_interface!("net");
 }
 
+/// `idl/kv.kidl`: an in-memory key-value store, recovered by checkpoints
+/// and request-log replay.
+pub mod kv {
+    kintsugi_runtime::include_interface!("kv");
+}
+
 pub mod mm_map;
 pub mod spin_work;
 
@@ -66,4 +72,5 @@ pub static ALL: &[&kintsugi_runtime::InterfaceInfo] = &[
     &mm::INFO,
     &spin::INFO,
     &net::INFO,
+    &kv::INFO,
 ];

@@ -36,11 +36,13 @@ use thiserror::Error;
 use crate::abi::boot::{BootInfo, ControlBlock, BOOT_ENV, LIFELINES};
 use crate::abi::channel::Edge;
 use crate::abi::fdpass;
+use crate::abi::journal::JournalRegion;
 use crate::abi::shm::Region;
 use crate::client::Connection;
 use crate::counters::{Counter, CounterError, WorkloadCounters};
 use crate::durable::Durable;
 use crate::futex;
+use crate::journal::{Journal, Served};
 use crate::priority::{self, Priority};
 use crate::process;
 use crate::records::{ReadAhead, RecordStore, VaultRecords};
@@ -351,6 +353,7 @@ struct Boot {
     provided: Vec<Arc<Edge>>,
     used: Vec<Arc<Edge>>,
     durable: Durable,
+    journal: Option<Arc<Journal>>,
 }
 
 impl Boot {
@@ -385,6 +388,12 @@ impl Boot {
             .collect::<anyhow::Result<_>>()?;
         // SAFETY: as above; `Durable::map` adopts each descriptor once.
         let durable = Durable::map(&info, |fd| unsafe { Region::from_raw_fd(fd) })?;
+        let journal = info
+            .journal_fd
+            // SAFETY: as for the control block.
+            .map(|fd| JournalRegion::open(unsafe { Region::from_raw_fd(fd)? }))
+            .transpose()?
+            .map(|log| Arc::new(Journal::new(log)));
         Ok(Self {
             info,
             supervisor,
@@ -394,6 +403,7 @@ impl Boot {
             provided,
             used,
             durable,
+            journal,
         })
     }
 
@@ -443,6 +453,7 @@ impl Boot {
             provided,
             used,
             durable,
+            journal,
         } = self;
         drop(zygote);
         if let Err(e) = process::die_with_parent(supervisor) {
@@ -452,7 +463,7 @@ impl Boot {
         let ctl: &ControlBlock = control.at(0);
         let prio = component_priority(&info);
         take_priority(prio);
-        let gate = start_workers(&info, &provided, &control, bank);
+        let gate = start_workers(&info, &provided, &control, bank, journal.as_ref());
         let epoch = ctl.wait_activation(generation);
         let woke = std::time::Instant::now();
         if info.watchdog {
@@ -498,6 +509,9 @@ impl Boot {
             main,
             serve_after_main,
         } = incarnation;
+        if let Some(journal) = &journal {
+            journal.set_served(served(&runtime.boot, &provided, &services));
+        }
         gate.open(services, epoch);
         ctl.init_ns
             .store(woke.elapsed().as_nanos() as u64, Ordering::SeqCst);
@@ -578,6 +592,24 @@ fn watch_clients(
     }
 }
 
+/// Every provided edge with its service and client, in boot order.
+fn served(info: &BootInfo, provided: &[Arc<Edge>], services: &[Arc<dyn Service>]) -> Vec<Served> {
+    info.provides
+        .iter()
+        .zip(provided)
+        .filter_map(|(p, edge)| {
+            let service = services
+                .iter()
+                .find(|s| s.interface().name == p.interface)?;
+            Some(Served {
+                edge: edge.clone(),
+                service: service.clone(),
+                client: p.client_id,
+            })
+        })
+        .collect()
+}
+
 /// Starts one parked worker thread per slot of every provided edge, gives
 /// each thread (and the calling one) its lifeline in `bank`, and returns once
 /// all of them hold it.
@@ -586,6 +618,7 @@ fn start_workers(
     provided: &[Arc<Edge>],
     control: &Arc<Region>,
     bank: usize,
+    journal: Option<&Arc<Journal>>,
 ) -> Arc<Gate> {
     let ctl: &ControlBlock = control.at(0);
     let prio = component_priority(info);
@@ -603,14 +636,16 @@ fn start_workers(
     let slots = provided
         .iter()
         .zip(&info.provides)
-        .flat_map(|(edge, p)| (0..edge.slot_count()).map(move |slot| (edge, p, slot)));
-    for (line, (edge, p, slot)) in (1..).zip(slots) {
-        let worker = SlotWorker {
-            edge: edge.clone(),
+        .enumerate()
+        .flat_map(|(i, (edge, p))| (0..edge.slot_count()).map(move |slot| (i, edge, p, slot)));
+    for (line, (index, edge, p, slot)) in (1..).zip(slots) {
+        let mut worker = SlotWorker::new(
+            edge.clone(),
             slot,
-            client: p.client_id,
-            retire: Arc::new(AtomicBool::new(false)),
-        };
+            p.client_id,
+            Arc::new(AtomicBool::new(false)),
+        );
+        worker.journal = journal.map(|j| (j.clone(), index as u32));
         let (gate, control, interface) = (gate.clone(), control.clone(), p.interface.clone());
         std::thread::Builder::new()
             .name(format!("{interface}:{slot}"))

@@ -34,6 +34,7 @@ pub mod component;
 pub mod counters;
 mod durable;
 pub mod futex;
+mod journal;
 mod logging;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod priority;

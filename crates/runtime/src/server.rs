@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use crate::abi::channel::{flags, state, status, Edge};
 use crate::futex;
+use crate::journal::{Full, Journal};
 use crate::priority;
 use crate::stub::{Caller, Dispatched, Service};
 
@@ -22,9 +23,87 @@ pub struct SlotWorker {
     pub client: u32,
     /// When set (and the worker woken), the worker returns between calls.
     pub retire: Arc<AtomicBool>,
+    /// The request log of a checkpoint-recovered server, with this edge's
+    /// place among the provided ones.
+    pub(crate) journal: Option<(Arc<Journal>, u32)>,
+}
+
+/// A reply as the channel carries it: `status::*`, code and bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reply {
+    pub status: u32,
+    pub code: u32,
+    pub bytes: Vec<u8>,
+}
+
+/// Runs one request through `service` into `response`; returns the
+/// reply's status, code and length (a refusal's message in `response`).
+fn dispatch_raw(
+    service: &dyn Service,
+    caller: &Caller,
+    func: u32,
+    request: &[u8],
+    response: &mut [u8],
+) -> (u32, u32, usize) {
+    match service.dispatch(caller, func, request, response) {
+        Dispatched::Ok(n) => (status::OK, 0, n),
+        Dispatched::AppError(code) => (status::APP_ERROR, code, 0),
+        Dispatched::Refused(why) => {
+            tracing::warn!(client = caller.component, func, "refused invocation: {why}");
+            let msg = why.to_string();
+            let n = msg.len().min(response.len());
+            response[..n].copy_from_slice(&msg.as_bytes()[..n]);
+            (status::REFUSED, why.code(), n)
+        }
+    }
+}
+
+/// [`dispatch_raw`] into a private buffer, the reply copied out.
+pub(crate) fn dispatch_into(
+    service: &dyn Service,
+    caller: &Caller,
+    func: u32,
+    request: &[u8],
+    response: &mut [u8],
+) -> Reply {
+    let (status, code, n) = dispatch_raw(service, caller, func, request, response);
+    Reply {
+        status,
+        code,
+        bytes: response[..n].to_vec(),
+    }
+}
+
+/// Posts `reply` in slot `slot` (which holds a request this thread
+/// answers) and wakes its client.
+pub(crate) fn publish(edge: &Edge, slot: u32, reply: &Reply) {
+    let s = edge.slot(slot);
+    // SAFETY: the slot is in REQUEST and the caller answers it (in turn:
+    // its own worker waits for the turn), so it owns the response buffer
+    // until RESPONSE is published below.
+    let response = unsafe { edge.response_buffer(slot) };
+    let n = reply.bytes.len().min(response.len());
+    response[..n].copy_from_slice(&reply.bytes[..n]);
+    s.status.store(reply.status, Ordering::Relaxed);
+    s.code.store(reply.code, Ordering::Relaxed);
+    s.response_len.store(n as u32, Ordering::Relaxed);
+    s.state.store(state::RESPONSE, Ordering::SeqCst);
+    if s.client_sleeping.load(Ordering::SeqCst) != 0 {
+        futex::wake(&s.state, 1);
+    }
 }
 
 impl SlotWorker {
+    pub fn new(edge: Arc<Edge>, slot: u32, client: u32, retire: Arc<AtomicBool>) -> Self {
+        Self {
+            edge,
+            slot,
+            client,
+            retire,
+            journal: None,
+        }
+    }
+
     /// Serves the slot until retired; `epoch` is this incarnation's.
     pub fn run(&self, service: &dyn Service, epoch: u64) {
         static OPEN: RecoveryGate = RecoveryGate::opened();
@@ -46,8 +125,10 @@ impl SlotWorker {
         while self.wait_for_request() {
             // Held here while the supervisor checkpoints this component;
             // a request gone meanwhile (this thread was rolled back to a
-            // checkpoint taken just after it saw one) is not served.
-            let _serving = self.edge.begin_serving(self.slot);
+            // checkpoint taken just after it saw one, or a replay answered
+            // it) is not served.
+            let serving = self.edge.begin_serving(self.slot);
+            let turn = self.journal.as_ref().map(|(j, _)| j.turn());
             if s.state.load(Ordering::SeqCst) != state::REQUEST {
                 continue;
             }
@@ -69,13 +150,25 @@ impl SlotWorker {
                     .tell_client_deaths(|| service.client_died(self.client));
                 gate.pass(s.flags.load(Ordering::Relaxed));
                 priority::adopt(s.priority.load(Ordering::Relaxed));
-                match watch {
+                let handled = match watch {
                     Some(w) => {
                         w.begin(s.func.load(Ordering::Relaxed));
-                        self.handle(service, &caller);
+                        let handled = self.handle(service, &caller);
                         w.end();
+                        handled
                     }
                     None => self.handle(service, &caller),
+                };
+                if let (Err(Full), Some((journal, _))) = (handled, &self.journal) {
+                    // No room to log it: let a checkpoint cut the log,
+                    // then serve it (it is still posted).
+                    if let Some(w) = watch {
+                        w.release();
+                    }
+                    drop(turn);
+                    drop(serving);
+                    journal.wait_for_room();
+                    continue;
                 }
             }
             s.state.store(state::RESPONSE, Ordering::SeqCst);
@@ -88,10 +181,18 @@ impl SlotWorker {
         }
     }
 
-    /// Spins briefly, then sleeps, until a request arrives (true) or the
-    /// worker is retired (false).
+    /// Spins briefly, then sleeps, until a request arrives or a replay is
+    /// asked for (true), or the worker is retired (false).
     fn wait_for_request(&self) -> bool {
         let s = self.edge.slot(self.slot);
+        let replay = || {
+            self.journal
+                .as_ref()
+                .is_some_and(|(j, _)| j.replay_pending())
+        };
+        if replay() {
+            return true;
+        }
         let (_, arrived) =
             futex::spin_until(&s.state, futex::spin_budget(), |v| v == state::REQUEST);
         if arrived {
@@ -100,7 +201,7 @@ impl SlotWorker {
         s.server_sleeping.store(1, Ordering::SeqCst);
         let arrived = loop {
             let v = s.state.load(Ordering::SeqCst);
-            if v == state::REQUEST {
+            if v == state::REQUEST || replay() {
                 break true;
             }
             if self.retire.load(Ordering::SeqCst) {
@@ -112,7 +213,11 @@ impl SlotWorker {
         arrived
     }
 
-    fn handle(&self, service: &dyn Service, caller: &Caller) {
+    /// Runs the slot's request and writes its reply (status, code and
+    /// length stored, not yet published); a checkpoint-recovered server
+    /// logs it first and its reply after, or refuses to run it without
+    /// room in its log.
+    fn handle(&self, service: &dyn Service, caller: &Caller) -> Result<(), Full> {
         let s = self.edge.slot(self.slot);
         let func = s.func.load(Ordering::Relaxed);
         let len =
@@ -120,25 +225,28 @@ impl SlotWorker {
         // SAFETY: the slot is in REQUEST, so this worker owns the response
         // buffer until it publishes RESPONSE.
         let response = unsafe { self.edge.response_buffer(self.slot) };
-        let dispatched = crate::scratch::with_copy(
+        let (st, code, resp_len) = crate::scratch::with_copy(
             len,
             |private| self.edge.copy_request(self.slot, private),
-            |request| service.dispatch(caller, func, request, response),
-        );
-        let (st, code, resp_len) = match dispatched {
-            Dispatched::Ok(n) => (status::OK, 0, n),
-            Dispatched::AppError(code) => (status::APP_ERROR, code, 0),
-            Dispatched::Refused(why) => {
-                tracing::warn!(client = caller.component, func, "refused invocation: {why}");
-                let msg = why.to_string();
-                let n = msg.len().min(response.len());
-                response[..n].copy_from_slice(&msg.as_bytes()[..n]);
-                (status::REFUSED, why.code(), n)
-            }
-        };
+            |request| match &self.journal {
+                None => Ok(dispatch_raw(service, caller, func, request, response)),
+                Some((journal, edge)) => {
+                    let at = journal.accept(*edge, self.slot, s, func, request)?;
+                    let (st, code, n) = dispatch_raw(service, caller, func, request, response);
+                    let reply = Reply {
+                        status: st,
+                        code,
+                        bytes: response[..n].to_vec(),
+                    };
+                    journal.replied(at, &reply);
+                    Ok((st, code, n))
+                }
+            },
+        )?;
         s.status.store(st, Ordering::Relaxed);
         s.code.store(code, Ordering::Relaxed);
         s.response_len.store(resp_len as u32, Ordering::Relaxed);
+        Ok(())
     }
 }
 

@@ -60,12 +60,7 @@ impl Loopback {
         let retire = Arc::new(AtomicBool::new(false));
         let workers = (0..SLOTS)
             .map(|slot| {
-                let worker = SlotWorker {
-                    edge: edge.clone(),
-                    slot,
-                    client: 0,
-                    retire: retire.clone(),
-                };
+                let worker = SlotWorker::new(edge.clone(), slot, 0, retire.clone());
                 let service = service.clone();
                 std::thread::spawn(move || worker.run(service.as_ref(), epoch))
             })

@@ -149,12 +149,7 @@ fn a_server_in_another_process_serves() {
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let svc = EchoService::default();
-        let w = SlotWorker {
-            edge: edge.clone(),
-            slot: 0,
-            client: 1,
-            retire: Default::default(),
-        };
+        let w = SlotWorker::new(edge.clone(), 0, 1, Default::default());
         w.run(&svc, 1);
         // SAFETY: ends the forked child without running the parent's handlers.
         unsafe { libc::_exit(0) };

@@ -145,12 +145,7 @@ fn during_eager_recovery_only_recovering_calls_pass_the_gate() {
     let gate = Arc::new(RecoveryGate::closed());
     let service = Arc::new(EchoService::default());
     for slot in 0..2 {
-        let worker = SlotWorker {
-            edge: edge.clone(),
-            slot,
-            client: 1,
-            retire: Default::default(),
-        };
+        let worker = SlotWorker::new(edge.clone(), slot, 1, Default::default());
         let (gate, service) = (gate.clone(), service.clone());
         std::thread::spawn(move || worker.run_gated(service.as_ref(), 1, &gate));
     }

@@ -30,9 +30,10 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kintsugi_checkpoint::{file, Checkpointer, Frozen, Stats};
+use kintsugi_checkpoint::{file, Checkpointer, Frozen, Image, Stats};
 use kintsugi_runtime::abi::boot::ControlBlock;
 use kintsugi_runtime::abi::channel::Edge;
+use kintsugi_runtime::abi::journal::JournalRegion;
 use kintsugi_runtime::abi::shm::Region;
 use kintsugi_system::CheckpointPolicy;
 use serde::Serialize;
@@ -193,6 +194,12 @@ pub(crate) enum Command {
         force: bool,
         reply: Sender<Result<Summary, String>>,
     },
+    /// Checkpoint recovery of a new incarnation, whose served edges the
+    /// supervisor holds (see [`recover`]).
+    Recover {
+        name: String,
+        reply: Sender<Result<Summary, String>>,
+    },
 }
 
 /// Attachment names of an exported image: the component's vault records
@@ -278,6 +285,11 @@ pub(crate) struct Tracked {
     pub policy: Option<CheckpointPolicy>,
     pub quiet: Quiet,
     pub kept: Kept,
+    /// The request log of a checkpoint-recovered component.
+    journal: Option<Arc<JournalRegion>>,
+    /// Its last checkpoint, kept from the incarnation that died, for the
+    /// next one.
+    last: Option<Image>,
     incarnation: Holder,
     next_due: Option<Instant>,
     taken: u64,
@@ -316,12 +328,20 @@ impl Holder {
 }
 
 impl Tracked {
-    pub fn new(name: String, policy: Option<CheckpointPolicy>, quiet: Quiet, kept: Kept) -> Self {
+    pub fn new(
+        name: String,
+        policy: Option<CheckpointPolicy>,
+        quiet: Quiet,
+        kept: Kept,
+        journal: Option<Arc<JournalRegion>>,
+    ) -> Self {
         Self {
             name,
             policy,
             quiet,
             kept,
+            journal,
+            last: None,
             incarnation: Holder::Down,
             next_due: None,
             taken: 0,
@@ -333,21 +353,27 @@ impl Tracked {
 
 /// The checkpoint thread: serves `commands` until every sender is gone.
 pub(crate) fn serve(mut comps: Vec<Tracked>, dir: PathBuf, commands: Receiver<Command>) {
+    // How often a full request log is looked for.
+    let poll = match comps.iter().any(|c| c.journal.is_some()) {
+        true => Duration::from_millis(5),
+        false => Duration::from_secs(3600),
+    };
     loop {
         let now = Instant::now();
         let due = comps.iter().filter_map(|c| c.next_due).min();
-        let wait = due.map_or(Duration::from_secs(3600), |d| {
-            d.saturating_duration_since(now)
-        });
+        let wait = due.map_or(poll, |d| d.saturating_duration_since(now).min(poll));
         match commands.recv_timeout(wait) {
             Ok(cmd) => handle(&mut comps, cmd),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
         let now = Instant::now();
+        let full = |c: &Tracked| {
+            c.next_due.is_some() && c.journal.as_ref().is_some_and(|j| j.wants_checkpoint())
+        };
         for c in comps
             .iter_mut()
-            .filter(|c| c.next_due.is_some_and(|d| d <= now))
+            .filter(|c| c.next_due.is_some_and(|d| d <= now) || full(c))
         {
             periodic(c, &dir);
         }
@@ -364,9 +390,20 @@ fn handle(comps: &mut [Tracked], cmd: Command) {
         }
         Command::Down { name } => {
             if let Ok(c) = find(comps, &name) {
-                c.incarnation = Holder::Down;
+                let gone = std::mem::replace(&mut c.incarnation, Holder::Down);
+                if let (Holder::Attached(ckpt), Some(_)) = (gone, &c.journal) {
+                    // Its last checkpoint (or the one it was restored
+                    // from) is the next incarnation's.
+                    if ckpt.image().seq > 0 {
+                        c.last = Some(ckpt.into_image());
+                    }
+                }
                 c.next_due = None;
             }
+        }
+        Command::Recover { name, reply } => {
+            let answer = find(comps, &name).and_then(recover);
+            let _ = reply.send(answer);
         }
         Command::Take { name, out, reply } => {
             let answer = find(comps, &name).and_then(|c| take(c, out, REQUESTED_HOLD));
@@ -496,6 +533,10 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
     let (frozen, held, waited) = at_safe_point(&c.quiet, &c.name, pid, hold)?;
     let ckpt = c.incarnation.attached()?;
     let stats = ckpt.checkpoint_frozen(&frozen).map_err(|e| e.to_string());
+    if let (Ok(_), Some(journal)) = (&stats, &c.journal) {
+        // The checkpoint holds every logged request's effect.
+        journal.cut();
+    }
     // What it keeps outside, as of the same instant.
     let exported = match (&stats, &out) {
         (Ok(_), Some(_)) => Some(c.kept.export(&c.name)),
@@ -554,7 +595,7 @@ fn restore(c: &mut Tracked, from: Option<&Path>, force: bool) -> Result<Summary,
         true => at_forced_point(&c.quiet, &c.name, pid, REQUESTED_HOLD)?,
     };
     let ckpt = c.incarnation.attached()?;
-    let (kind, stats) = match image {
+    let (kind, stats): (&str, Result<Stats, _>) = match image {
         None => ("restore in place", ckpt.restore_frozen(&frozen)),
         Some(image) if image.pid == pid => (
             "restore from file",
@@ -566,24 +607,20 @@ fn restore(c: &mut Tracked, from: Option<&Path>, force: bool) -> Result<Summary,
         ),
     };
     if stats.is_ok() {
-        // Every worker is back where it was at the checkpoint, a safe
-        // point: none is serving, none in a stretch. (Sections other
-        // threads were in are not put back: see the README.)
-        for e in &c.quiet.served {
-            e.reset_serving();
-        }
-        let ctl: &ControlBlock = c.quiet.control.at(0);
-        for w in ctl.watch.workers.iter() {
-            if w.pid.load(Ordering::Relaxed) == pid {
-                w.rolled_back();
-            }
-        }
+        rolled_back(c, pid);
     }
     let pause = frozen.held();
     drop(frozen);
     drop(held);
+    wake_for_replay(c);
+    if stats.is_err() && kind == "restore into a new incarnation" {
+        // The checkpointer now holds the foreign image: attach anew.
+        c.incarnation = Holder::Live(pid);
+    }
     // The hot image keeps memory only.
-    ckpt.attachments_mut().clear();
+    if let Holder::Attached(ckpt) = &mut c.incarnation {
+        ckpt.attachments_mut().clear();
+    }
     let mut stats = stats.map_err(|e| e.to_string())?;
     stats.pause = pause;
     Ok(summary(
@@ -594,6 +631,125 @@ fn restore(c: &mut Tracked, from: Option<&Path>, force: bool) -> Result<Summary,
         started,
         from.map(Path::to_path_buf),
     ))
+}
+
+/// After a restore, with the process still frozen: every worker is back
+/// where it was at the checkpoint, a safe point, so none is serving and
+/// none in a stretch (sections other threads were in are not put back:
+/// see the README); a checkpoint-recovered component is to replay its log.
+fn rolled_back(c: &Tracked, pid: u32) {
+    for e in &c.quiet.served {
+        e.reset_serving();
+    }
+    let ctl: &ControlBlock = c.quiet.control.at(0);
+    for w in ctl.watch.workers.iter() {
+        if w.pid.load(Ordering::Relaxed) == pid {
+            w.rolled_back();
+        }
+    }
+    if let Some(journal) = &c.journal {
+        journal.ask_replay();
+    }
+}
+
+/// Wakes a checkpoint-recovered component's workers, once it runs again,
+/// to replay its log.
+fn wake_for_replay(c: &Tracked) {
+    if c.journal.is_some() {
+        for e in &c.quiet.served {
+            kintsugi_runtime::server::wake_workers(e);
+        }
+    }
+}
+
+/// Checkpoint recovery of a new incarnation (`recovery = "checkpoint"`),
+/// whose served edges the supervisor holds: the last checkpoint of the
+/// incarnation that died is restored into it (none if it died before its
+/// first: the new one starts where the log starts), it is asked to replay
+/// the log, and the supervisor's hold is let go. On failure the hold
+/// stays, for the incarnation is to be killed.
+fn recover(c: &mut Tracked) -> Result<Summary, String> {
+    let started = Instant::now();
+    let journal = c
+        .journal
+        .clone()
+        .ok_or_else(|| format!("`{}` is not checkpoint-recovered", c.name))?;
+    let pid = c
+        .incarnation
+        .pid()
+        .ok_or("the component has no live incarnation")?;
+    let outcome = match c.last.take() {
+        None => {
+            journal.ask_replay();
+            let stats = Stats::default();
+            Ok(summary(c, "replay", stats, Duration::ZERO, started, None))
+        }
+        Some(image) => restore_last(c, pid, image, started),
+    };
+    if outcome.is_ok() {
+        for e in &c.quiet.served {
+            e.hold_serving(false);
+        }
+        wake_for_replay(c);
+    }
+    outcome
+}
+
+/// Restores `image`, the last checkpoint of the incarnation that died,
+/// into the new incarnation `pid`; kept for the next try if that fails.
+fn restore_last(
+    c: &mut Tracked,
+    pid: u32,
+    image: Image,
+    started: Instant,
+) -> Result<Summary, String> {
+    if let Err(e) = c.incarnation.attached() {
+        c.last = Some(image);
+        return Err(e);
+    }
+    // Its last threads may still be starting: wait for as many as the image has.
+    let (frozen, held, waited) = loop {
+        let point = match at_safe_point(&c.quiet, &c.name, pid, REQUESTED_HOLD) {
+            Ok(point) => point,
+            Err(e) => {
+                c.last = Some(image);
+                return Err(e);
+            }
+        };
+        if point.0.tids().len() >= image.threads.len() || started.elapsed() >= REQUESTED_HOLD {
+            break point;
+        }
+        drop(point);
+        std::thread::sleep(Duration::from_micros(200));
+    };
+    let ckpt = c.incarnation.attached()?;
+    let stats = ckpt.restore_new_frozen(&frozen, image);
+    if stats.is_ok() {
+        rolled_back(c, pid);
+    }
+    let pause = frozen.held();
+    drop(frozen);
+    drop(held);
+    match stats {
+        Ok(mut stats) => {
+            stats.pause = pause;
+            Ok(summary(
+                c,
+                "restore and replay",
+                stats,
+                waited,
+                started,
+                None,
+            ))
+        }
+        Err(e) => {
+            if let Holder::Attached(ckpt) = std::mem::replace(&mut c.incarnation, Holder::Live(pid))
+            {
+                c.last = Some(ckpt.into_image());
+            }
+            Err(e.to_string())
+        }
+    }
 }
 
 fn summary(

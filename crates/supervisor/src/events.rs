@@ -160,6 +160,18 @@ pub enum Event {
         #[serde(rename = "pause_us", with = "micros")]
         pause: Duration,
     },
+    /// A checkpoint-recovered component's new incarnation got the last
+    /// checkpoint (`kind`: "restore and replay", or "replay" if there was
+    /// none yet) and replays the `entries` requests logged since.
+    Replayed {
+        component: String,
+        pid: u32,
+        kind: String,
+        pages: u64,
+        #[serde(rename = "pause_us", with = "micros")]
+        pause: Duration,
+        entries: u64,
+    },
     /// A component's first incarnation took an image exported elsewhere
     /// (`kintsugi run --restore`).
     Restored {
@@ -234,6 +246,18 @@ impl fmt::Display for Event {
             } => write!(
                 f,
                 "{component}: {detail}; rolled back in place (pid {pid}, {pages} pages, held {} µs)",
+                pause.as_micros()
+            ),
+            Event::Replayed {
+                component,
+                pid,
+                kind,
+                pages,
+                pause,
+                entries,
+            } => write!(
+                f,
+                "{component}: checkpoint recovery into pid {pid}: {kind} ({pages} pages, held {} µs), {entries} logged requests to replay",
                 pause.as_micros()
             ),
             Event::Restored {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use kintsugi_runtime::abi::boot::{BootInfo, ProvidedEdge, UsedEdge};
 use kintsugi_runtime::abi::channel::Edge;
+use kintsugi_runtime::abi::journal::JournalRegion;
 use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::abi::zygote;
 use kintsugi_system::ComponentSpec;
@@ -169,6 +170,8 @@ pub(crate) struct Used {
 pub(crate) struct Durable {
     pub arena: Option<Region>,
     pub pool: Option<Arc<Region>>,
+    /// The request log of a checkpoint-recovered component (`journal_kib`).
+    pub journal: Option<Arc<JournalRegion>>,
 }
 
 impl Durable {
@@ -183,6 +186,13 @@ impl Durable {
         Ok(Self {
             arena: region("arena", spec.arena_kib)?,
             pool: region("pool", spec.pool_kib)?.map(Arc::new),
+            journal: match spec.journal_kib {
+                0 => None,
+                kib => Some(Arc::new(JournalRegion::create(
+                    &format!("kintsugi:{}:journal", spec.name),
+                    kib as usize * 1024,
+                )?)),
+            },
         })
     }
 }
@@ -245,13 +255,19 @@ impl Wiring {
             realtime: spec.realtime,
             arena_fd: raw_fd(self.durable.arena.as_ref()),
             pool_fd: raw_fd(self.durable.pool.as_deref()),
+            journal_fd: raw_fd(self.durable.journal.as_deref().map(JournalRegion::region)),
             watchdog: wide.watchdog,
             spin: wide.spin,
         };
         let mut pass = vec![boot.control_fd, boot.zygote_fd, boot.vault_fd];
         pass.extend(boot.provides.iter().map(|p| p.fd));
         pass.extend(boot.uses.iter().map(|u| u.fd));
-        pass.extend(boot.arena_fd.iter().chain(&boot.pool_fd));
+        pass.extend(
+            boot.arena_fd
+                .iter()
+                .chain(&boot.pool_fd)
+                .chain(&boot.journal_fd),
+        );
         pass.extend(boot.uses.iter().filter_map(|u| u.pool_fd));
         (boot, pass)
     }

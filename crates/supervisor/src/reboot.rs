@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use kintsugi_runtime::abi::boot::{Activation, ControlBlock};
 use kintsugi_runtime::futex::timespec;
-use kintsugi_system::RebootMode;
+use kintsugi_system::{RebootMode, RecoveryMode};
 use rustix::event::{poll, PollFd, PollFlags};
 use thiserror::Error;
 
@@ -39,7 +39,11 @@ impl Supervisor<'_> {
     ) -> Result<(), ActivationFailure> {
         let timeout = self.options.ready_timeout;
         let m = &mut self.comps[idx];
-        m.epoch += 1;
+        // A checkpoint-recovered server's state (and so every descriptor
+        // it handed out) carries on: its epoch does too, after the first.
+        if m.spec.recovery != RecoveryMode::Checkpoint || m.epoch == 0 {
+            m.epoch += 1;
+        }
         let ctl: &ControlBlock = m.wiring.control.at(0);
         ctl.activate(inc.generation, m.epoch);
         let signal_pipe = &self.signal_pipe;
@@ -120,9 +124,19 @@ impl Supervisor<'_> {
     ) -> Result<Option<StopReason>, SupervisorError> {
         let m = &mut self.comps[idx];
         let name = m.spec.name.clone();
+        let journaled = m.spec.recovery == RecoveryMode::Checkpoint;
         let mut calls = Vec::new();
         for (i, s) in m.wiring.served.iter().enumerate() {
-            calls.extend(s.edge.server_down().into_iter().map(|f| (i, f)));
+            if journaled {
+                // Calls in flight stay posted: the next incarnation
+                // answers them, by replay or anew; it serves nothing
+                // until its checkpoint is restored (see `recover`).
+                calls.extend(s.edge.in_flight().into_iter().map(|f| (i, f)));
+                s.edge.mark_down();
+                s.edge.hold_serving(true);
+            } else {
+                calls.extend(s.edge.server_down().into_iter().map(|f| (i, f)));
+            }
         }
         let epoch = m.epoch;
         self.client_gone(idx);
@@ -163,7 +177,10 @@ impl Supervisor<'_> {
             }
             let inc = self.fork_now(idx)?;
             let new_pid = inc.proc.pid;
-            match self.activate(idx, inc) {
+            match self
+                .activate(idx, inc)
+                .and_then(|()| self.recover_state(idx, &mut pending))
+            {
                 Ok(()) => {
                     let m = &self.comps[idx];
                     let ctl: &ControlBlock = m.wiring.control.at(0);
@@ -189,6 +206,46 @@ impl Supervisor<'_> {
                     failed += 1;
                     tracing::warn!("{name}: new incarnation {new_pid} failed: {failure}");
                 }
+            }
+        }
+    }
+
+    /// Checkpoint recovery of the incarnation just activated (nothing for
+    /// the other modes): on failure it is killed, and another one tried.
+    fn recover_state(
+        &mut self,
+        idx: usize,
+        pending: &mut Vec<Event>,
+    ) -> Result<(), ActivationFailure> {
+        let m = &mut self.comps[idx];
+        if m.spec.recovery != RecoveryMode::Checkpoint {
+            return Ok(());
+        }
+        let name = m.spec.name.clone();
+        match self.roster.recover(&name) {
+            Ok(done) => {
+                let journal = m.wiring.durable.journal.as_ref().map(|j| j.header());
+                pending.push(Event::Replayed {
+                    component: name,
+                    pid: done.pid,
+                    kind: done.kind,
+                    pages: done.pages,
+                    pause: Duration::from_micros(done.pause_us),
+                    entries: journal.map_or(0, |h| h.count.load(Ordering::SeqCst)),
+                });
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(live) = m.take_live() {
+                    self.roster.set_live(&name, None, m.epoch);
+                    let exit = live.proc.kill();
+                    return Err(ActivationFailure::Init(format!(
+                        "checkpoint recovery failed: {e} ({exit})"
+                    )));
+                }
+                Err(ActivationFailure::Init(format!(
+                    "checkpoint recovery failed: {e}"
+                )))
             }
         }
     }

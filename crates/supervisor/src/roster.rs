@@ -258,6 +258,14 @@ impl Roster {
         self.ask(cmd, answer)
     }
 
+    /// Checkpoint recovery of `component`'s new incarnation (see
+    /// `checkpoints.rs`): its last checkpoint restored, its log replayed.
+    pub(crate) fn recover(&self, component: &str) -> Result<Summary, String> {
+        let (reply, answer) = std::sync::mpsc::channel();
+        let name = component.to_string();
+        self.ask(Command::Recover { name, reply }, answer)
+    }
+
     fn ask(
         &self,
         cmd: Command,

@@ -372,6 +372,7 @@ impl<'a> Supervisor<'a> {
                 control: control.clone(),
             },
             kept,
+            durable.journal.clone(),
         ));
         self.vault.serve(spec.name.clone(), vault_sock, activity);
         let wiring = Wiring {

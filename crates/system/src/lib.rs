@@ -17,13 +17,14 @@
 //! provides = ["fs"]
 //! priority = 0              # nice value, -20..=19
 //! realtime = 10             # optional: SCHED_FIFO priority 1..=99 where permitted
-//! recovery = "on-demand"    # on-demand | eager
+//! recovery = "on-demand"    # on-demand | eager | checkpoint (restore the last checkpoint and replay the request log)
 //! reboot = "standby"        # standby | fork | exec
 //! restart = { max = 1000, window_ms = 1000 }
 //! slots = 8                 # 1..=64
 //! arena_kib = 64            # private memory that survives micro-reboots (default 0: none)
 //! pool_kib = 0              # memory shared with its clients, also durable (default 0: none)
 //! checkpoint = { every_ms = 100, keep = 0, on_hang = "reboot" }  # optional: incremental checkpoints at safe points; on_hang = "rollback": a hang the watchdog finds rolls it back in place
+//! journal_kib = 16384       # recovery = "checkpoint" only: the request log's durable memory
 //!
 //! [watchdog]               # optional: hang detection (see docs/reliability.md)
 //! period_us = 5000          # the monitor samples every period
@@ -71,6 +72,11 @@ pub const CHECKPOINT_EVERY_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=3_600_0
 pub const CHECKPOINT_KEEP_RANGE: std::ops::RangeInclusive<u32> = 0..=1000;
 /// Sizes `arena_kib` and `pool_kib` may take (0: none; at most 1 GiB).
 pub const DURABLE_KIB_RANGE: std::ops::RangeInclusive<u64> = 0..=1_048_576;
+/// Sizes a request log may have, KiB: room for a few of the largest
+/// requests and replies at least.
+pub const JOURNAL_KIB_RANGE: std::ops::RangeInclusive<u64> = 1024..=4_194_304;
+/// The request log's size when `journal_kib` is not given.
+pub const DEFAULT_JOURNAL_KIB: u64 = 16 * 1024;
 
 /// The longest watchdog window (the history a component's control block keeps
 /// per exit: `kintsugi_runtime::watchdog::HISTORY`).
@@ -162,8 +168,13 @@ pub struct ComponentSpec {
     /// KiB of shared memory that the component shares with its clients, which
     /// map the pages it grants them (0: none), in [`DURABLE_KIB_RANGE`].
     pub pool_kib: u64,
-    /// Incremental checkpoints taken at safe points (none if absent).
+    /// Incremental checkpoints taken at safe points (none if absent;
+    /// always present with [`RecoveryMode::Checkpoint`]).
     pub checkpoint: Option<CheckpointPolicy>,
+    /// KiB of durable memory for the request log of
+    /// [`RecoveryMode::Checkpoint`] (0 for the other modes), in
+    /// [`JOURNAL_KIB_RANGE`].
+    pub journal_kib: u64,
     /// Free-form configuration, always a JSON object (`{}` if absent).
     pub config: serde_json::Value,
 }
@@ -231,15 +242,21 @@ pub enum SpinPolicy {
     UnlessOversubscribed,
 }
 
-/// How a rebooted server's descriptors are rebuilt for its clients.
+/// How a crashed server's state comes back for its clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum RecoveryMode {
-    /// Lazily, in the client thread that next touches a descriptor.
+    /// A micro-reboot; the clients' stubs rebuild descriptors lazily, in
+    /// the client thread that next touches one.
     #[default]
     OnDemand,
-    /// All at once, at reboot.
+    /// A micro-reboot; the clients rebuild every descriptor at once.
     Eager,
+    /// The last checkpoint restored and the requests served since
+    /// replayed from a log in durable memory: the state comes back whole,
+    /// with no recovery code in the server and nothing for the clients to
+    /// rebuild.
+    Checkpoint,
 }
 
 impl RecoveryMode {
@@ -247,6 +264,7 @@ impl RecoveryMode {
         match self {
             RecoveryMode::OnDemand => "on-demand",
             RecoveryMode::Eager => "eager",
+            RecoveryMode::Checkpoint => "checkpoint",
         }
     }
 }

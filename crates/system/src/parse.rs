@@ -12,8 +12,9 @@ use toml::Spanned;
 use crate::{
     CheckpointPolicy, ComponentSpec, ErrorKind, HangAction, Location, RebootMode, RecoveryMode,
     RestartPolicy, SpinPolicy, System, SystemError, Use, WatchdogSettings,
-    CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE, DEFAULT_SLOTS, DURABLE_KIB_RANGE,
-    MAX_WATCH_WINDOW, PRIORITY_RANGE, REALTIME_RANGE, SLOTS_RANGE,
+    CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE, DEFAULT_JOURNAL_KIB, DEFAULT_SLOTS,
+    DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE, REALTIME_RANGE,
+    SLOTS_RANGE,
 };
 
 #[derive(Deserialize)]
@@ -65,6 +66,7 @@ struct RawComponent {
     slots: Option<Spanned<i64>>,
     arena_kib: Option<Spanned<i64>>,
     pool_kib: Option<Spanned<i64>>,
+    journal_kib: Option<Spanned<i64>>,
     checkpoint: Option<Spanned<RawCheckpoint>>,
     config: Option<Spanned<toml::Table>>,
 }
@@ -462,6 +464,7 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
         }
     }
 
+    let recovery = rc.recovery.unwrap_or_default();
     let checkpoint = match &rc.checkpoint {
         None => None,
         Some(c) => {
@@ -487,8 +490,43 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
             Some(CheckpointPolicy {
                 every: Duration::from_millis(every),
                 keep,
-                on_hang: c.on_hang.unwrap_or_default(),
+                on_hang: c.on_hang.unwrap_or(match recovery {
+                    RecoveryMode::Checkpoint => HangAction::Rollback,
+                    _ => HangAction::Reboot,
+                }),
             })
+        }
+    };
+    let checkpoint = match (checkpoint, recovery) {
+        (None, RecoveryMode::Checkpoint) => Some(CheckpointPolicy {
+            every: Duration::from_millis(100),
+            keep: 0,
+            on_hang: HangAction::Rollback,
+        }),
+        (c, _) => c,
+    };
+    let journal_kib = cx.ranged(
+        &owner,
+        "journal_kib",
+        &rc.journal_kib,
+        JOURNAL_KIB_RANGE,
+        "",
+    )?;
+    let journal_kib = match (journal_kib, recovery) {
+        (Some(kib), RecoveryMode::Checkpoint) => kib,
+        (None, RecoveryMode::Checkpoint) => DEFAULT_JOURNAL_KIB,
+        (None, _) => 0,
+        (Some(_), _) => {
+            let span = rc
+                .journal_kib
+                .as_ref()
+                .map(|j| j.span())
+                .unwrap_or_default();
+            return Err(cx.err(
+                &span,
+                ErrorKind::InvalidConfig,
+                format!("component `{name}`: journal_kib needs recovery = \"checkpoint\" (only a checkpoint-recovered server keeps a request log)"),
+            ));
         }
     };
 
@@ -517,13 +555,14 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
             uses: Vec::new(),
             priority,
             realtime,
-            recovery: rc.recovery.unwrap_or_default(),
+            recovery,
             reboot: rc.reboot.unwrap_or_default(),
             restart,
             slots,
             arena_kib,
             pool_kib,
             checkpoint,
+            journal_kib,
             config,
         },
         name_span: rc.name.span(),

@@ -50,6 +50,10 @@ pub struct BootInfo {
     /// Memfd of the durable memory it shares with its clients (`pool_kib`).
     #[serde(default)]
     pub pool_fd: Option<RawFd>,
+    /// Memfd of its request log (`recovery = "checkpoint"`,
+    /// [`crate::abi::journal`]).
+    #[serde(default)]
+    pub journal_fd: Option<RawFd>,
     /// Whether the supervisor's watchdog watches this component's workers
     /// and sections ([`crate::watchdog`]).
     #[serde(default)]

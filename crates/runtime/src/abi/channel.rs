@@ -90,8 +90,9 @@ pub struct EdgeHeader {
     pub slot_count: AtomicU32,
     /// Process id of the live server incarnation (0 while down).
     pub server_pid: AtomicU32,
-    /// 1 while the supervisor holds new calls at the server's workers for
-    /// a checkpoint (a futex; see [`Edge::begin_serving`]).
+    /// Non-zero while the supervisor holds new calls at the server's
+    /// workers, for a checkpoint or a recovery: how many holds there are
+    /// (a futex; see [`Edge::begin_serving`]).
     pub hold: AtomicU32,
     /// Raised by the supervisor each time the client's incarnation dies.
     pub client_epoch: AtomicU64,
@@ -408,6 +409,8 @@ impl Edge {
     }
 
     /// Raises or lowers the hold on the server's workers (supervisor).
+    /// Holds count: a checkpoint's hold inside a recovery's leaves the
+    /// recovery's in place.
     pub fn hold_serving(&self, on: bool) {
         set_hold(&self.header().hold, on);
     }
@@ -465,9 +468,16 @@ impl Edge {
 }
 
 fn set_hold(word: &AtomicU32, on: bool) {
-    word.store(on as u32, Ordering::SeqCst);
-    if !on {
-        futex::wake_all(word);
+    match on {
+        true => {
+            word.fetch_add(1, Ordering::SeqCst);
+        }
+        false => {
+            let was = word.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1));
+            if was == Ok(1) {
+                futex::wake_all(word);
+            }
+        }
     }
 }
 
@@ -488,8 +498,12 @@ impl<'a> Active<'a> {
                 return Self { flag };
             }
             flag.store(0, Ordering::Relaxed);
-            while hold.load(Ordering::Relaxed) != 0 {
-                futex::wait(hold, 1, None);
+            loop {
+                let held = hold.load(Ordering::Relaxed);
+                if held == 0 {
+                    break;
+                }
+                futex::wait(hold, held, None);
             }
         }
     }

@@ -13,6 +13,8 @@ pub mod boot;
 pub mod channel;
 pub mod fdpass;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
+pub mod journal;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod lifeline;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod shm;

@@ -197,6 +197,21 @@ impl Region {
             *b = unsafe { std::ptr::read_volatile(src.add(tail + i)) };
         }
     }
+
+    /// Copies `src` into the region at `offset` with volatile writes: for
+    /// bytes a peer may read at any time (a request log that the next
+    /// incarnation replays), written without a Rust reference to them.
+    pub fn copy_in(&self, offset: usize, src: &[u8]) {
+        assert!(
+            offset + src.len() <= self.len(),
+            "shared bytes out of bounds"
+        );
+        let dst = self.map.as_ptr().wrapping_add(offset);
+        for (i, b) in src.iter().enumerate() {
+            // SAFETY: in bounds (asserted); a byte write needs no alignment.
+            unsafe { std::ptr::write_volatile(dst.add(i), *b) };
+        }
+    }
 }
 
 pub fn page_size() -> usize {

@@ -1,0 +1,28 @@
+//! kv: an in-memory key-value store served over the `kv` interface.
+//!
+//! It is written as any Rust service would be, a `BTreeMap` behind a
+//! mutex, with no vault, arena, durable memory or recovery annotations:
+//! what keeps its data through crashes and hangs is the system
+//! description's `recovery = "checkpoint"`, under which the supervisor
+//! checkpoints it at safe points and the runtime logs every request it
+//! serves, so that a new incarnation gets the last checkpoint and replays
+//! the requests served since (`kintsugi_runtime`'s journal; issue 16).
+//! Without it, a crash loses every key, which is what its tests compare
+//! against.
+
+#![forbid(unsafe_code)]
+
+mod store;
+
+use std::sync::Arc;
+
+use kintsugi_interfaces::kv;
+
+fn main() {
+    kintsugi_runtime::run(|rt| {
+        tracing::debug!(epoch = rt.epoch(), "kv serving");
+        Ok(kintsugi_runtime::Incarnation::serve(vec![kv::service(
+            Arc::new(store::Store::default()),
+        )]))
+    })
+}

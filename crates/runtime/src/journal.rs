@@ -1,0 +1,298 @@
+//! Checkpoint recovery, server side: the request log and its replay
+//! (`recovery = "checkpoint"`). Checkpointing with message logging, of
+//! which RMK's custom recovery for Apache (log the request, restore a
+//! checkpoint, run the request again; `seeds/001_68a97066b3f6a3ed.txt`
+//! §6) is the seed: the supervisor checkpoints the server at safe points
+//! (`kintsugi-checkpoint`, TAC) and cuts the log each time; after a crash
+//! or a hang it restores the last checkpoint and asks for a replay, which
+//! runs every logged request again, in log order, before anything new.
+//!
+//! Replay is exact only if the order of the log is the order the server
+//! ran its requests in, and each request's effect depends only on the
+//! server's state and the request: so a checkpoint-recovered server runs
+//! one request at a time (its workers take turns, [`Journal::turn`]), and
+//! the README says what its code must not do (read clocks or random
+//! numbers, keep state outside its process, block waiting for another
+//! client). A replayed request whose reply differs from the logged one is
+//! counted and logged as a divergence.
+//!
+//! Each entry is logged before its request runs and gets its reply after,
+//! so a crash at any instant leaves either an entry with its reply, one
+//! without (the request was running: replay runs it and records the
+//! reply), or no entry (the request is still posted in its slot, and is
+//! served as a new one). A reply reaches the client that waits for it
+//! exactly once: the slot's call number and client incarnation are logged
+//! with the request, and replay hands a reply over only while the slot
+//! still holds that very call.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+use crate::abi::channel::{Edge, SlotHeader, BUFFER_SIZE};
+use crate::abi::journal::{entry, padded, EntryHead, JournalRegion, ENTRY_HEAD};
+use crate::futex;
+use crate::server::{dispatch_into, publish, Reply};
+use crate::stub::{Caller, Service};
+
+/// A request log too full for one more request and its reply.
+#[derive(Debug)]
+pub(crate) struct Full;
+
+/// One provided edge, as replay needs it.
+pub(crate) struct Served {
+    pub edge: Arc<Edge>,
+    pub service: Arc<dyn Service>,
+    /// The client component's id.
+    pub client: u32,
+}
+
+/// The request log of this incarnation's process.
+pub(crate) struct Journal {
+    log: JournalRegion,
+    /// One request at a time, in log order.
+    turn: Mutex<()>,
+    /// Every provided edge, in boot order: set once the services exist,
+    /// before any worker serves.
+    served: OnceLock<Vec<Served>>,
+}
+
+/// A logged request, read back and checked.
+struct Entry {
+    edge: usize,
+    slot: u32,
+    func: u32,
+    seq: u64,
+    client_epoch: u64,
+    request: Vec<u8>,
+    reply: Option<Reply>,
+    /// Where its reply goes (bytes after the header).
+    reply_at: usize,
+}
+
+impl Journal {
+    pub fn new(log: JournalRegion) -> Self {
+        Self {
+            log,
+            turn: Mutex::new(()),
+            served: OnceLock::new(),
+        }
+    }
+
+    pub fn set_served(&self, served: Vec<Served>) {
+        let _ = self.served.set(served);
+    }
+
+    pub fn replay_pending(&self) -> bool {
+        self.log.header().replay.load(Ordering::SeqCst) != 0
+    }
+
+    /// Waits for this worker's turn to run a request; the first turn after
+    /// a restore replays the log.
+    pub fn turn(&self) -> MutexGuard<'_, ()> {
+        let turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        if self.replay_pending() {
+            self.replay();
+        }
+        turn
+    }
+
+    /// Logs the request that slot `slot` of provided edge `edge` holds,
+    /// before it runs; returns where its reply goes. Called in turn.
+    pub fn accept(
+        &self,
+        edge: u32,
+        slot: u32,
+        s: &SlotHeader,
+        func: u32,
+        request: &[u8],
+    ) -> Result<usize, Full> {
+        let h = self.log.header();
+        let at = h.end.load(Ordering::SeqCst) as usize;
+        let reply_at = at + ENTRY_HEAD + padded(request.len());
+        // Room for the largest reply, so that the reply always fits.
+        if reply_at + BUFFER_SIZE > self.log.capacity() {
+            h.wanted.store(1, Ordering::SeqCst);
+            return Err(Full);
+        }
+        if 2 * reply_at > self.log.capacity() {
+            h.wanted.store(1, Ordering::SeqCst);
+        }
+        self.log.write(at + ENTRY_HEAD, request);
+        let e = self.log.head(at).ok_or(Full)?;
+        e.edge.store(edge, Ordering::Relaxed);
+        e.slot.store(slot, Ordering::Relaxed);
+        e.func.store(func, Ordering::Relaxed);
+        e.seq
+            .store(s.seq.load(Ordering::Relaxed), Ordering::Relaxed);
+        e.client_epoch
+            .store(s.client_epoch.load(Ordering::Relaxed), Ordering::Relaxed);
+        e.request_len.store(request.len() as u32, Ordering::Relaxed);
+        e.response_len.store(0, Ordering::Relaxed);
+        e.state.store(entry::ACCEPTED, Ordering::Release);
+        h.end.store(reply_at as u64, Ordering::SeqCst);
+        h.count.fetch_add(1, Ordering::SeqCst);
+        h.logged.fetch_add(1, Ordering::Relaxed);
+        Ok(at)
+    }
+
+    /// Records the reply of the entry at `at`, the last one. Called in turn.
+    pub fn replied(&self, at: usize, reply: &Reply) {
+        let Some(e) = self.log.head(at) else { return };
+        let reply_at = at + ENTRY_HEAD + padded(e.request_len.load(Ordering::Relaxed) as usize);
+        self.record(e, reply_at, reply);
+        self.log.header().end.store(
+            (reply_at + padded(reply.bytes.len())) as u64,
+            Ordering::SeqCst,
+        );
+    }
+
+    fn record(&self, e: &EntryHead, reply_at: usize, reply: &Reply) {
+        self.log.write(reply_at, &reply.bytes);
+        e.response_len
+            .store(reply.bytes.len() as u32, Ordering::Relaxed);
+        e.status.store(reply.status, Ordering::Relaxed);
+        e.code.store(reply.code, Ordering::Relaxed);
+        e.state.store(entry::REPLIED, Ordering::Release);
+    }
+
+    /// Sleeps until the supervisor cuts the log (after a checkpoint), or
+    /// for a while: called outside any turn or call mark, so that the
+    /// checkpoint can be taken.
+    pub fn wait_for_room(&self) {
+        let h = self.log.header();
+        let cuts = h.cuts.load(Ordering::SeqCst);
+        if h.wanted.load(Ordering::SeqCst) != 0 {
+            futex::wait(&h.cuts, cuts, Some(std::time::Duration::from_millis(10)));
+        }
+    }
+
+    /// Runs every logged request again, in order (see the module doc).
+    fn replay(&self) {
+        let started = Instant::now();
+        let h = self.log.header();
+        let Some(served) = self.served.get() else {
+            return; // no service yet: nothing was logged by this process
+        };
+        let count = h.count.load(Ordering::SeqCst);
+        let (mut at, mut done) = (0usize, 0u64);
+        let mut response = vec![0u8; BUFFER_SIZE];
+        while done < count {
+            let last = done + 1 == count;
+            let Some(e) = self.entry(at, last, served) else {
+                tracing::error!(
+                    entry = done,
+                    "request log: entry {done} of {count} is corrupt; replay stops there"
+                );
+                h.count.store(done, Ordering::SeqCst);
+                break;
+            };
+            let srv = &served[e.edge];
+            let caller = Caller {
+                component: srv.client,
+                slot: e.slot,
+            };
+            let reply = dispatch_into(
+                srv.service.as_ref(),
+                &caller,
+                e.func,
+                &e.request,
+                &mut response,
+            );
+            match &e.reply {
+                Some(logged) if *logged != reply => {
+                    h.divergences.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        client = srv.client,
+                        func = e.func,
+                        entry = done,
+                        "replay diverged: the request's reply differs from the logged one"
+                    );
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(head) = self.log.head(at) {
+                        self.record(head, e.reply_at, &reply);
+                    }
+                }
+            }
+            if self.deliver(srv, &e, &reply) {
+                h.delivered.fetch_add(1, Ordering::Relaxed);
+            }
+            let recorded = e.reply.as_ref().unwrap_or(&reply);
+            at = e.reply_at + padded(recorded.bytes.len());
+            done += 1;
+        }
+        h.end.store(at as u64, Ordering::SeqCst);
+        h.replays.fetch_add(1, Ordering::Relaxed);
+        h.replayed.fetch_add(done, Ordering::Relaxed);
+        h.last_replay_entries.store(done, Ordering::Relaxed);
+        h.last_replay_ns
+            .store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        h.replay.store(0, Ordering::SeqCst);
+    }
+
+    /// Hands `reply` to the call that `e` logged, if its slot still holds
+    /// that very call (the crash came before the reply was posted).
+    fn deliver(&self, srv: &Served, e: &Entry, reply: &Reply) -> bool {
+        let s = srv.edge.slot(e.slot);
+        let waiting = s.state.load(Ordering::SeqCst) == crate::abi::channel::state::REQUEST
+            && s.seq.load(Ordering::SeqCst) == e.seq
+            && s.client_epoch.load(Ordering::SeqCst) == e.client_epoch;
+        if waiting {
+            publish(&srv.edge, e.slot, reply);
+        }
+        waiting
+    }
+
+    /// The entry at `at`, checked: a state it may have (no reply only for
+    /// the last), an edge and slot that exist, lengths that fit.
+    fn entry(&self, at: usize, last: bool, served: &[Served]) -> Option<Entry> {
+        let head = self.log.head(at)?;
+        let state = head.state.load(Ordering::Acquire);
+        let replied = match state {
+            entry::REPLIED => true,
+            entry::ACCEPTED if last => false,
+            _ => return None,
+        };
+        let edge = head.edge.load(Ordering::Relaxed) as usize;
+        let slot = head.slot.load(Ordering::Relaxed);
+        if edge >= served.len() || slot >= served[edge].edge.slot_count() {
+            return None;
+        }
+        let request_len = head.request_len.load(Ordering::Relaxed) as usize;
+        let response_len = head.response_len.load(Ordering::Relaxed) as usize;
+        if request_len > BUFFER_SIZE || response_len > BUFFER_SIZE {
+            return None;
+        }
+        let mut request = vec![0u8; request_len];
+        let reply_at = at + ENTRY_HEAD + padded(request_len);
+        if !self.log.read(at + ENTRY_HEAD, &mut request) {
+            return None;
+        }
+        let reply = match replied {
+            false => None,
+            true => {
+                let mut bytes = vec![0u8; response_len];
+                if !self.log.read(reply_at, &mut bytes) {
+                    return None;
+                }
+                Some(Reply {
+                    status: head.status.load(Ordering::Relaxed),
+                    code: head.code.load(Ordering::Relaxed),
+                    bytes,
+                })
+            }
+        };
+        Some(Entry {
+            edge,
+            slot,
+            func: head.func.load(Ordering::Relaxed),
+            seq: head.seq.load(Ordering::Relaxed),
+            client_epoch: head.client_epoch.load(Ordering::Relaxed),
+            request,
+            reply,
+            reply_at,
+        })
+    }
+}

@@ -22,7 +22,8 @@ pub struct ChaosArgs {
     /// Interval between kills in ms, as MIN..MAX.
     #[arg(long, default_value = "50..500")]
     pub kill_every: String,
-    /// Signals to choose from, comma-separated.
+    /// Signals to choose from, comma-separated (`stop` injects a hang:
+    /// the process stops, and its watchdog must find it).
     #[arg(long, default_value = "kill,segv")]
     pub signals: String,
     /// Seed for the kill schedule (default: from the clock; printed).

@@ -84,6 +84,8 @@ pub fn parse_signal(name: &str) -> Option<Signal> {
         "ILL" => Signal::SIGILL,
         "FPE" => Signal::SIGFPE,
         "TERM" => Signal::SIGTERM,
+        // A hang, not a crash: the process stops until continued.
+        "STOP" => Signal::SIGSTOP,
         _ => return None,
     })
 }

@@ -64,6 +64,14 @@ impl Chaos {
         Some(Signal::from_named_raw(sig as i32).expect("crash signals are named"))
     }
 
+    /// `pid` was rolled back in place (a hang injected into it was found
+    /// and answered): the victim is dealt with, as if replaced.
+    pub(crate) fn rolled_back(&mut self, pid: u32) {
+        if self.last_victim.is_some_and(|(victim, _)| victim == pid) {
+            self.last_victim = None;
+        }
+    }
+
     /// Records that `pid` was signalled at `at`.
     pub(crate) fn hit(&mut self, pid: u32, at: Instant) {
         self.last_victim = Some((pid, at));

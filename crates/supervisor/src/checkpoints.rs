@@ -25,7 +25,7 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,6 +62,9 @@ pub(crate) struct Quiet {
     /// Its control block, whose watchdog entries a rollback makes agree
     /// with the threads it rolled back.
     pub control: Arc<Region>,
+    /// Raised at each freeze, for the watchdog (a freeze runs every thread
+    /// a little: no progress of a hung one).
+    pub freezes: Arc<AtomicU64>,
 }
 
 impl Quiet {
@@ -315,8 +318,9 @@ impl Holder {
         }
     }
 
-    fn attached(&mut self) -> Result<&mut Checkpointer, String> {
+    fn attached(&mut self, freezes: &AtomicU64) -> Result<&mut Checkpointer, String> {
         if let Holder::Live(pid) = *self {
+            freezes.fetch_add(1, Ordering::SeqCst);
             let c = Checkpointer::attach(pid).map_err(|e| e.to_string())?;
             *self = Holder::Attached(Box::new(c));
         }
@@ -505,6 +509,7 @@ fn at_point<'a>(
     let mut backoff = Duration::from_micros(5);
     loop {
         if ready(quiet) {
+            quiet.freezes.fetch_add(1, Ordering::SeqCst);
             let frozen = Frozen::freeze(pid).map_err(|e| e.to_string())?;
             if ready(quiet) {
                 return Ok((frozen, held, started.elapsed()));
@@ -529,9 +534,9 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
         .incarnation
         .pid()
         .ok_or("the component has no live incarnation")?;
-    c.incarnation.attached()?;
+    c.incarnation.attached(&c.quiet.freezes)?;
     let (frozen, held, waited) = at_safe_point(&c.quiet, &c.name, pid, hold)?;
-    let ckpt = c.incarnation.attached()?;
+    let ckpt = c.incarnation.attached(&c.quiet.freezes)?;
     let stats = ckpt.checkpoint_frozen(&frozen).map_err(|e| e.to_string());
     if let (Ok(_), Some(journal)) = (&stats, &c.journal) {
         // The checkpoint holds every logged request's effect.
@@ -576,7 +581,7 @@ fn restore(c: &mut Tracked, from: Option<&Path>, force: bool) -> Result<Summary,
         .incarnation
         .pid()
         .ok_or("the component has no live incarnation")?;
-    let ckpt = c.incarnation.attached()?;
+    let ckpt = c.incarnation.attached(&c.quiet.freezes)?;
     if let Some(image) = &image {
         if image.exe != ckpt.image().exe {
             return Err(format!(
@@ -590,11 +595,16 @@ fn restore(c: &mut Tracked, from: Option<&Path>, force: bool) -> Result<Summary,
     } else if ckpt.image().seq == 0 {
         return Err(format!("`{}` (pid {pid}) has no checkpoint yet", c.name));
     }
+    if force {
+        // A process stopped by a signal (a hang `kintsugi run --signals
+        // stop` injects) runs again, to be frozen and rolled back.
+        continue_process(pid);
+    }
     let (frozen, held, waited) = match force {
         false => at_safe_point(&c.quiet, &c.name, pid, REQUESTED_HOLD)?,
         true => at_forced_point(&c.quiet, &c.name, pid, REQUESTED_HOLD)?,
     };
-    let ckpt = c.incarnation.attached()?;
+    let ckpt = c.incarnation.attached(&c.quiet.freezes)?;
     let (kind, stats): (&str, Result<Stats, _>) = match image {
         None => ("restore in place", ckpt.restore_frozen(&frozen)),
         Some(image) if image.pid == pid => (
@@ -652,6 +662,13 @@ fn rolled_back(c: &Tracked, pid: u32) {
     }
 }
 
+/// Sends SIGCONT to `pid` (harmless if it was not stopped).
+fn continue_process(pid: u32) {
+    if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(p, rustix::process::Signal::CONT);
+    }
+}
+
 /// Wakes a checkpoint-recovered component's workers, once it runs again,
 /// to replay its log.
 fn wake_for_replay(c: &Tracked) {
@@ -682,7 +699,9 @@ fn recover(c: &mut Tracked) -> Result<Summary, String> {
         None => {
             journal.ask_replay();
             let stats = Stats::default();
-            Ok(summary(c, "replay", stats, Duration::ZERO, started, None))
+            let mut done = summary(c, "replay", stats, Duration::ZERO, started, None);
+            done.pid = pid;
+            Ok(done)
         }
         Some(image) => restore_last(c, pid, image, started),
     };
@@ -703,7 +722,7 @@ fn restore_last(
     image: Image,
     started: Instant,
 ) -> Result<Summary, String> {
-    if let Err(e) = c.incarnation.attached() {
+    if let Err(e) = c.incarnation.attached(&c.quiet.freezes) {
         c.last = Some(image);
         return Err(e);
     }
@@ -722,7 +741,7 @@ fn restore_last(
         drop(point);
         std::thread::sleep(Duration::from_micros(200));
     };
-    let ckpt = c.incarnation.attached()?;
+    let ckpt = c.incarnation.attached(&c.quiet.freezes)?;
     let stats = ckpt.restore_new_frozen(&frozen, image);
     if stats.is_ok() {
         rolled_back(c, pid);

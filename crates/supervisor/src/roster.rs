@@ -5,7 +5,7 @@
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
@@ -53,6 +53,8 @@ pub(crate) struct RollbackOutcome {
 struct Entry {
     member: Member,
     control: Arc<Region>,
+    /// How often the checkpoint thread has frozen it.
+    freezes: Arc<AtomicU64>,
     /// The edges it serves, each with its interface's name, in the order
     /// its workers are numbered.
     served: Vec<(String, Arc<Edge>)>,
@@ -192,8 +194,17 @@ impl Roster {
             .unwrap_or_default()
     }
 
-    pub(crate) fn add(&self, name: &str, control: Arc<Region>, served: Vec<(String, Arc<Edge>)>) {
+    /// Adds component `name`, with the count of its freezes that the
+    /// checkpoint thread raises.
+    pub(crate) fn add(
+        &self,
+        name: &str,
+        control: Arc<Region>,
+        served: Vec<(String, Arc<Edge>)>,
+        freezes: Arc<AtomicU64>,
+    ) {
         self.lock().push(Entry {
+            freezes,
             member: Member {
                 name: name.to_string(),
                 pid: None,
@@ -203,6 +214,14 @@ impl Roster {
             control,
             served,
         });
+    }
+
+    /// How often the checkpoint thread has frozen component `name`.
+    pub(crate) fn freezes(&self, name: &str) -> u64 {
+        self.lock()
+            .iter()
+            .find(|e| e.member.name == name)
+            .map_or(0, |e| e.freezes.load(Ordering::SeqCst))
     }
 
     /// Records the live incarnation of `name` (None: none serves).

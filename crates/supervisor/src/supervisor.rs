@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -360,6 +361,7 @@ impl<'a> Supervisor<'a> {
                     detail,
                 })?;
         }
+        let freezes = Arc::new(AtomicU64::new(0));
         self.tracked.push(Tracked::new(
             spec.name.clone(),
             spec.checkpoint,
@@ -370,6 +372,7 @@ impl<'a> Supervisor<'a> {
                 vault_sock: rustix::io::dup(&vault_sock)?,
                 vault_peer: rustix::io::dup(&vault_peer)?,
                 control: control.clone(),
+                freezes: freezes.clone(),
             },
             kept,
             durable.journal.clone(),
@@ -393,6 +396,7 @@ impl<'a> Supervisor<'a> {
                 .iter()
                 .map(|s| (s.interface.clone(), s.edge.clone()))
                 .collect(),
+            freezes,
         );
         listen(&self.epoll, &proc.pidfd, Source::Exit(proc.pid))?;
         listen(&self.epoll, &zygote_sock, Source::Zygote(idx))?;
@@ -526,13 +530,18 @@ impl<'a> Supervisor<'a> {
         }
         for done in self.roster.take_rollbacks() {
             match done.result {
-                Ok(s) => self.emit(Event::RolledBack {
-                    component: done.component,
-                    pid: done.pid,
-                    detail: done.detail,
-                    pages: s.pages,
-                    pause: Duration::from_micros(s.pause_us),
-                }),
+                Ok(s) => {
+                    if let Some(c) = self.chaos.as_mut() {
+                        c.rolled_back(done.pid);
+                    }
+                    self.emit(Event::RolledBack {
+                        component: done.component,
+                        pid: done.pid,
+                        detail: done.detail,
+                        pages: s.pages,
+                        pause: Duration::from_micros(s.pause_us),
+                    })
+                }
                 Err(e) => self.roster.report_fault(FaultReport {
                     component: done.component,
                     pid: done.pid,

@@ -265,7 +265,16 @@ struct CompState {
     workers: Vec<WorkerState>,
     /// Open schedstat files by thread id.
     stats: HashMap<u32, File>,
+    /// The checkpoint thread's freezes of it, at the last sample, and
+    /// until when the threads' movement may be a freeze's.
+    freezes: u64,
+    rebase_until: Option<Instant>,
 }
+
+/// How long after a checkpoint's freeze began a thread's CPU time or
+/// run-queue wait moving is not taken for progress (the freeze and the
+/// thaw take a few ms at most).
+const FREEZE_SHADOW: Duration = Duration::from_millis(20);
 
 struct Sampler {
     settings: WatchdogSettings,
@@ -294,14 +303,23 @@ impl Sampler {
                     w.unserved = None;
                 }
             }
+            // A checkpoint's freeze runs every thread a little (into and
+            // out of a ptrace-stop, the way out after the count was
+            // raised): not progress of a hung one, for a while after.
+            let freezes = roster.freezes(&member.name);
+            let now = Instant::now();
+            if std::mem::replace(&mut st.freezes, freezes) != freezes {
+                st.rebase_until = Some(now + FREEZE_SHADOW);
+            }
+            let rebase = st.rebase_until.is_some_and(|t| now < t);
             if st.reported {
                 continue;
             }
             let served = roster.served(&member.name);
             let edges: Vec<Arc<Edge>> = served.iter().map(|(_, e)| e.clone()).collect();
             let found = suspected(&self.interfaces, &edges).or_else(|| {
-                check(&self.settings, &ctl.watch, pid, st)
-                    .or_else(|| unserved(&self.settings, &ctl.watch, &edges, pid, st))
+                check(&self.settings, &ctl.watch, pid, st, rebase)
+                    .or_else(|| unserved(&self.settings, &ctl.watch, &edges, pid, st, rebase))
                     .map(|d| name_call(&self.interfaces, &served, d).to_string())
             });
             if let Some(detail) = found {
@@ -387,7 +405,13 @@ fn thread_name(pid: u32, tid: u32) -> String {
 }
 
 /// One sample of one incarnation's table: the first hang found, if any.
-fn check(s: &WatchdogSettings, t: &WatchTable, pid: u32, st: &mut CompState) -> Option<Detection> {
+fn check(
+    s: &WatchdogSettings,
+    t: &WatchTable,
+    pid: u32,
+    st: &mut CompState,
+    rebase: bool,
+) -> Option<Detection> {
     let now = Instant::now();
     let window = s.window as usize;
     // Threads inside a checked section, which judges them instead of SHD.
@@ -462,9 +486,11 @@ fn check(s: &WatchdogSettings, t: &WatchTable, pid: u32, st: &mut CompState) -> 
         }
         // A thread that waits on a run queue is starved by load, not hung.
         if cpu != w.last_cpu || waited != w.last_waited || runnable(pid, tid) {
+            if !rebase || runnable(pid, tid) {
+                w.moved_at = Some(now);
+            }
             w.last_cpu = cpu;
             w.last_waited = waited;
-            w.moved_at = Some(now);
         }
         let name = e.name.get().unwrap_or_default();
         let call = Some(format!(
@@ -516,6 +542,7 @@ fn unserved(
     edges: &[Arc<Edge>],
     pid: u32,
     st: &mut CompState,
+    rebase: bool,
 ) -> Option<Detection> {
     let now = Instant::now();
     let slots = edges
@@ -528,6 +555,7 @@ fn unserved(
         }
         let taken = e.taken.load(Ordering::Acquire);
         let waiting = edge.slot(slot).state.load(Ordering::Acquire) == slot_state::REQUEST;
+
         if !waiting || taken & 1 == 1 {
             st.workers[i].unserved = None;
             continue;
@@ -536,6 +564,11 @@ fn unserved(
             continue;
         };
         let w = &mut st.workers[i];
+        if let Some(u) = w.unserved.as_mut().filter(|u| rebase && u.taken == taken) {
+            if !runnable(pid, tid) {
+                (u.cpu, u.waited) = (cpu, waited);
+            }
+        }
         match w.unserved {
             // The worker neither ran nor waited to run since, and is not
             // runnable now: it sleeps somewhere other than on its slot.

@@ -229,6 +229,44 @@ fn checkpoint_policy() {
 }
 
 #[test]
+fn checkpoint_recovery_brings_a_policy_and_a_journal() {
+    let text = format!(
+        "{HEAD}\
+[[component]]\nname = \"kv\"\nbinary = \"kv\"\nrecovery = \"checkpoint\"\n\
+[[component]]\nname = \"big\"\nbinary = \"big\"\nrecovery = \"checkpoint\"\njournal_kib = 2048\ncheckpoint = {{ every_ms = 10, on_hang = \"reboot\" }}\n\
+[[component]]\nname = \"plain\"\nbinary = \"plain\"\n"
+    );
+    let s = parse(Path::new("x.toml"), &text).unwrap();
+    let kv = s.component("kv").unwrap();
+    assert_eq!(kv.recovery, RecoveryMode::Checkpoint);
+    assert_eq!(kv.journal_kib, 16 * 1024, "a default log");
+    let p = kv.checkpoint.expect("a default policy");
+    assert_eq!(
+        (p.every, p.keep, p.on_hang),
+        (Duration::from_millis(100), 0, HangAction::Rollback)
+    );
+    let big = s.component("big").unwrap();
+    assert_eq!(big.journal_kib, 2048);
+    assert_eq!(
+        big.checkpoint.unwrap().on_hang,
+        HangAction::Reboot,
+        "as written"
+    );
+    assert_eq!(s.component("plain").unwrap().journal_kib, 0);
+
+    let (msg, kind) =
+        err_with_head("[[component]]\nname = \"a\"\nbinary = \"a\"\njournal_kib = 4096\n");
+    assert_eq!(kind, ErrorKind::InvalidConfig);
+    assert!(msg.starts_with("sys.toml:7:"), "{msg}");
+    assert!(msg.contains("recovery = \"checkpoint\""), "{msg}");
+    let (msg, kind) = err_with_head(
+        "[[component]]\nname = \"a\"\nbinary = \"a\"\nrecovery = \"checkpoint\"\njournal_kib = 10\n",
+    );
+    assert_eq!(kind, ErrorKind::OutOfRange);
+    assert!(msg.starts_with("sys.toml:8:"), "{msg}");
+}
+
+#[test]
 fn location_counts_characters_from_one() {
     let t = "ab\ncé\n";
     assert_eq!(Location::of_offset(t, 0), Location { line: 1, col: 1 });
@@ -266,7 +304,7 @@ fn unknown_key() {
         msg,
         "sys.toml:7:1: unknown field `foo`, expected one of `name`, `binary`, `provides`, `uses`, \
          `priority`, `realtime`, `recovery`, `reboot`, `restart`, `slots`, `arena_kib`, \
-         `pool_kib`, `checkpoint`, `config`"
+         `pool_kib`, `journal_kib`, `checkpoint`, `config`"
     );
     let (msg, _) = err_with_head(
         "[[component]]\nname = \"a\"\nbinary = \"a\"\nrestart = { max = 1, window = 3 }\n",
@@ -301,7 +339,7 @@ fn wrong_type() {
         err_with_head("[[component]]\nname = \"a\"\nbinary = \"a\"\nrecovery = \"lazy\"\n");
     assert_eq!(
         msg,
-        "sys.toml:7:12: unknown variant `lazy`, expected `on-demand` or `eager`"
+        "sys.toml:7:12: unknown variant `lazy`, expected one of `on-demand`, `eager`, `checkpoint`"
     );
     let (msg, _) =
         err_with_head("[[component]]\nname = \"a\"\nbinary = \"a\"\narena_kib = \"1M\"\n");

@@ -15,7 +15,8 @@
 //! thread's keys must match its model whole.
 //!
 //! It publishes the counters `ops`, `errors` and `corrupt`, and prints a
-//! JSON report; it fails if anything went wrong.
+//! JSON report once its operations are done (or, with `ops = 0`, once the
+//! system asks it to stop); it fails if anything went wrong.
 
 #![forbid(unsafe_code)]
 
@@ -36,7 +37,8 @@ pub struct Config {
     pub seed: u64,
     /// Client threads, each on its own channel slot.
     pub threads: usize,
-    /// Operations per thread.
+    /// Operations per thread (0: until the system stops it; a stop
+    /// request does not cut a counted run short).
     pub ops: u64,
     /// Keys each thread owns.
     pub keys: u32,
@@ -296,6 +298,7 @@ fn work(
     thread: usize,
     counters: &WorkloadCounters,
     increments: &AtomicU64,
+    stop: &(dyn Fn() -> bool + Sync),
 ) -> (u64, Failures) {
     let mut rng = StdRng::seed_from_u64(
         config
@@ -314,7 +317,7 @@ fn work(
     };
     let counter = format!("{component}/counter");
     let mut seen = [0; 2];
-    for _ in 0..config.ops {
+    while c.op < config.ops || (config.ops == 0 && !stop()) {
         counters.publish(&mut seen, &c.failures);
         c.step(&mut rng, config);
         if rng.gen_range(0..8) == 0 && increment(client, &counter, &mut c.failures) {
@@ -340,6 +343,7 @@ fn main() {
             let counters = rt.workload_counters()?;
             let threads = config.threads.max(1);
             let increments = AtomicU64::new(0);
+            let stop = || rt.stop_requested();
             tracing::info!(
                 seed = config.seed,
                 threads,
@@ -350,8 +354,10 @@ fn main() {
                 let handles: Vec<_> = (0..threads)
                     .map(|t| {
                         let (client, config, component) = (&client, &config, &component);
-                        let (counters, increments) = (&counters, &increments);
-                        s.spawn(move || work(client, config, component, t, counters, increments))
+                        let (counters, increments, stop) = (&counters, &increments, &stop);
+                        s.spawn(move || {
+                            work(client, config, component, t, counters, increments, stop)
+                        })
                     })
                     .collect();
                 handles

@@ -129,8 +129,35 @@ impl Frozen {
 impl Drop for Frozen {
     fn drop(&mut self) {
         for &tid in &self.tids {
-            let _ = ptrace::detach(Pid::from_raw(tid as i32), None);
+            let detached = ptrace::detach(Pid::from_raw(tid as i32), None);
+            if detached == Err(Errno::ESRCH) && tid != self.pid {
+                reap_traced(self.pid, tid);
+            }
         }
+    }
+}
+
+/// Collects thread `tid` (not the leader) of process `pid`, which died
+/// while traced from here (killed during a checkpoint): a traced thread
+/// stays a zombie until its tracer collects it, and while it does, the
+/// process's death is never reported (its pidfd never becomes readable).
+/// The thread's exit status is the tracer's alone; the leader's, which
+/// its parent collects, is never taken here.
+fn reap_traced(pid: u32, tid: u32) {
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    loop {
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::__WALL;
+        match waitid(Id::Pid(Pid::from_raw(tid as i32)), flags) {
+            Ok(WaitStatus::StillAlive) | Err(Errno::EINTR) => {}
+            // Collected, not traced from here after all, or gone.
+            _ => return,
+        }
+        if Instant::now() >= deadline
+            || !std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(50));
     }
 }
 

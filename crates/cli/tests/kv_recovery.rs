@@ -1,0 +1,219 @@
+//! Checkpoint recovery (`recovery = "checkpoint"`) of kv, a key-value
+//! store with no recovery code of its own, under three client components
+//! of two threads each that check every answer against a model:
+//!
+//! - kv is killed 200 times at random instants (SIGKILL and SIGSEGV,
+//!   inside requests, between them and inside checkpoints, which are
+//!   taken every 20 ms): every new incarnation gets the last checkpoint
+//!   and replays the log, and no client sees an error, a lost update, an
+//!   update applied twice, or a value that differs from its model;
+//! - kv is hung (stopped) four times: the watchdog finds each hang, the
+//!   supervisor rolls kv back in place (the same pid, never a reboot) and
+//!   it replays its log, and again no client sees anything wrong.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use common::*;
+use serde_json::Value;
+
+fn kv_system(dir: &Path, seed: u64, watchdog: bool) -> PathBuf {
+    let mut toml = String::from("[system]\nname = \"kv-test\"\n");
+    if watchdog {
+        toml += "\n[watchdog]\nperiod_us = 1000\nstuck_ms = 300\ndefault_bound_us = 100000\n";
+    }
+    toml += r#"
+[[component]]
+name = "kv"
+binary = "kintsugi-kv"
+provides = ["kv"]
+recovery = "checkpoint"
+checkpoint = { every_ms = 20 }
+restart = { max = 100000, window_ms = 1000 }
+"#;
+    for (i, name) in ["w1", "w2", "w3"].iter().enumerate() {
+        toml += &format!(
+            r#"
+[[component]]
+name = "{name}"
+binary = "kintsugi-kv-workload"
+uses = ["kv"]
+[component.config]
+seed = {}
+threads = 2
+ops = 0
+keys = 48
+think_us = 100
+"#,
+            seed + i as u64
+        );
+    }
+    write(dir, "kv.toml", &toml)
+}
+
+/// Runs the system under `chaos` until the injections are done; returns
+/// stdout (events and reports) and stderr, having checked that it
+/// succeeded, that nothing was left behind, and that no replay diverged.
+fn run(test: &str, system: &Path, chaos: &[&str], seed: u64) -> (String, String) {
+    let tag = unique_tag(test);
+    let dir = scratch(&format!("{test}-run"));
+    let started = Instant::now();
+    let out = run_system(&tag, system)
+        .env("XDG_RUNTIME_DIR", &dir)
+        .args([
+            "--kill",
+            "kv",
+            "--seed",
+            &seed.to_string(),
+            "--stop-after-kills",
+        ])
+        .args(chaos)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    eprintln!("{test}: ran for {:.2} s", started.elapsed().as_secs_f64());
+    assert!(
+        out.status.success(),
+        "kintsugi run failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(leftovers(&tag).is_empty(), "processes left behind");
+    assert!(
+        !stdout.contains("replay diverged") && !stderr.contains("replay diverged"),
+        "a replay diverged:\n{stderr}"
+    );
+    (stdout, stderr)
+}
+
+/// Every workload's report: no error, no wrong answer, its counter equal
+/// to its increments, work done by both threads.
+fn reports_clean(stdout: &str) {
+    let reports: Vec<Value> = json_lines(stdout)
+        .into_iter()
+        .filter(|v| v.get("component").is_some())
+        .collect();
+    let mut names: Vec<&str> = reports
+        .iter()
+        .map(|r| r["component"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["w1", "w2", "w3"], "one report per workload");
+    for r in &reports {
+        assert_eq!(r["errors"], 0, "{r}");
+        assert_eq!(r["corrupt"], 0, "{r}");
+        assert!(r["increments"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(
+            r["counter"], r["increments"],
+            "no increment lost or doubled: {r}"
+        );
+        let completed = r["completed"].as_array().unwrap();
+        assert!(
+            completed.iter().all(|c| c.as_u64().unwrap() > 0),
+            "both threads worked: {r}"
+        );
+    }
+}
+
+/// The checkpoint recoveries in the event log: (kind, entries to replay).
+fn replays(stdout: &str) -> Vec<(String, u64)> {
+    events(stdout)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Replayed {
+                component,
+                kind,
+                entries,
+                ..
+            } if component == "kv" => Some((kind, entries)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn kv_keeps_every_update_through_200_crashes() {
+    let seed = seed("kv_crashes");
+    let dir = scratch("kv-crashes");
+    let system = kv_system(&dir, seed, false);
+    let (stdout, _) = run(
+        "kv_crashes",
+        &system,
+        &[
+            "--signals",
+            "kill,segv",
+            "--kills",
+            "200",
+            "--kill-every",
+            "10..40",
+        ],
+        seed,
+    );
+    reports_clean(&stdout);
+    let crashes = crashes(&stdout, "kv");
+    let segv = crashes.iter().filter(|c| c.by(SIGSEGV)).count();
+    let busy = crashes.iter().filter(|c| !c.in_flight.is_empty()).count();
+    eprintln!(
+        "kv_crashes: {} crashes, {segv} by SIGSEGV, {busy} with calls in flight",
+        crashes.len()
+    );
+    assert_eq!(crashes.len(), 200, "every kill was a crash");
+    assert!(segv > 0 && busy > 0, "{segv} SIGSEGV, {busy} in requests");
+    let replays = replays(&stdout);
+    assert_eq!(replays.len(), 200, "each crash recovered from the log");
+    let restored = replays
+        .iter()
+        .filter(|(kind, _)| kind == "restore and replay")
+        .count();
+    let logged: u64 = replays.iter().map(|(_, n)| n).sum();
+    eprintln!("kv_crashes: {restored} recoveries restored a checkpoint, {logged} requests replayed in all");
+    assert!(restored > 0, "checkpoints were restored");
+    assert!(logged > 0, "requests were replayed");
+    assert_eq!(reboots(&stdout, "kv"), 200);
+}
+
+#[test]
+fn a_hung_kv_is_rolled_back_in_place_and_replays_its_log() {
+    let seed = seed("kv_hangs");
+    let dir = scratch("kv-hangs");
+    let system = kv_system(&dir, seed, true);
+    // More than a second apart: a hang within a second of a rollback is
+    // the incarnation's own, and is answered by a reboot.
+    let (stdout, _) = run(
+        "kv_hangs",
+        &system,
+        &[
+            "--signals",
+            "stop",
+            "--kills",
+            "4",
+            "--kill-every",
+            "1200..1400",
+        ],
+        seed,
+    );
+    reports_clean(&stdout);
+    let rolled: Vec<(u32, String)> = events(&stdout)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::RolledBack {
+                component,
+                pid,
+                detail,
+                ..
+            } if component == "kv" => Some((pid, detail)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rolled.len(), 4, "each hang rolled back:\n{stdout}");
+    assert!(
+        rolled.iter().all(|(pid, _)| *pid == rolled[0].0),
+        "in place, one pid: {rolled:?}"
+    );
+    assert!(
+        rolled.iter().all(|(_, d)| d.contains("hang detected")),
+        "{rolled:?}"
+    );
+    assert_eq!(reboots(&stdout, "kv"), 0, "never rebooted:\n{stdout}");
+    assert!(crashes(&stdout, "kv").is_empty());
+}

@@ -7,7 +7,8 @@
 //! every thread, which then runs on from its (possibly rewritten)
 //! registers.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -43,6 +44,10 @@ pub struct Frozen {
     tids: Vec<u32>,
     /// When the first thread was stopped.
     since: Instant,
+    /// Signals that reached a thread while it was held (a stop for its
+    /// delivery was collected instead of the stop asked for): handed back
+    /// as the thread is let go, so that none is lost.
+    signals: Mutex<BTreeMap<u32, Signal>>,
 }
 
 impl Frozen {
@@ -53,6 +58,7 @@ impl Frozen {
             pid,
             tids: Vec::new(),
             since,
+            signals: Mutex::new(BTreeMap::new()),
         };
         let mut seen = BTreeSet::new();
         loop {
@@ -75,7 +81,8 @@ impl Frozen {
             }
         }
         for &tid in &frozen.tids {
-            wait_stop(pid, tid)?;
+            let stop = wait_stop(pid, tid)?;
+            frozen.keep_signal(tid, &stop);
         }
         frozen.tids.sort_by_key(|&t| (t != pid, t));
         Ok(frozen)
@@ -118,22 +125,76 @@ impl Frozen {
         match wait_stop(self.pid, tid)? {
             WaitStatus::PtraceEvent(_, Signal::SIGTRAP, _)
             | WaitStatus::Stopped(_, Signal::SIGTRAP) => Ok(()),
-            other => Err(Error::Malformed {
-                what: format!("thread {tid}"),
-                detail: format!("a single step stopped with {other:?}"),
+            other => Err({
+                self.keep_signal(tid, &other);
+                Error::Malformed {
+                    what: format!("thread {tid}"),
+                    detail: format!("a single step stopped with {other:?}"),
+                }
             }),
+        }
+    }
+
+    /// Notes the signal of a signal-delivery stop (not a ptrace event's).
+    fn keep_signal(&self, tid: u32, stop: &WaitStatus) {
+        if let WaitStatus::Stopped(_, sig) = *stop {
+            if sig != Signal::SIGTRAP {
+                self.signals
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(tid, sig);
+            }
         }
     }
 }
 
 impl Drop for Frozen {
     fn drop(&mut self) {
+        let signals = std::mem::take(self.signals.get_mut().unwrap_or_else(|e| e.into_inner()));
         for &tid in &self.tids {
-            let detached = ptrace::detach(Pid::from_raw(tid as i32), None);
+            let detached = ptrace::detach(Pid::from_raw(tid as i32), signals.get(&tid).copied());
             if detached == Err(Errno::ESRCH) && tid != self.pid {
                 reap_traced(self.pid, tid);
             }
         }
+        wake_for_pending(self.pid, &self.tids);
+    }
+}
+
+/// A signal sent while every thread was held stays pending without any
+/// thread being told (the kernel picks a thread to wake when the signal
+/// comes, and a traced thread in a stop is none): a thread let go returns
+/// to user space without looking, and the signal would wait for the next
+/// one. Each signal found pending is sent again, which merges with the
+/// pending one (a standard signal is pending at most once) and wakes a
+/// thread for it.
+fn wake_for_pending(pid: u32, tids: &[u32]) {
+    let pending = |path: String, field: &str| -> u64 {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with(field))?;
+                u64::from_str_radix(line[field.len()..].trim(), 16).ok()
+            })
+            .unwrap_or(0)
+    };
+    let send = |mask: u64, tid: Option<u32>| {
+        for bit in (0..64).filter(|b| mask & (1 << b) != 0) {
+            let Ok(sig) = Signal::try_from(bit as i32 + 1) else {
+                continue;
+            };
+            let _ = match tid {
+                None => nix::sys::signal::kill(Pid::from_raw(pid as i32), sig).map_err(drop),
+                Some(t) => crate::sys::tgkill(pid as i32, t as i32, sig as i32).map_err(drop),
+            };
+        }
+    };
+    send(pending(format!("/proc/{pid}/status"), "ShdPnd:"), None);
+    for &tid in tids {
+        send(
+            pending(format!("/proc/{pid}/task/{tid}/status"), "SigPnd:"),
+            Some(tid),
+        );
     }
 }
 

@@ -287,3 +287,13 @@ pub fn rseq_config(tid: i32) -> io::Result<RseqConfig> {
     }
     Ok(conf)
 }
+
+/// Sends `sig` to thread `tid` of process `pid` (`tgkill`).
+pub fn tgkill(pid: i32, tid: i32, sig: i32) -> io::Result<()> {
+    // SAFETY: tgkill takes three integers and touches no memory of ours.
+    let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -84,7 +84,7 @@ impl Journal {
     }
 
     pub fn replay_pending(&self) -> bool {
-        self.log.header().replay.load(Ordering::SeqCst) != 0
+        self.log.replay_pending()
     }
 
     /// Waits for this worker's turn to run a request; the first turn after

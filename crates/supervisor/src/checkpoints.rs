@@ -176,6 +176,12 @@ pub struct Summary {
     /// point in time) so far.
     pub periodic_taken: u64,
     pub periodic_skipped: u64,
+    /// A checkpoint recovery's replay: requests run again, and how long
+    /// it took, µs (0 and 0 for anything else).
+    #[serde(default)]
+    pub replayed: u64,
+    #[serde(default)]
+    pub replay_us: u64,
 }
 
 /// Asks the checkpoint thread for something; the answer comes back on
@@ -536,6 +542,11 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
         .ok_or("the component has no live incarnation")?;
     c.incarnation.attached(&c.quiet.freezes)?;
     let (frozen, held, waited) = at_safe_point(&c.quiet, &c.name, pid, hold)?;
+    if c.journal.as_ref().is_some_and(|j| j.replay_pending()) {
+        // Its state is not whole until the log is replayed, and a
+        // checkpoint would cut the log.
+        return Err(format!("`{}` has not replayed its log yet", c.name));
+    }
     let ckpt = c.incarnation.attached(&c.quiet.freezes)?;
     let stats = ckpt.checkpoint_frozen(&frozen).map_err(|e| e.to_string());
     if let (Ok(_), Some(journal)) = (&stats, &c.journal) {
@@ -705,13 +716,38 @@ fn recover(c: &mut Tracked) -> Result<Summary, String> {
         }
         Some(image) => restore_last(c, pid, image, started),
     };
-    if outcome.is_ok() {
-        for e in &c.quiet.served {
-            e.hold_serving(false);
-        }
-        wake_for_replay(c);
+    let mut done = outcome?;
+    for e in &c.quiet.served {
+        e.hold_serving(false);
     }
-    outcome
+    wake_for_replay(c);
+    let replay_started = Instant::now();
+    if wait_replayed(&journal, pid) {
+        done.replay_us = replay_started.elapsed().as_micros() as u64;
+        done.replayed = journal.header().last_replay_entries.load(Ordering::SeqCst);
+    }
+    done.total_us = started.elapsed().as_micros() as u64;
+    Ok(done)
+}
+
+/// How long a recovery waits for the replay it asked for: a longer one
+/// goes on after the reboot is reported.
+const REPLAY_WAIT: Duration = Duration::from_secs(2);
+
+/// Waits until process `pid` has replayed its log (true), died, or taken
+/// [`REPLAY_WAIT`].
+fn wait_replayed(journal: &JournalRegion, pid: u32) -> bool {
+    let until = Instant::now() + REPLAY_WAIT;
+    let alive = || std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let mut pause = Duration::from_micros(10);
+    while journal.replay_pending() {
+        if Instant::now() >= until || !alive() {
+            return false;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_micros(200));
+    }
+    true
 }
 
 /// Restores `image`, the last checkpoint of the incarnation that died,
@@ -800,6 +836,8 @@ fn summary(
         file,
         periodic_taken: c.taken,
         periodic_skipped: c.skipped,
+        replayed: 0,
+        replay_us: 0,
     }
 }
 

@@ -171,6 +171,9 @@ pub enum Event {
         #[serde(rename = "pause_us", with = "micros")]
         pause: Duration,
         entries: u64,
+        /// The replay, if it was over within 2 s.
+        #[serde(rename = "replay_us", with = "micros")]
+        replay: Duration,
     },
     /// A component's first incarnation took an image exported elsewhere
     /// (`kintsugi run --restore`).
@@ -255,10 +258,12 @@ impl fmt::Display for Event {
                 pages,
                 pause,
                 entries,
+                replay,
             } => write!(
                 f,
-                "{component}: checkpoint recovery into pid {pid}: {kind} ({pages} pages, held {} µs), {entries} logged requests to replay",
-                pause.as_micros()
+                "{component}: checkpoint recovery into pid {pid}: {kind} ({pages} pages, held {} µs), {entries} logged requests replayed in {} µs",
+                pause.as_micros(),
+                replay.as_micros()
             ),
             Event::Restored {
                 component,

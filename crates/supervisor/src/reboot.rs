@@ -224,14 +224,14 @@ impl Supervisor<'_> {
         let name = m.spec.name.clone();
         match self.roster.recover(&name) {
             Ok(done) => {
-                let journal = m.wiring.durable.journal.as_ref().map(|j| j.header());
                 pending.push(Event::Replayed {
                     component: name,
                     pid: done.pid,
                     kind: done.kind,
                     pages: done.pages,
                     pause: Duration::from_micros(done.pause_us),
-                    entries: journal.map_or(0, |h| h.count.load(Ordering::SeqCst)),
+                    entries: done.replayed,
+                    replay: Duration::from_micros(done.replay_us),
                 });
                 Ok(())
             }

@@ -178,6 +178,11 @@ impl JournalRegion {
         self.header().replay.store(1, Ordering::SeqCst);
     }
 
+    /// Whether a replay was asked for and is not done.
+    pub fn replay_pending(&self) -> bool {
+        self.header().replay.load(Ordering::SeqCst) != 0
+    }
+
     /// Whether the server asked for an early checkpoint.
     pub fn wants_checkpoint(&self) -> bool {
         self.header().wanted.load(Ordering::Relaxed) != 0

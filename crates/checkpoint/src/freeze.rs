@@ -179,8 +179,8 @@ fn wake_for_pending(pid: u32, tids: &[u32]) {
             .unwrap_or(0)
     };
     let send = |mask: u64, tid: Option<u32>| {
-        for bit in (0..64).filter(|b| mask & (1 << b) != 0) {
-            let Ok(sig) = Signal::try_from(bit as i32 + 1) else {
+        for bit in (0..64i32).filter(|b| mask & (1u64 << b) != 0) {
+            let Ok(sig) = Signal::try_from(bit + 1) else {
                 continue;
             };
             let _ = match tid {

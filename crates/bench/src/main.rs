@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod checkpoint;
+mod kv;
 mod load;
 mod recovery;
 mod tables;
@@ -133,6 +134,20 @@ enum Bench {
     /// Incremental checkpoints of a live process: pause by heap size and
     /// share written against copying every page, restore time per kind,
     /// and a workload's throughput with checkpoints every 100 and 10 ms.
+    /// Checkpoint recovery of the kv store: throughput with checkpoints
+    /// every 1,000, 100 and 10 ms against no recovery, recovery time
+    /// under kills, and recovery time against the log's length.
+    Kv {
+        /// Operations per client thread per throughput run.
+        #[arg(long, default_value_t = 100_000)]
+        ops: u64,
+        /// Throughput runs per configuration (the median is shown).
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        /// Kills for the recovery table.
+        #[arg(long, default_value_t = 30)]
+        kills: u32,
+    },
     Checkpoint {
         /// Heap sizes, MiB.
         #[arg(long, value_delimiter = ',', default_values_t = [16, 256, 1024])]
@@ -208,6 +223,11 @@ fn run(b: Bench) -> anyhow::Result<bool> {
             secs,
             repeats,
         } => checkpoint::checkpoint(&heap_mib, rounds, secs, repeats),
+        Bench::Kv {
+            ops,
+            repeats,
+            kills,
+        } => kv::kv(ops, repeats, kills),
     }
 }
 

@@ -45,8 +45,9 @@ pub struct Frozen {
     /// When the first thread was stopped.
     since: Instant,
     /// Signals that reached a thread while it was held (a stop for its
-    /// delivery was collected instead of the stop asked for): handed back
-    /// as the thread is let go, so that none is lost.
+    /// delivery was collected instead of the stop asked for, which takes
+    /// the signal away): sent to it again as it is let go, so that none is
+    /// lost.
     signals: Mutex<BTreeMap<u32, Signal>>,
 }
 
@@ -152,10 +153,16 @@ impl Drop for Frozen {
     fn drop(&mut self) {
         let signals = std::mem::take(self.signals.get_mut().unwrap_or_else(|e| e.into_inner()));
         for &tid in &self.tids {
-            let detached = ptrace::detach(Pid::from_raw(tid as i32), signals.get(&tid).copied());
+            let detached = ptrace::detach(Pid::from_raw(tid as i32), None);
             if detached == Err(Errno::ESRCH) && tid != self.pid {
                 reap_traced(self.pid, tid);
             }
+        }
+        // Sent again rather than handed to the detach, which delivers a
+        // signal only from the stop that reported it (a thread stepped
+        // since is in another).
+        for (&tid, &sig) in &signals {
+            let _ = crate::sys::tgkill(self.pid as i32, tid as i32, sig as i32);
         }
         wake_for_pending(self.pid, &self.tids);
     }

@@ -717,11 +717,11 @@ fn recover(c: &mut Tracked) -> Result<Summary, String> {
         Some(image) => restore_last(c, pid, image, started),
     };
     let mut done = outcome?;
+    let replay_started = Instant::now();
     for e in &c.quiet.served {
         e.hold_serving(false);
     }
     wake_for_replay(c);
-    let replay_started = Instant::now();
     if wait_replayed(&journal, pid) {
         done.replay_us = replay_started.elapsed().as_micros() as u64;
         done.replayed = journal.header().last_replay_entries.load(Ordering::SeqCst);

@@ -46,6 +46,9 @@ pub struct Config {
     pub value_max: usize,
     /// Longest pause between operations, µs (drawn from 0..=think_us).
     pub think_us: u64,
+    /// A file to write the report to as well (for benchmarks, whose
+    /// components share the supervisor's stdout).
+    pub report: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -57,6 +60,7 @@ impl Default for Config {
             keys: 64,
             value_max: 256,
             think_us: 100,
+            report: None,
         }
     }
 }
@@ -68,6 +72,8 @@ struct Report {
     threads: usize,
     /// Operations each thread completed.
     completed: Vec<u64>,
+    /// From the threads' start to the last one's end, ms.
+    elapsed_ms: f64,
     /// Counter increments that succeeded, all threads together, and the
     /// counter's final value.
     increments: u64,
@@ -350,6 +356,7 @@ fn main() {
                 ops = config.ops,
                 "kv-workload starting"
             );
+            let started = std::time::Instant::now();
             let runs: Vec<(u64, Failures)> = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..threads)
                     .map(|t| {
@@ -370,6 +377,7 @@ fn main() {
                 seed: config.seed,
                 threads,
                 increments: increments.load(Ordering::SeqCst),
+                elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
                 ..Report::default()
             };
             for (done, failures) in runs {
@@ -390,7 +398,13 @@ fn main() {
                     report.counter, report.increments
                 ));
             }
-            println!("{}", serde_json::to_string(&report)?);
+            let line = serde_json::to_string(&report)?;
+            println!("{line}");
+            if let Some(path) = &config.report {
+                let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+                std::fs::write(&tmp, &line)?;
+                std::fs::rename(&tmp, path)?;
+            }
             Ok(report.failures.check()?)
         }))
     })

@@ -207,9 +207,22 @@ impl Region {
             "shared bytes out of bounds"
         );
         let dst = self.map.as_ptr().wrapping_add(offset);
-        for (i, b) in src.iter().enumerate() {
+        let head = dst.align_offset(8).min(src.len());
+        let words = (src.len() - head) / 8;
+        for (i, b) in src[..head].iter().enumerate() {
             // SAFETY: in bounds (asserted); a byte write needs no alignment.
             unsafe { std::ptr::write_volatile(dst.add(i), *b) };
+        }
+        for w in 0..words {
+            let at = head + w * 8;
+            let word = u64::from_ne_bytes(src[at..at + 8].try_into().expect("8 bytes"));
+            // SAFETY: in bounds (asserted), and `dst + head` is 8-aligned.
+            unsafe { std::ptr::write_volatile(dst.add(at) as *mut u64, word) };
+        }
+        let tail = head + words * 8;
+        for (i, b) in src[tail..].iter().enumerate() {
+            // SAFETY: in bounds (asserted).
+            unsafe { std::ptr::write_volatile(dst.add(tail + i), *b) };
         }
     }
 }

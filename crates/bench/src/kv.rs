@@ -1,0 +1,307 @@
+//! `kintsugi bench kv`: checkpoint recovery (`recovery = "checkpoint"`)
+//! of the kv store measured, all in one run: its throughput under two
+//! checking client components with checkpoints every 1,000, 100 and 10 ms
+//! against kv with no recovery at all (no checkpoint, no request log); the
+//! recovery time (restore plus replay) of kills at random instants with
+//! checkpoints every 100 ms; and the recovery time against the length of
+//! the log replayed, with one checkpoint and then none.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use kintsugi_supervisor::{Event, Options};
+
+use kintsugi_supervisor::stats::Summary;
+
+/// kv and a workload component at full speed (a second one, [`W2`], for
+/// the recovery runs).
+const SYSTEM: &str = r#"
+[system]
+name = "bench-kv"
+
+[[component]]
+name = "kv"
+binary = "kintsugi-kv"
+provides = ["kv"]
+RECOVERY
+restart = { max = 100000, window_ms = 1000 }
+
+[[component]]
+name = "w1"
+binary = "kintsugi-kv-workload"
+uses = ["kv"]
+[component.config]
+seed = 1
+threads = THREADS
+ops = OPS
+think_us = 0
+report = "DIR/w1.json"
+
+"#;
+
+const W2: &str = r#"
+[[component]]
+name = "w2"
+binary = "kintsugi-kv-workload"
+uses = ["kv"]
+[component.config]
+seed = 2
+threads = THREADS
+ops = OPS
+think_us = 0
+report = "DIR/w2.json"
+"#;
+
+fn row(cells: &[String]) {
+    println!("| {} |", cells.join(" | "));
+}
+
+/// The system with kv checkpointed every `recovery` ms (none: no
+/// recovery), a request log of `journal_kib` (0: the default), and `ops`
+/// operations per client thread (0: until stopped).
+fn system(
+    recovery: Option<u64>,
+    journal_kib: u64,
+    ops: u64,
+    dir: &Path,
+) -> anyhow::Result<kintsugi_system::System> {
+    // Timed runs use one client thread (a client and a worker spinning:
+    // no more spinning threads than CPUs here); the others two clients of
+    // two threads, as the tests do.
+    let (threads, clients) = if ops > 0 { (1, "") } else { (2, W2) };
+    let journal = match journal_kib {
+        0 => String::new(),
+        kib => format!("\njournal_kib = {kib}"),
+    };
+    let text = (SYSTEM.to_string() + clients)
+        .replace(
+            "RECOVERY",
+            &recovery.map_or(String::new(), |ms| {
+                format!("recovery = \"checkpoint\"\ncheckpoint = {{ every_ms = {ms} }}{journal}")
+            }),
+        )
+        .replace("OPS", &ops.to_string())
+        .replace("THREADS", &threads.to_string())
+        .replace("DIR", &dir.display().to_string());
+    crate::parse_system("bench-kv (built in)", &text)
+}
+
+/// Operations per second of the timed run's client, from its report
+/// (which must be clean).
+fn rate(dir: &Path) -> anyhow::Result<f64> {
+    let mut ops = 0.0;
+    let mut longest: f64 = 0.0;
+    for w in ["w1"] {
+        let path = dir.join(format!("{w}.json"));
+        let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+        let r: serde_json::Value = serde_json::from_str(&text)?;
+        anyhow::ensure!(
+            r["errors"] == 0 && r["counter"] == r["increments"],
+            "{w} saw errors: {r}"
+        );
+        ops += r["completed"]
+            .as_array()
+            .context("completed")?
+            .iter()
+            .filter_map(|c| c.as_f64())
+            .sum::<f64>();
+        longest = longest.max(r["elapsed_ms"].as_f64().context("elapsed_ms")?);
+        std::fs::remove_file(&path)?;
+    }
+    Ok(ops / (longest / 1e3))
+}
+
+fn throughput_table(ops: u64, repeats: usize, dir: &Path) -> anyhow::Result<()> {
+    println!(
+        "### Throughput: kv under a checking client thread ({ops} operations, no pause; median of {repeats}, the configurations taking turns)\n"
+    );
+    row(&["kv's recovery", "ops/s", "× none", "runs (ops/s)"].map(String::from));
+    row(&["---", "---:", "---:", "---"].map(String::from));
+    let configs = [None, Some(1000), Some(100), Some(10)];
+    let mut runs = vec![Vec::new(); configs.len()];
+    for _ in 0..repeats {
+        for (i, recovery) in configs.iter().enumerate() {
+            let options = Options {
+                stop_when_finished: Some("w1".into()),
+                interfaces: kintsugi_interfaces::ALL.to_vec(),
+                ..Default::default()
+            };
+            crate::run_collecting(&system(*recovery, 0, ops, dir)?, options)?;
+            runs[i].push(rate(dir)?);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let base = median(&mut runs[0]);
+    for (recovery, mut v) in configs.into_iter().zip(runs) {
+        let m = median(&mut v);
+        row(&[
+            recovery.map_or("none (no checkpoint, no log)".into(), |ms| {
+                format!("checkpoint every {ms} ms + log")
+            }),
+            format!("{m:.0}"),
+            format!("{:.3}", m / base),
+            v.iter()
+                .map(|r| format!("{r:.0}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ]);
+    }
+    println!();
+    Ok(())
+}
+
+/// One checkpoint recovery as the event log tells it.
+struct Recovery {
+    entries: u64,
+    pause: Duration,
+    replay: Duration,
+    /// From the death's detection to the incarnation serving again.
+    total: Duration,
+}
+
+fn recoveries(events: &[Event]) -> Vec<Recovery> {
+    let mut out = Vec::new();
+    let mut pending = None;
+    for e in events {
+        match e {
+            Event::Replayed {
+                entries,
+                pause,
+                replay,
+                ..
+            } => pending = Some((*entries, *pause, *replay)),
+            Event::Rebooted { took, .. } => {
+                if let Some((entries, pause, replay)) = pending.take() {
+                    out.push(Recovery {
+                        entries,
+                        pause,
+                        replay,
+                        total: *took,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
+fn recovery_table(kills: u32, dir: &Path) -> anyhow::Result<()> {
+    let events = crate::kill_repeatedly(
+        &system(Some(100), 0, 0, dir)?,
+        "kv",
+        kills,
+        (Duration::from_millis(50), Duration::from_millis(500)),
+        None,
+        true,
+    )?;
+    let r = recoveries(&events);
+    anyhow::ensure!(!r.is_empty(), "no recovery in the event log");
+    println!(
+        "### Recovery: kv SIGKILLed {kills} times at random instants 50..500 ms apart, checkpoints every 100 ms, under the clients\n"
+    );
+    row(&["", "n", "p50", "p99", "max"].map(String::from));
+    row(&["---", "---:", "---:", "---:", "---:"].map(String::from));
+    let ms_of = |f: fn(&Recovery) -> Duration| -> Vec<f64> {
+        r.iter().map(|x| f(x).as_secs_f64() * 1e3).collect()
+    };
+    let entries: Vec<f64> = r.iter().map(|x| x.entries as f64).collect();
+    for (what, v, digits) in [
+        ("restore, kv held (ms)", ms_of(|x| x.pause), 2),
+        ("replay (ms)", ms_of(|x| x.replay), 2),
+        ("recovery, detection to serving (ms)", ms_of(|x| x.total), 2),
+        ("requests replayed", entries, 0),
+    ] {
+        let s = Summary::of(&v).expect("non-empty");
+        row(&[
+            what.to_string(),
+            s.n.to_string(),
+            format!("{:.digits$}", s.p50),
+            format!("{:.digits$}", s.p99),
+            format!("{:.digits$}", s.max),
+        ]);
+    }
+    println!();
+    Ok(())
+}
+
+/// Recovery against the log's length: one checkpoint requested early,
+/// none after (the periodic interval is an hour, the log 512 MiB), so
+/// that each kill replays everything logged since that checkpoint.
+fn length_table(kills: u32, dir: &Path) -> anyhow::Result<()> {
+    // A log large enough that it never asks for a checkpoint of its own.
+    let system = system(Some(3_600_000), 512 * 1024, 0, dir)?;
+    let roster = kintsugi_supervisor::Roster::new();
+    let asker = {
+        let roster = roster.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            roster.checkpoint("kv", None).ok()
+        })
+    };
+    let options = Options {
+        chaos: Some(kintsugi_inject::ChaosPlan {
+            target: "kv".into(),
+            signals: vec![nix::sys::signal::Signal::SIGKILL],
+            min_interval: Duration::from_millis(150),
+            max_interval: Duration::from_millis(150),
+            count: Some(kills),
+            seed: 1,
+        }),
+        stop_after_chaos: true,
+        interfaces: kintsugi_interfaces::ALL.to_vec(),
+        roster: Some(roster),
+        ..Default::default()
+    };
+    let events = crate::run_collecting(&system, options)?;
+    anyhow::ensure!(asker.join().ok().flatten().is_some(), "no checkpoint taken");
+    println!(
+        "### Recovery against the log's length: one checkpoint, then a SIGKILL every 150 ms under the clients (each replays everything logged since the checkpoint)\n"
+    );
+    row(&[
+        "requests replayed",
+        "restore (ms)",
+        "replay (ms)",
+        "µs per request",
+        "recovery (ms)",
+    ]
+    .map(String::from));
+    row(&["---:", "---:", "---:", "---:", "---:"].map(String::from));
+    for r in recoveries(&events) {
+        row(&[
+            r.entries.to_string(),
+            ms(r.pause),
+            ms(r.replay),
+            format!(
+                "{:.2}",
+                r.replay.as_secs_f64() * 1e6 / r.entries.max(1) as f64
+            ),
+            ms(r.total),
+        ]);
+    }
+    println!();
+    Ok(())
+}
+
+pub fn kv(ops: u64, repeats: usize, kills: u32) -> anyhow::Result<bool> {
+    anyhow::ensure!(
+        ops > 0 && repeats > 0 && kills > 0,
+        "counts must be positive"
+    );
+    let dir = std::env::temp_dir().join(format!("kintsugi-bench-kv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    println!("## kintsugi bench kv: checkpoint recovery of a store with no recovery code\n");
+    throughput_table(ops, repeats, &dir)?;
+    recovery_table(kills, &dir)?;
+    length_table(8, &dir)?;
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(true)
+}

@@ -90,26 +90,22 @@ fn system(
 /// Operations per second of the timed run's client, from its report
 /// (which must be clean).
 fn rate(dir: &Path) -> anyhow::Result<f64> {
-    let mut ops = 0.0;
-    let mut longest: f64 = 0.0;
-    for w in ["w1"] {
-        let path = dir.join(format!("{w}.json"));
-        let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
-        let r: serde_json::Value = serde_json::from_str(&text)?;
-        anyhow::ensure!(
-            r["errors"] == 0 && r["counter"] == r["increments"],
-            "{w} saw errors: {r}"
-        );
-        ops += r["completed"]
-            .as_array()
-            .context("completed")?
-            .iter()
-            .filter_map(|c| c.as_f64())
-            .sum::<f64>();
-        longest = longest.max(r["elapsed_ms"].as_f64().context("elapsed_ms")?);
-        std::fs::remove_file(&path)?;
-    }
-    Ok(ops / (longest / 1e3))
+    let path = dir.join("w1.json");
+    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    let r: serde_json::Value = serde_json::from_str(&text)?;
+    anyhow::ensure!(
+        r["errors"] == 0 && r["counter"] == r["increments"],
+        "the client saw errors: {r}"
+    );
+    let ops: f64 = r["completed"]
+        .as_array()
+        .context("completed")?
+        .iter()
+        .filter_map(|c| c.as_f64())
+        .sum();
+    let elapsed_ms = r["elapsed_ms"].as_f64().context("elapsed_ms")?;
+    std::fs::remove_file(&path)?;
+    Ok(ops / (elapsed_ms / 1e3))
 }
 
 fn throughput_table(ops: u64, repeats: usize, dir: &Path) -> anyhow::Result<()> {

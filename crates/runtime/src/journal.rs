@@ -136,23 +136,23 @@ impl Journal {
         Ok(at)
     }
 
-    /// Records the reply of the entry at `at`, the last one. Called in turn.
-    pub fn replied(&self, at: usize, reply: &Reply) {
+    /// Records the reply (`status`, `code`, `bytes`) of the entry at `at`,
+    /// the last one. Called in turn.
+    pub fn replied(&self, at: usize, status: u32, code: u32, bytes: &[u8]) {
         let Some(e) = self.log.head(at) else { return };
         let reply_at = at + ENTRY_HEAD + padded(e.request_len.load(Ordering::Relaxed) as usize);
-        self.record(e, reply_at, reply);
-        self.log.header().end.store(
-            (reply_at + padded(reply.bytes.len())) as u64,
-            Ordering::SeqCst,
-        );
+        self.record(e, reply_at, status, code, bytes);
+        self.log
+            .header()
+            .end
+            .store((reply_at + padded(bytes.len())) as u64, Ordering::SeqCst);
     }
 
-    fn record(&self, e: &EntryHead, reply_at: usize, reply: &Reply) {
-        self.log.write(reply_at, &reply.bytes);
-        e.response_len
-            .store(reply.bytes.len() as u32, Ordering::Relaxed);
-        e.status.store(reply.status, Ordering::Relaxed);
-        e.code.store(reply.code, Ordering::Relaxed);
+    fn record(&self, e: &EntryHead, reply_at: usize, status: u32, code: u32, bytes: &[u8]) {
+        self.log.write(reply_at, bytes);
+        e.response_len.store(bytes.len() as u32, Ordering::Relaxed);
+        e.status.store(status, Ordering::Relaxed);
+        e.code.store(code, Ordering::Relaxed);
         e.state.store(entry::REPLIED, Ordering::Release);
     }
 
@@ -212,7 +212,7 @@ impl Journal {
                 Some(_) => {}
                 None => {
                     if let Some(head) = self.log.head(at) {
-                        self.record(head, e.reply_at, &reply);
+                        self.record(head, e.reply_at, reply.status, reply.code, &reply.bytes);
                     }
                 }
             }

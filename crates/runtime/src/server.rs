@@ -233,12 +233,7 @@ impl SlotWorker {
                 Some((journal, edge)) => {
                     let at = journal.accept(*edge, self.slot, s, func, request)?;
                     let (st, code, n) = dispatch_raw(service, caller, func, request, response);
-                    let reply = Reply {
-                        status: st,
-                        code,
-                        bytes: response[..n].to_vec(),
-                    };
-                    journal.replied(at, &reply);
+                    journal.replied(at, st, code, &response[..n]);
                     Ok((st, code, n))
                 }
             },

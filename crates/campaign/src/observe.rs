@@ -1,5 +1,5 @@
 //! One injection, watched: wait until the target's workloads make
-//! progress, note every service's epoch and every workload's counters,
+//! progress, note every service's incarnation count and every workload's counters,
 //! inject, then watch for the window and until the workloads progress again
 //! (rebooting a target that stopped serving undetected).
 
@@ -55,8 +55,11 @@ impl Watch {
             .collect()
     }
 
-    fn epoch(&self, name: &str) -> u64 {
-        self.roster.member(name).map_or(0, |m| m.epoch)
+    /// How many incarnations of `name` went live: a reboot raises it,
+    /// whether it changes the epoch (a micro-reboot) or not (a checkpoint
+    /// recovery).
+    fn incarnations(&self, name: &str) -> u64 {
+        self.roster.member(name).map_or(0, |m| m.incarnations)
     }
 
     fn events_since(&self, from: usize) -> Vec<Event> {
@@ -100,7 +103,7 @@ impl Watch {
             if self
                 .roster
                 .member(name)
-                .is_some_and(|n| n.epoch > m.epoch && n.pid.is_some())
+                .is_some_and(|n| n.incarnations > m.incarnations && n.pid.is_some())
             {
                 return true;
             }
@@ -206,7 +209,10 @@ pub(crate) fn observe(
         record.diagnosis = w.diagnose(target, w.event_count().saturating_sub(DIAGNOSIS_EVENTS));
         return record;
     }
-    let epochs: BTreeMap<&str, u64> = services.iter().map(|s| (s.as_str(), w.epoch(s))).collect();
+    let incarnations: BTreeMap<&str, u64> = services
+        .iter()
+        .map(|s| (s.as_str(), w.incarnations(s)))
+        .collect();
     let tallies: BTreeMap<&str, Tally> =
         services.iter().map(|s| (s.as_str(), w.tally(s))).collect();
     let first_event = w.event_count();
@@ -235,7 +241,7 @@ pub(crate) fn observe(
         }
         Err(e) => {
             record.injection = e.to_string();
-            if w.epoch(target) == member.epoch {
+            if w.incarnations(target) == member.incarnations {
                 return record;
             }
         }
@@ -247,7 +253,7 @@ pub(crate) fn observe(
     // target, and how many reboots were the campaign's.
     let mut campaign_rebooted = false;
     let mut campaign_reboots = 0;
-    let mut last_epoch = member.epoch;
+    let mut last_incarnation = member.incarnations;
     // Reboots of the target since its workloads last progressed: a crash
     // loop (each incarnation dies or is found hung before it serves) would
     // otherwise keep the watch going for ever.
@@ -266,10 +272,10 @@ pub(crate) fn observe(
             lost = true;
             break;
         }
-        let epoch = w.epoch(target);
-        if epoch != last_epoch {
+        let incarnation = w.incarnations(target);
+        if incarnation != last_incarnation {
             // A reboot: progress is measured from the new incarnation.
-            last_epoch = epoch;
+            last_incarnation = incarnation;
             stalled_since = Instant::now();
             base = w.ops_now(target);
             unserved_reboots += 1;
@@ -292,7 +298,7 @@ pub(crate) fn observe(
         if stalled_since.elapsed() >= limits.stall {
             // Not serving: undetected if the injected incarnation still
             // runs; if it was rebooted, its successor does not serve.
-            let rebooted = w.epoch(target) != member.epoch;
+            let rebooted = w.incarnations(target) != member.incarnations;
             match rebooted {
                 true => record.stalls_after_reboot += 1,
                 false => campaign_rebooted = true,
@@ -317,7 +323,7 @@ pub(crate) fn observe(
                 lost = true;
                 break;
             }
-            last_epoch = w.epoch(target);
+            last_incarnation = w.incarnations(target);
             stalled_since = Instant::now();
             base = w.ops_now(target);
         }
@@ -337,7 +343,7 @@ pub(crate) fn observe(
         .reports
         .iter()
         .any(|d| d.starts_with("hang detected:"));
-    record.reboots = w.epoch(target) - member.epoch - campaign_reboots;
+    record.reboots = w.incarnations(target) - member.incarnations - campaign_reboots;
     if !lost && record.reboots == 0 && campaign_reboots == 0 {
         // No visible effect: clear any latent damage with a fresh incarnation.
         match w.reboot_until_serving(
@@ -364,7 +370,7 @@ pub(crate) fn observe(
     }
     for s in services.iter().filter(|s| *s != target) {
         let t = w.tally(s);
-        if w.epoch(s) != epochs[s.as_str()] {
+        if w.incarnations(s) != incarnations[s.as_str()] {
             record.collateral.push(format!("{s}:rebooted"));
         }
         if t.errors != tallies[s.as_str()].errors || t.corrupt != tallies[s.as_str()].corrupt {

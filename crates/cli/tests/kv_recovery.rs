@@ -143,7 +143,7 @@ fn kv_keeps_every_update_through_200_crashes() {
             "--signals",
             "kill,segv",
             "--kills",
-            "200",
+            "206",
             "--kill-every",
             "10..40",
         ],

@@ -266,7 +266,10 @@ impl Connection {
         tracing::warn!(server = %self.inner.server, epoch, "{fault}: a faulty server, asking for its reboot");
         h.suspected.store(epoch, Ordering::SeqCst);
         let until = Instant::now() + SUSPECT_WAIT;
-        while h.epoch.load(Ordering::SeqCst) == epoch {
+        // A micro-reboot raises the epoch; a checkpoint recovery or a
+        // rollback keeps it, and clears the suspicion.
+        while h.epoch.load(Ordering::SeqCst) == epoch && h.suspected.load(Ordering::SeqCst) == epoch
+        {
             if Instant::now() >= until {
                 return fault;
             }

@@ -661,6 +661,7 @@ fn restore(c: &mut Tracked, from: Option<&Path>, force: bool) -> Result<Summary,
 fn rolled_back(c: &Tracked, pid: u32) {
     for e in &c.quiet.served {
         e.reset_serving();
+        e.clear_suspicion();
     }
     let ctl: &ControlBlock = c.quiet.control.at(0);
     for w in ctl.watch.workers.iter() {

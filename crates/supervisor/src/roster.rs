@@ -23,6 +23,9 @@ pub struct Member {
     /// The live incarnation's process, if one serves.
     pub pid: Option<u32>,
     pub epoch: u64,
+    /// Incarnations that went live so far (a checkpoint recovery keeps the
+    /// epoch, not the process: this counts both kinds of reboot).
+    pub incarnations: u64,
     /// In-place rollbacks of this incarnation (its pid stays).
     pub rollbacks: u64,
 }
@@ -209,6 +212,7 @@ impl Roster {
                 name: name.to_string(),
                 pid: None,
                 epoch: 0,
+                incarnations: 0,
                 rollbacks: 0,
             },
             control,
@@ -230,6 +234,7 @@ impl Roster {
             e.member.pid = pid;
             e.member.epoch = epoch;
             e.member.rollbacks = 0;
+            e.member.incarnations += u64::from(pid.is_some());
         }
         let name = name.to_string();
         self.tell_checkpoints(match pid {

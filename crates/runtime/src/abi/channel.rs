@@ -117,7 +117,8 @@ pub struct EdgeHeader {
     pub client_deaths_told: AtomicU64,
     /// The server epoch of a reply the client found impossible (a refusal
     /// of a call its generated stub made, a reply that does not decode):
-    /// the supervisor's watchdog reboots that incarnation.
+    /// the supervisor's watchdog reboots (or rolls back) that incarnation,
+    /// and clears the word when it has.
     pub suspected: AtomicU64,
     /// 1 while the supervisor holds the client's new calls for a
     /// checkpoint of the client (a futex).
@@ -309,6 +310,15 @@ impl Edge {
         h.server_pid.store(0, Ordering::Relaxed);
         // What the dead incarnation's workers were serving ends with it.
         self.reset_serving();
+        self.clear_suspicion();
+    }
+
+    /// The supervisor answered a client's suspicion (a reboot, a rollback):
+    /// a client waiting for it goes on, and the watchdog does not answer
+    /// it again (a checkpoint recovery or rollback keeps the epoch the
+    /// suspicion names).
+    pub fn clear_suspicion(&self) {
+        self.header().suspected.store(0, Ordering::SeqCst);
     }
 
     /// Fails every call in flight (its server is dead); returns their function ids.

@@ -194,8 +194,9 @@ fn a_hung_kv_is_rolled_back_in_place_and_replays_its_log() {
     let seed = seed("kv_hangs");
     let dir = scratch("kv-hangs");
     let system = kv_system(&dir, seed, true);
-    // More than a second apart: a hang within a second of a rollback is
-    // the incarnation's own, and is answered by a reboot.
+    // Well over a second apart (an interval runs from one injection to the
+    // next, and finding a hang takes 300 ms): a hang within a second of a
+    // rollback is the incarnation's own, and is answered by a reboot.
     let (stdout, _) = run(
         "kv_hangs",
         &system,
@@ -205,7 +206,7 @@ fn a_hung_kv_is_rolled_back_in_place_and_replays_its_log() {
             "--kills",
             "4",
             "--kill-every",
-            "1200..1400",
+            "1800..2000",
         ],
         seed,
     );

@@ -174,7 +174,11 @@ fn detach_or_reap(pid: u32, tid: u32) -> Result<(), InjectError> {
     match ptrace::detach(t, None) {
         Ok(()) => Ok(()),
         Err(Errno::ESRCH) => {
-            for _ in 0..200 {
+            // Dying, not yet a zombie: wait for it (a process killed while
+            // another tracer holds its other threads may take a while),
+            // for its zombie holds back its process's exit.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
                 match waitid(
                     Id::Pid(t),
                     WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::__WALL,

@@ -1,7 +1,8 @@
 //! The image file reader against hostile input: a file written by
 //! `file::write` reads back whole; the same file truncated anywhere, with
-//! any byte changed, or with bytes appended, is refused with an error
-//! naming the file, and never makes the reader panic or allocate past the
+//! any byte changed (but in the few bits of zstd's frame header that
+//! change nothing decoded), or with bytes appended, is refused with an
+//! error naming the file, and never makes the reader panic or allocate past the
 //! manifest's checked bounds.
 
 use std::collections::BTreeMap;
@@ -110,12 +111,33 @@ proptest! {
         refused(&dir, &format!("cut-{cut}"), &bytes[..cut])?;
     }
 
+    /// A changed byte is refused, unless it lies in a part of zstd's
+    /// frame header that changes nothing decoded (the window size's low
+    /// bits: found by this test, at byte 21 with xor 1): then the image
+    /// read must be the one written, whole.
     #[test]
-    fn a_changed_byte_is_refused(at in 0usize..100_000, xor in 1u8..=255) {
+    fn a_changed_byte_is_refused_or_changes_nothing(at in 0usize..100_000, xor in 1u8..=255) {
         let (dir, mut bytes) = written();
         let at = at % bytes.len();
         bytes[at] ^= xor;
-        refused(&dir, &format!("flip-{at}-{xor}"), &bytes)?;
+        let path = dir.join(format!("flip-{at}-{xor}"));
+        std::fs::write(&path, &bytes).unwrap();
+        match file::read(&path) {
+            Err(e) => prop_assert!(e.to_string().contains(path.to_str().unwrap()), "{e}"),
+            Ok(back) => {
+                let want = sample();
+                prop_assert!(at >= 16, "the file's own header is checked whole");
+                prop_assert_eq!(
+                    (back.pid, &back.exe, back.seq, &back.layout, back.brk),
+                    (want.pid, &want.exe, want.seq, &want.layout, want.brk)
+                );
+                prop_assert_eq!(&back.threads, &want.threads);
+                prop_assert_eq!(&back.attachments, &want.attachments);
+                for (start, a) in &want.areas {
+                    prop_assert_eq!(&back.areas[start].data, &a.data);
+                }
+            }
+        }
     }
 
     #[test]

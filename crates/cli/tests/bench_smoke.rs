@@ -1,4 +1,4 @@
-//! `kintsugi bench recovery`, `tables` and `interference` at tiny
+//! `kintsugi bench recovery`, `tables`, `interference` and `kv` at tiny
 //! sizes: each prints its whole table with sane numbers, and leaves no
 //! process behind. The figures themselves are not judged (see
 //! docs/benchmarks.md for them): a loaded test machine moves them by orders
@@ -162,4 +162,50 @@ fn bench_interference_runs_both_modes() {
             assert_eq!(r[5], "–", "{r:?}");
         }
     }
+}
+
+#[test]
+fn bench_kv_prints_throughput_and_recovery_tables() {
+    let tag = unique_tag("bench-kv");
+    let stdout = run(
+        &tag,
+        &[
+            "bench",
+            "kv",
+            "--ops",
+            "2000",
+            "--repeats",
+            "1",
+            "--kills",
+            "3",
+        ],
+    );
+    let throughput = rows(
+        &stdout,
+        &[
+            "none (no checkpoint, no log)",
+            "checkpoint every 1000 ms + log",
+            "checkpoint every 100 ms + log",
+            "checkpoint every 10 ms + log",
+        ],
+    );
+    assert_eq!(throughput.len(), 4, "{stdout}");
+    assert_eq!(throughput[0][2], "1.000", "{stdout}");
+    assert!(throughput.iter().all(|r| number(r[1]) > 0.0), "{stdout}");
+    let recovery = rows(&stdout, &["recovery, detection to serving (ms)"]);
+    assert_eq!(recovery.len(), 1, "{stdout}");
+    assert_eq!(recovery[0][1], "3", "one row per kill: {stdout}");
+    let (p50, p99) = (number(recovery[0][2]), number(recovery[0][3]));
+    assert!(p50 > 0.0 && p99 >= p50, "{stdout}");
+    // The log's length table: a row per kill, each with requests replayed
+    // (how many depends on the machine's speed, and on when the one
+    // checkpoint landed).
+    let lengths: Vec<f64> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("### Recovery against the log"))
+        .filter(|l| l.starts_with("| ") && l.chars().nth(2).is_some_and(|c| c.is_ascii_digit()))
+        .map(|l| number(l.split('|').nth(1).unwrap_or("").trim()))
+        .collect();
+    assert!(lengths.len() >= 2, "{stdout}");
+    assert!(lengths.iter().all(|&n| n > 0.0), "{lengths:?}");
 }

@@ -75,9 +75,17 @@ impl Frozen {
             for tid in fresh {
                 match seize(pid, tid) {
                     Ok(()) => frozen.tids.push(tid),
+                    // Seized, then gone before the interrupt (killed): it
+                    // is traced from here, and must be let go or collected
+                    // with the others, or its death holds back its
+                    // process's.
+                    Err(Seize::Interrupt(e)) => {
+                        frozen.tids.push(tid);
+                        return Err(e);
+                    }
                     // It exited between the listing and the seize.
-                    Err(Error::Gone(_)) if tid != pid => {}
-                    Err(e) => return Err(e),
+                    Err(Seize::Attach(Error::Gone(_))) if tid != pid => {}
+                    Err(Seize::Attach(e)) => return Err(e),
                 }
             }
         }
@@ -229,16 +237,20 @@ fn reap_traced(pid: u32, tid: u32) {
     }
 }
 
-fn seize(pid: u32, tid: u32) -> Result<(), Error> {
+/// Why [`seize`] failed: before the thread was traced, or after.
+enum Seize {
+    Attach(Error),
+    Interrupt(Error),
+}
+
+fn seize(pid: u32, tid: u32) -> Result<(), Seize> {
     let t = Pid::from_raw(tid as i32);
-    ptrace::seize(t, ptrace::Options::empty()).map_err(|e| match e {
+    let gone = |e| match e {
         Errno::ESRCH => Error::Gone(pid),
         e => Error::ptrace(tid, e),
-    })?;
-    ptrace::interrupt(t).map_err(|e| match e {
-        Errno::ESRCH => Error::Gone(pid),
-        e => Error::ptrace(tid, e),
-    })
+    };
+    ptrace::seize(t, ptrace::Options::empty()).map_err(|e| Seize::Attach(gone(e)))?;
+    ptrace::interrupt(t).map_err(|e| Seize::Interrupt(gone(e)))
 }
 
 /// Waits for `tid`'s next ptrace-stop, polling so that a thread that dies

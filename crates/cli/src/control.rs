@@ -31,12 +31,15 @@ enum Request {
         #[serde(default)]
         force: bool,
     },
+    /// The live components: name, pid, epoch.
+    Members,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 enum Answer {
     Done(CheckpointSummary),
+    Members(Vec<(String, Option<u32>, u64)>),
     Error(String),
 }
 
@@ -48,8 +51,8 @@ pub struct Control {
 }
 
 /// The control socket of the run of system `name` by supervisor `pid`.
-fn socket_path(name: &str, pid: u32) -> PathBuf {
-    crate::inject::roster_dir().join(format!("{name}.{pid}.sock"))
+fn socket_path(name: &str, pid: u32) -> anyhow::Result<PathBuf> {
+    crate::roster::private_dir().map(|d| d.join(format!("{name}.{pid}.sock")))
 }
 
 /// How often the listening thread looks at its stop flag.
@@ -57,7 +60,7 @@ const POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Control {
     pub fn start(system: &str, roster: Arc<Roster>) -> anyhow::Result<Self> {
-        let path = socket_path(system, std::process::id());
+        let path = socket_path(system, std::process::id())?;
         // Left by an earlier process with this pid that did not stop cleanly.
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).with_context(|| format!("{}", path.display()))?;
@@ -125,6 +128,13 @@ fn serve(conn: UnixStream, roster: &Roster) {
                 from,
                 force,
             }) => answer(roster.restore(&component, from, force)),
+            Ok(Request::Members) => Answer::Members(
+                roster
+                    .members()
+                    .into_iter()
+                    .map(|m| (m.name, m.pid, m.epoch))
+                    .collect(),
+            ),
         },
     };
     let mut text = serde_json::to_string(&answer).unwrap_or_default();
@@ -200,28 +210,53 @@ fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
 }
 
 fn ask(system: &str, request: &Request, json: bool) -> anyhow::Result<bool> {
-    let published = crate::inject::read_roster(&crate::inject::roster_file(system)?)?;
-    let name = published.system.clone();
-    let path = socket_path(&name, published.supervisor_pid);
+    let published = crate::roster::read_roster(&crate::roster::roster_file(system)?)?;
+    match exchange(&published.system, published.supervisor_pid, request)? {
+        Answer::Done(s) if json => println!("{}", serde_json::to_string(&s)?),
+        Answer::Done(s) => println!("{}", describe(&s)),
+        Answer::Members(_) => anyhow::bail!("an answer to another question"),
+        Answer::Error(e) => anyhow::bail!("{e}"),
+    }
+    Ok(true)
+}
+
+/// The live components of system `name` as its supervisor `pid` reports them.
+pub fn members(name: &str, pid: u32) -> anyhow::Result<Vec<(String, Option<u32>, u64)>> {
+    match exchange(name, pid, &Request::Members)? {
+        Answer::Members(m) => Ok(m),
+        Answer::Error(e) => anyhow::bail!("{e}"),
+        Answer::Done(_) => anyhow::bail!("an answer to another question"),
+    }
+}
+
+/// Sends `request` to the control socket of system `name`'s supervisor
+/// `pid`, after checking that the socket's peer is that process, run by
+/// this user; and reads the answer.
+fn exchange(name: &str, pid: u32, request: &Request) -> anyhow::Result<Answer> {
+    let path = socket_path(name, pid)?;
     let mut conn = UnixStream::connect(&path).with_context(|| {
         format!(
             "{}: is system `{name}` running under `kintsugi run`?",
             path.display()
         )
     })?;
+    let peer = rustix::net::sockopt::socket_peercred(&conn)?;
+    let me = rustix::process::geteuid();
+    anyhow::ensure!(
+        peer.pid.as_raw_nonzero().get() as u32 == pid && peer.uid == me,
+        "{}: answered by pid {} of uid {}, not supervisor {pid} of uid {}",
+        path.display(),
+        peer.pid.as_raw_nonzero(),
+        peer.uid.as_raw(),
+        me.as_raw()
+    );
     let mut text = serde_json::to_string(request)?;
     text.push('\n');
     conn.write_all(text.as_bytes())?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
-    match serde_json::from_str::<Answer>(&line)
-        .with_context(|| format!("an answer that does not parse: {line:?}"))?
-    {
-        Answer::Done(s) if json => println!("{}", serde_json::to_string(&s)?),
-        Answer::Done(s) => println!("{}", describe(&s)),
-        Answer::Error(e) => anyhow::bail!("{e}"),
-    }
-    Ok(true)
+    serde_json::from_str::<Answer>(&line)
+        .with_context(|| format!("an answer that does not parse: {line:?}"))
 }
 
 /// One line, like CRIU's `--display-stats`.

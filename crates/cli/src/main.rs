@@ -4,6 +4,7 @@
 
 mod control;
 mod inject;
+mod roster;
 mod run;
 
 use std::path::PathBuf;

@@ -261,11 +261,11 @@ fn execute(
     let options = Options {
         roster: Some(roster.clone()),
         checkpoint_dir: Some(
-            crate::inject::roster_dir().join(format!("{}.checkpoints", system.name)),
+            crate::roster::private_dir()?.join(format!("{}.checkpoints", system.name)),
         ),
         ..options
     };
-    let publisher = crate::inject::Publisher::start(system, roster.clone())?;
+    let publisher = crate::roster::Publisher::start(system, roster.clone())?;
     tracing::info!("roster published at {}", publisher.path().display());
     let control = crate::control::Control::start(&system.name, roster)
         .inspect_err(|e| tracing::warn!("no checkpoint control socket: {e:#}"))

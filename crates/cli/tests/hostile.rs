@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use kintsugi_supervisor::GiveUpReason;
 use serde_json::Value;
 
 fn demo() -> PathBuf {
@@ -168,5 +169,162 @@ fn a_roster_directory_open_to_others_is_refused() {
         !ok && out.contains("refusing the roster directory"),
         "{out}"
     );
+    assert!(leftovers(&tag).is_empty());
+}
+
+/// `kintsugi run SYSTEM --events json --duration SECS`: its events, each
+/// with its time in µs, and its stdout, stderr and success.
+fn run_for(tag: &str, system: &Path, secs: u32) -> (Vec<(u64, Event)>, String, String, bool) {
+    let out = run_system(tag, system)
+        .args(["--duration", &secs.to_string()])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    let timed = stdout
+        .lines()
+        .filter(|l| l.starts_with("{\"t_us\":"))
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["t_us"].as_u64().unwrap(),
+                serde_json::from_value(v).unwrap(),
+            )
+        })
+        .collect();
+    (timed, stdout, stderr, out.status.success())
+}
+
+#[test]
+fn a_leaf_given_up_with_isolate_leaves_the_rest_running() {
+    let tag = unique_tag("isolate");
+    let dir = scratch("isolate");
+    let system = write(
+        &dir,
+        "isolate.toml",
+        r#"
+[system]
+name = "isolate"
+
+[[component]]
+name = "ramfs"
+binary = "kintsugi-ramfs"
+provides = ["fs"]
+
+[[component]]
+name = "workload"
+binary = "kintsugi-fs-workload"
+uses = ["fs"]
+[component.config]
+files = 8
+seed = 17
+
+[[component]]
+name = "fragile"
+binary = "kintsugi-fragile"
+restart = { max = 100000, window_ms = 1000, on_give_up = "isolate", backoff = false }
+[component.config]
+mode = "error"
+crash_after_ms = 100
+"#,
+    );
+    let (events, stdout, stderr, ok) = run_for(&tag, &system, 3);
+    let gave_up = events.iter().find_map(|(t, e)| match e {
+        Event::GaveUp {
+            component,
+            reason,
+            action,
+        } if component == "fragile" => Some((*t, reason.clone(), *action)),
+        _ => None,
+    });
+    let Some((t, reason, action)) = gave_up else {
+        panic!("fragile was not given up:\n{stdout}\n{stderr}");
+    };
+    assert!(
+        matches!(reason, GiveUpReason::Activations { failed: 5, .. }),
+        "{reason:?}"
+    );
+    assert_eq!(action, kintsugi_system::GiveUpAction::Isolate);
+    // The system ran on to its duration, and the workload verified every
+    // file when it stopped.
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(t < 2_500_000, "given up only at {t} µs");
+    assert!(
+        matches!(events.last(), Some((_, Event::Stopped { reason })) if reason == "Duration"),
+        "{stdout}"
+    );
+    let report = workload_report(&stdout);
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(report["corrupt"], 0, "{report}");
+    assert!(report["ops"].as_u64().unwrap() > 0, "{report}");
+    assert!(leftovers(&tag).is_empty());
+}
+
+#[test]
+fn a_component_failing_the_same_way_is_restarted_after_growing_delays() {
+    let tag = unique_tag("backoff");
+    let dir = scratch("backoff");
+    let system = write(
+        &dir,
+        "backoff.toml",
+        r#"
+[system]
+name = "backoff"
+
+[[component]]
+name = "fragile"
+binary = "kintsugi-fragile"
+restart = { max = 100000, window_ms = 1000, backoff_after = 2, backoff_ms = 20, backoff_max_ms = 80 }
+[component.config]
+mode = "panic"
+crash_after_ms = 5
+"#,
+    );
+    let (events, stdout, stderr, _) = run_for(&tag, &system, 2);
+    let crashes = events
+        .iter()
+        .filter(|(_, e)| {
+            matches!(
+                e,
+                Event::Crashed {
+                    exit: Exit::Signal(6),
+                    ..
+                }
+            )
+        })
+        .count();
+    let backoffs: Vec<(u64, u32, u64)> = events
+        .iter()
+        .filter_map(|(t, e)| match e {
+            Event::BackingOff {
+                failures, delay, ..
+            } => Some((*t, *failures, delay.as_millis() as u64)),
+            _ => None,
+        })
+        .collect();
+    assert!(backoffs.len() >= 4, "{stdout}\n{stderr}");
+    // Two panics at one place restart at once; then 20, 40, 80, 80 … ms.
+    for (i, (_, failures, delay)) in backoffs.iter().enumerate() {
+        assert_eq!(*failures, i as u32 + 3, "{stdout}");
+        assert_eq!(*delay, [20, 40, 80][i.min(2)], "{stdout}");
+    }
+    // Each delayed restart came no sooner than its delay.
+    for (t, _, delay) in &backoffs {
+        let next = events
+            .iter()
+            .find(|(u, e)| u > t && matches!(e, Event::Rebooted { .. }))
+            .map(|(u, _)| *u);
+        if let Some(next) = next {
+            assert!(
+                next >= t + delay * 1000 - 1000,
+                "restarted at {next} µs, {t} + {delay} ms\n{stdout}"
+            );
+        }
+    }
+    // Without the delays it would have crashed hundreds of times in 2 s.
+    assert!(
+        crashes <= 2 + backoffs.len() + 1,
+        "{crashes} crashes\n{stdout}"
+    );
+    assert!(crashes < 40, "{crashes} crashes\n{stdout}");
     assert!(leftovers(&tag).is_empty());
 }

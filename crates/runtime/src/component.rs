@@ -466,10 +466,12 @@ impl Boot {
         let gate = start_workers(&info, &provided, &control, bank, journal.as_ref());
         let epoch = ctl.wait_activation(generation);
         let woke = std::time::Instant::now();
+        // The control block is mapped for the rest of this process's life.
+        let forever: &'static Region = Box::leak(Box::new(control.clone()));
+        let forever: &'static ControlBlock = forever.at(0);
+        process::report_panics_to(&forever.panic_site);
         if info.watchdog {
-            // The control block is mapped for the rest of this process's life.
-            let control: &'static Region = Box::leak(Box::new(control.clone()));
-            crate::watchdog::enable(&control.at::<ControlBlock>(0).watch);
+            crate::watchdog::enable(&forever.watch);
         }
         let eager = info.recovery == EAGER && epoch > 1;
         if eager {

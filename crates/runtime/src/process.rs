@@ -1,6 +1,9 @@
 //! Process plumbing for the pristine image: forking incarnations as children
 //! of the supervisor, and tying every component process's life to it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
 use rustix::process::{Resource, Rlimit, Signal};
 
 /// Forks the calling (single-threaded) process with `CLONE_PARENT`: the child
@@ -105,6 +108,34 @@ pub fn abort_on_panic() {
             "thread '{}' panicked: {info}; aborting the component",
             thread.name().unwrap_or("?")
         );
+        if let (Some(site), Some(at)) = (PANIC_SITE.get(), info.location()) {
+            site.store(
+                panic_site(at.file(), at.line(), at.column()),
+                Ordering::SeqCst,
+            );
+        }
         std::process::abort();
     }));
+}
+
+/// Where the panic hook records the place of a panic for the supervisor.
+static PANIC_SITE: OnceLock<&'static AtomicU64> = OnceLock::new();
+
+/// Has the panic hook record where a panic happened in `site` (the
+/// control block's word, which outlives this incarnation).
+pub fn report_panics_to(site: &'static AtomicU64) {
+    let _ = PANIC_SITE.set(site);
+}
+
+/// A panic's place as one non-zero word (FNV-1a of file, line and column).
+fn panic_site(file: &str, line: u32, column: u32) -> u64 {
+    let bytes = file
+        .bytes()
+        .chain(line.to_le_bytes())
+        .chain(column.to_le_bytes());
+    bytes
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+        })
+        .max(1)
 }

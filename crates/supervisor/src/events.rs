@@ -5,7 +5,10 @@
 use std::fmt;
 use std::time::Duration;
 
+use kintsugi_system::GiveUpAction;
 use serde::{Deserialize, Serialize};
+
+use crate::policy::GiveUpReason;
 
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,12 +137,19 @@ pub enum Event {
     },
     /// An active component ended by itself.
     Finished { component: String, exit: Exit },
-    /// The restart policy gave up on a component.
+    /// The supervisor gave up on a component, and `action` follows.
     GaveUp {
         component: String,
-        restarts: u32,
-        #[serde(rename = "window_us", with = "micros")]
-        window: Duration,
+        reason: GiveUpReason,
+        action: GiveUpAction,
+    },
+    /// A component failed the same way `failures` times in a row: its
+    /// restart waits `delay` (the restart policy's backoff).
+    BackingOff {
+        component: String,
+        failures: u32,
+        #[serde(rename = "delay_us", with = "micros")]
+        delay: Duration,
     },
     /// A fault found beside the supervisor (the watchdog, a checker) was
     /// reported through the roster; the incarnation is killed and rebooted.
@@ -229,10 +239,18 @@ impl fmt::Display for Event {
                 write!(f, "{server}: {client} recovered {descriptors} descriptors during epoch {epoch}")
             }
             Event::Finished { component, exit } => write!(f, "{component}: finished with {exit}"),
-            Event::GaveUp { component, restarts, window } => write!(
+            Event::GaveUp { component, reason, action } => write!(
                 f,
-                "{component}: {restarts} restarts within {} ms exceeds its restart policy; giving up",
-                window.as_millis()
+                "{component}: {reason}; giving up: {}",
+                match action {
+                    GiveUpAction::Stop => "the system stops",
+                    GiveUpAction::Isolate => "it stays failed, its clients' calls fail, the rest runs on",
+                }
+            ),
+            Event::BackingOff { component, failures, delay } => write!(
+                f,
+                "{component}: failed the same way {failures} times in a row; restarting in {} ms",
+                delay.as_millis()
             ),
             Event::FaultReported { component, pid, detail } => {
                 write!(f, "{component}: fault reported in pid {pid}: {detail}; rebooting")

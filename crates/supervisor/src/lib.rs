@@ -28,6 +28,7 @@ pub use checkpoints::Summary as CheckpointSummary;
 pub use events::{Event, Exit};
 pub use kintsugi_inject::{parse_signal, ChaosPlan};
 pub use options::{Options, Report, StopReason, SupervisorError};
+pub use policy::GiveUpReason;
 pub use roster::{FaultReport, Member, Roster};
 pub use supervisor::run;
 pub use watchdog::{Detection, HangKind};

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use kintsugi_runtime::abi::boot::{Activation, ControlBlock};
 use kintsugi_runtime::futex::timespec;
-use kintsugi_system::{RebootMode, RecoveryMode};
+use kintsugi_system::{GiveUpAction, RebootMode, RecoveryMode};
 use rustix::event::{poll, PollFd, PollFlags};
 use thiserror::Error;
 
@@ -63,6 +63,7 @@ impl Supervisor<'_> {
                 s.edge.server_live(m.epoch, inc.proc.pid);
             }
             m.standby.went_live(inc.bank);
+            m.restarts.went_live(Instant::now());
             self.roster
                 .set_live(&m.spec.name, Some(inc.proc.pid), m.epoch);
             m.phase = Phase::Live { inc, watch: None };
@@ -114,7 +115,10 @@ impl Supervisor<'_> {
         }
     }
 
-    /// Micro-reboots component `idx` after its incarnation `pid` died.
+    /// Micro-reboots component `idx` after its incarnation `pid` died: at
+    /// once, or after the backoff delay of a component that keeps failing
+    /// the same way (then the event loop calls [`Self::restart`] when it
+    /// is due, and serves everything else meanwhile).
     pub(crate) fn reboot(
         &mut self,
         idx: usize,
@@ -122,6 +126,27 @@ impl Supervisor<'_> {
         exit: Exit,
         detected: Instant,
     ) -> Result<Option<StopReason>, SupervisorError> {
+        let mut pending = self.crashed(idx, pid, exit, detected);
+        let m = &mut self.comps[idx];
+        let ctl: &ControlBlock = m.wiring.control.at(0);
+        let panic_site = ctl.panic_site.swap(0, Ordering::SeqCst);
+        let (delay, failures) = m.restarts.failed(detected, exit, panic_site);
+        if delay.is_zero() {
+            return self.restart(idx, detected, pending);
+        }
+        pending.push(Event::BackingOff {
+            component: m.spec.name.clone(),
+            failures,
+            delay,
+        });
+        self.deferred.push((detected + delay, idx));
+        pending.into_iter().for_each(|e| self.emit(e));
+        Ok(None)
+    }
+
+    /// What follows the death of component `idx`'s incarnation `pid`, before
+    /// a new one is started: its calls and edges, and the events to report.
+    fn crashed(&mut self, idx: usize, pid: u32, exit: Exit, detected: Instant) -> Vec<Event> {
         let m = &mut self.comps[idx];
         let name = m.spec.name.clone();
         let journaled = m.spec.recovery == RecoveryMode::Checkpoint;
@@ -150,7 +175,7 @@ impl Supervisor<'_> {
             .as_ref()
             .and_then(|c| c.after_injection(pid, detected));
         let mut pending = vec![Event::Crashed {
-            component: name.clone(),
+            component: name,
             pid,
             epoch,
             exit,
@@ -158,19 +183,35 @@ impl Supervisor<'_> {
             after_injection,
         }];
         pending.extend(self.recoveries(idx));
-        let mut failed = 0;
+        pending
+    }
+
+    /// Starts a new incarnation of component `idx`, which is down since
+    /// `since`, and recovers its state; tries again while its policy
+    /// allows, then gives up.
+    pub(crate) fn restart(
+        &mut self,
+        idx: usize,
+        since: Instant,
+        mut pending: Vec<Event>,
+    ) -> Result<Option<StopReason>, SupervisorError> {
+        let name = self.comps[idx].spec.name.clone();
+        let (mut failed, mut last) = (0, String::new());
         loop {
             let m = &mut self.comps[idx];
-            if !m.restarts.attempt(Instant::now(), failed) {
-                let (restarts, window) = (m.restarts.recent(), m.spec.restart.window);
+            if let Err(reason) = m.restarts.attempt(Instant::now(), failed, &last) {
+                let action = m.spec.restart.on_give_up;
                 m.retire();
                 pending.push(Event::GaveUp {
                     component: name.clone(),
-                    restarts,
-                    window,
+                    reason,
+                    action,
                 });
                 pending.into_iter().for_each(|e| self.emit(e));
-                return Ok(Some(StopReason::GaveUp(name)));
+                return Ok(match action {
+                    GiveUpAction::Stop => Some(StopReason::GaveUp(name)),
+                    GiveUpAction::Isolate => None,
+                });
             }
             if m.spec.reboot == RebootMode::Exec {
                 self.respawn_zygote(idx)?;
@@ -188,7 +229,7 @@ impl Supervisor<'_> {
                         component: name.clone(),
                         epoch: m.epoch,
                         pid: new_pid,
-                        took: detected.elapsed(),
+                        took: since.elapsed(),
                         init: Duration::from_nanos(ctl.init_ns.load(Ordering::SeqCst)),
                     });
                     self.watch_live(idx);
@@ -205,6 +246,7 @@ impl Supervisor<'_> {
                 Err(failure) => {
                     failed += 1;
                     tracing::warn!("{name}: new incarnation {new_pid} failed: {failure}");
+                    last = failure.to_string();
                 }
             }
         }

@@ -155,6 +155,9 @@ pub(crate) struct Supervisor<'a> {
     /// Which incarnation of each component was last rolled back on a
     /// hang, and when.
     rolled_back: HashMap<String, (u32, Instant)>,
+    /// Restarts put off by the restart policy's backoff: when, and which
+    /// component.
+    pub(crate) deferred: Vec<(Instant, usize)>,
 }
 
 impl<'a> Supervisor<'a> {
@@ -207,6 +210,7 @@ impl<'a> Supervisor<'a> {
             checkpoint_thread: None,
             restores: HashMap::new(),
             rolled_back: HashMap::new(),
+            deferred: Vec::new(),
         })
     }
 
@@ -401,7 +405,7 @@ impl<'a> Supervisor<'a> {
         listen(&self.epoll, &proc.pidfd, Source::Exit(proc.pid))?;
         listen(&self.epoll, &zygote_sock, Source::Zygote(idx))?;
         self.comps.push(Managed {
-            restarts: RestartWindow::new(spec.restart.max, spec.restart.window),
+            restarts: RestartWindow::new(&spec.restart),
             spec: spec.clone(),
             wiring,
             zygote: Zygote {
@@ -468,7 +472,13 @@ impl<'a> Supervisor<'a> {
             {
                 return Ok(StopReason::ChaosDone);
             }
+            if let Some(reason) = self.restart_due(now)? {
+                return Ok(reason);
+            }
             let mut wake = self.chaos.as_ref().and_then(|c| c.wake(now, target));
+            if let Some(due) = self.deferred.iter().map(|(at, _)| *at).min() {
+                wake = Some(wake.map_or(due, |w| w.min(due)));
+            }
             if let Some(d) = self.options.duration {
                 let end = self.started + d;
                 wake = Some(wake.map_or(end, |w| w.min(end)));
@@ -502,6 +512,17 @@ impl<'a> Supervisor<'a> {
                 }
             }
         }
+    }
+
+    /// Restarts the components whose backoff delay is over at `now`.
+    fn restart_due(&mut self, now: Instant) -> Result<Option<StopReason>, SupervisorError> {
+        while let Some(i) = self.deferred.iter().position(|(at, _)| *at <= now) {
+            let (at, idx) = self.deferred.swap_remove(i);
+            if let Some(reason) = self.restart(idx, at, Vec::new())? {
+                return Ok(Some(reason));
+            }
+        }
+        Ok(None)
     }
 
     /// Faults reported through the roster: each one that concerns a live

@@ -19,7 +19,10 @@
 //! realtime = 10             # optional: SCHED_FIFO priority 1..=99 where permitted
 //! recovery = "on-demand"    # on-demand | eager | checkpoint (restore the last checkpoint and replay the request log)
 //! reboot = "standby"        # standby | fork | exec
-//! restart = { max = 1000, window_ms = 1000 }
+//! restart = { max = 1000, window_ms = 1000, on_give_up = "stop" }  # on_give_up = "isolate": leave it failed, the rest running
+//! # backoff: after `backoff_after` failures in a row the same way (exit code, panic site), each restart
+//! # waits backoff_ms, doubling up to backoff_max_ms; an incarnation up healthy_ms ends the series
+//! # restart = { backoff = true, backoff_after = 3, backoff_ms = 10, backoff_max_ms = 1000, healthy_ms = 1000 }
 //! slots = 8                 # 1..=64
 //! arena_kib = 64            # private memory that survives micro-reboots (default 0: none)
 //! pool_kib = 0              # memory shared with its clients, also durable (default 0: none)
@@ -304,11 +307,16 @@ impl fmt::Display for RebootMode {
     }
 }
 
-/// At most `max` restarts within any `window`, else give up (OTP intensity/period).
+/// At most `max` restarts within any `window`, else give up (OTP
+/// intensity/period), then `on_give_up`; and a growing delay before the
+/// restart of a component that keeps failing the same way (`backoff`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RestartPolicy {
     pub max: u32,
     pub window: Duration,
+    pub on_give_up: GiveUpAction,
+    /// None: every restart is immediate.
+    pub backoff: Option<Backoff>,
 }
 
 impl RestartPolicy {
@@ -321,6 +329,8 @@ impl Default for RestartPolicy {
         RestartPolicy {
             max: Self::DEFAULT_MAX,
             window: Self::DEFAULT_WINDOW,
+            on_give_up: GiveUpAction::default(),
+            backoff: Some(Backoff::default()),
         }
     }
 }
@@ -328,11 +338,75 @@ impl Default for RestartPolicy {
 impl Serialize for RestartPolicy {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("RestartPolicy", 2)?;
+        let mut st = s.serialize_struct("RestartPolicy", 4)?;
         st.serialize_field("max", &self.max)?;
         st.serialize_field("window_ms", &(self.window.as_millis() as u64))?;
+        st.serialize_field("on_give_up", &self.on_give_up)?;
+        st.serialize_field("backoff", &self.backoff)?;
         st.end()
     }
+}
+
+/// What giving up on a component does to the rest of the system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GiveUpAction {
+    /// Stop the whole system (OTP's default: the supervisor fails).
+    #[default]
+    Stop,
+    /// Leave that component failed, its clients' calls to it failing with
+    /// an error, and the rest running.
+    Isolate,
+}
+
+/// Delays before restarting a component that fails the same way again
+/// and again, as systemd's `RestartSec`, `RestartSteps` and
+/// `RestartMaxDelaySec` do: after `after` such failures in a row, each
+/// restart waits `first`, then twice as long each time, at most `max`.
+/// "The same way" is the same exit code, or an abort at the same place
+/// (a panic's file and line); a signal from outside (SIGKILL, or the
+/// fault signals an injector sends) never counts, since the supervisor
+/// cannot tell a deterministic one from an injected one. An incarnation
+/// that stays up `healthy` ends the series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Backoff {
+    pub after: u32,
+    #[serde(rename = "first_ms", serialize_with = "millis")]
+    pub first: Duration,
+    #[serde(rename = "max_ms", serialize_with = "millis")]
+    pub max: Duration,
+    #[serde(rename = "healthy_ms", serialize_with = "millis")]
+    pub healthy: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            after: 3,
+            first: Duration::from_millis(10),
+            max: Duration::from_millis(1000),
+            healthy: Duration::from_millis(1000),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before the restart that follows `streak` same-way
+    /// failures in a row (zero while `streak <= after`).
+    pub fn delay(&self, streak: u32) -> Duration {
+        match streak.checked_sub(self.after + 1) {
+            None => Duration::ZERO,
+            Some(n) => self
+                .first
+                .checked_mul(1u32 << n.min(30))
+                .unwrap_or(self.max)
+                .min(self.max),
+        }
+    }
+}
+
+fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(d.as_millis() as u64)
 }
 
 impl ComponentSpec {
@@ -348,7 +422,8 @@ impl ComponentSpec {
 
     /// Overrides the restart policy.
     pub fn set_restart(&mut self, max: u32, window: Duration) {
-        self.restart = RestartPolicy { max, window };
+        self.restart.max = max;
+        self.restart.window = window;
     }
 
     /// The component providing `interface` to this one, if it uses it.
@@ -381,6 +456,7 @@ impl System {
     pub fn restart_always(&mut self) {
         for c in &mut self.components {
             c.set_restart(u32::MAX, Duration::from_secs(1));
+            c.restart.backoff = None;
         }
     }
 

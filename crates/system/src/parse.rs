@@ -10,11 +10,11 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
-    CheckpointPolicy, ComponentSpec, ErrorKind, HangAction, Location, RebootMode, RecoveryMode,
-    RestartPolicy, SpinPolicy, System, SystemError, Use, WatchdogSettings,
-    CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE, DEFAULT_JOURNAL_KIB, DEFAULT_SLOTS,
-    DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE, REALTIME_RANGE,
-    SLOTS_RANGE,
+    Backoff, CheckpointPolicy, ComponentSpec, ErrorKind, GiveUpAction, HangAction, Location,
+    RebootMode, RecoveryMode, RestartPolicy, SpinPolicy, System, SystemError, Use,
+    WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE, DEFAULT_JOURNAL_KIB,
+    DEFAULT_SLOTS, DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE,
+    REALTIME_RANGE, SLOTS_RANGE,
 };
 
 #[derive(Deserialize)]
@@ -84,6 +84,12 @@ struct RawCheckpoint {
 struct RawRestart {
     max: Option<Spanned<i64>>,
     window_ms: Option<Spanned<i64>>,
+    on_give_up: Option<GiveUpAction>,
+    backoff: Option<bool>,
+    backoff_after: Option<Spanned<i64>>,
+    backoff_ms: Option<Spanned<i64>>,
+    backoff_max_ms: Option<Spanned<i64>>,
+    healthy_ms: Option<Spanned<i64>>,
 }
 
 struct Ctx<'a> {
@@ -378,6 +384,56 @@ fn join_list(items: &[String], conj: &str) -> String {
     }
 }
 
+/// A component's `restart = { … }` table.
+fn restart_policy(cx: &Ctx<'_>, owner: &str, r: &RawRestart) -> Result<RestartPolicy, SystemError> {
+    let mut restart = RestartPolicy::default();
+    let ms = |field: &str, v: &Option<Spanned<i64>>| {
+        cx.ranged(owner, field, v, 1..=86_400_000u64, "")
+            .map(|v| v.map(Duration::from_millis))
+    };
+    if let Some(max) = cx.ranged(owner, "restart.max", &r.max, 0..=u32::MAX, "")? {
+        restart.max = max;
+    }
+    if let Some(w) = ms("restart.window_ms", &r.window_ms)? {
+        restart.window = w;
+    }
+    restart.on_give_up = r.on_give_up.unwrap_or_default();
+    let mut b = Backoff::default();
+    if let Some(after) = cx.ranged(
+        owner,
+        "restart.backoff_after",
+        &r.backoff_after,
+        0..=1000,
+        "",
+    )? {
+        b.after = after;
+    }
+    b.first = ms("restart.backoff_ms", &r.backoff_ms)?.unwrap_or(b.first);
+    b.max = ms("restart.backoff_max_ms", &r.backoff_max_ms)?.unwrap_or(b.max);
+    b.healthy = ms("restart.healthy_ms", &r.healthy_ms)?.unwrap_or(b.healthy);
+    if r.backoff_max_ms.is_none() {
+        b.max = b.max.max(b.first);
+    }
+    if b.max < b.first {
+        let span = r
+            .backoff_max_ms
+            .as_ref()
+            .expect("only a set max can be below the first")
+            .span();
+        return Err(cx.err(
+            &span,
+            ErrorKind::OutOfRange,
+            format!(
+                "{owner}: restart.backoff_max_ms ({}) is below restart.backoff_ms ({})",
+                b.max.as_millis(),
+                b.first.as_millis()
+            ),
+        ));
+    }
+    restart.backoff = r.backoff.unwrap_or(true).then_some(b);
+    Ok(restart)
+}
+
 /// Validates one `[[component]]` table (everything that does not need the others).
 fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, SystemError> {
     cx.check_name("component", &rc.name)?;
@@ -446,23 +502,10 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
     let pool_kib = cx
         .ranged(&owner, "pool_kib", &rc.pool_kib, DURABLE_KIB_RANGE, "")?
         .unwrap_or(0);
-    let mut restart = RestartPolicy::default();
-    if let Some(r) = &rc.restart {
-        if let Some(max) = cx.ranged(&owner, "restart.max", &r.max, 0..=u32::MAX, "")? {
-            restart.max = max;
-        }
-        if let Some(w) = &r.window_ms {
-            let v = *w.get_ref();
-            if v <= 0 {
-                return Err(cx.err(
-                    &w.span(),
-                    ErrorKind::OutOfRange,
-                    format!("component `{name}`: restart.window_ms must be at least 1, not {v}"),
-                ));
-            }
-            restart.window = Duration::from_millis(v as u64);
-        }
-    }
+    let restart = match &rc.restart {
+        Some(r) => restart_policy(cx, &owner, r)?,
+        None => RestartPolicy::default(),
+    };
 
     let recovery = rc.recovery.unwrap_or_default();
     let checkpoint = match &rc.checkpoint {

@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use kintsugi_system::{
-    parse, ErrorKind, HangAction, Location, RebootMode, RecoveryMode, RestartPolicy, SpinPolicy,
-    Use,
+    parse, ErrorKind, GiveUpAction, HangAction, Location, RebootMode, RecoveryMode, RestartPolicy,
+    SpinPolicy, Use,
 };
 
 const DEMO: &str = include_str!("../../../systems/demo.toml");
@@ -47,7 +47,8 @@ fn demo_parses_in_start_order() {
         ramfs.restart,
         RestartPolicy {
             max: 1000,
-            window: Duration::from_millis(1000)
+            window: Duration::from_millis(1000),
+            ..RestartPolicy::default()
         }
     );
     assert_eq!(ramfs.slots, 8);
@@ -136,7 +137,8 @@ fn explicit_provider_and_modes() {
         b.restart,
         RestartPolicy {
             max: 5,
-            window: Duration::from_millis(50)
+            window: Duration::from_millis(50),
+            ..RestartPolicy::default()
         }
     );
     let c = s.component_mut("c").unwrap();
@@ -161,13 +163,19 @@ fn explicit_provider_and_modes() {
         c.restart,
         RestartPolicy {
             max: 3,
-            window: Duration::from_secs(2)
+            window: Duration::from_secs(2),
+            ..RestartPolicy::default()
         }
     );
     let json = serde_json::to_value(&s).unwrap();
     assert_eq!(
         json["components"][2]["restart"],
-        serde_json::json!({ "max": 3, "window_ms": 2000 })
+        serde_json::json!({
+            "max": 3,
+            "window_ms": 2000,
+            "on_give_up": "stop",
+            "backoff": { "after": 3, "first_ms": 10, "max_ms": 1000, "healthy_ms": 1000 }
+        })
     );
     assert_eq!(json["components"][0]["recovery"], "eager");
 }
@@ -267,6 +275,51 @@ fn checkpoint_recovery_brings_a_policy_and_a_journal() {
 }
 
 #[test]
+fn restart_policy_give_up_and_backoff() {
+    let text = format!(
+        "{HEAD}\
+[[component]]\nname = \"leaf\"\nbinary = \"a\"\nrestart = {{ on_give_up = \"isolate\", backoff_after = 2, backoff_ms = 5, healthy_ms = 200 }}\n\
+[[component]]\nname = \"eager\"\nbinary = \"b\"\nrestart = {{ backoff = false }}\n\
+[[component]]\nname = \"slow\"\nbinary = \"c\"\nrestart = {{ backoff_ms = 5000 }}\n"
+    );
+    let s = parse(Path::new("x.toml"), &text).unwrap();
+    let leaf = s.component("leaf").unwrap().restart;
+    assert_eq!(leaf.on_give_up, GiveUpAction::Isolate);
+    let b = leaf.backoff.unwrap();
+    assert_eq!(
+        (b.after, b.first, b.max, b.healthy),
+        (
+            2,
+            Duration::from_millis(5),
+            Duration::from_millis(1000),
+            Duration::from_millis(200)
+        )
+    );
+    // Two failures the same way restart at once; then 5, 10, 20 ms … up to 1 s.
+    let delays: Vec<u64> = (1..=12).map(|n| b.delay(n).as_millis() as u64).collect();
+    assert_eq!(delays, [0, 0, 5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+    assert_eq!(b.delay(u32::MAX), Duration::from_millis(1000));
+    let eager = s.component("eager").unwrap().restart;
+    assert_eq!(
+        (eager.on_give_up, eager.backoff),
+        (GiveUpAction::Stop, None)
+    );
+    let slow = s.component("slow").unwrap().restart.backoff.unwrap();
+    assert_eq!(
+        slow.max,
+        Duration::from_millis(5000),
+        "the max rises to the first delay"
+    );
+    let (msg, _) = err_with_head(
+        "[[component]]\nname = \"a\"\nbinary = \"a\"\nrestart = { on_give_up = \"ignore\" }\n",
+    );
+    assert!(
+        msg.contains("unknown variant `ignore`, expected `stop` or `isolate`"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn location_counts_characters_from_one() {
     let t = "ab\ncé\n";
     assert_eq!(Location::of_offset(t, 0), Location { line: 1, col: 1 });
@@ -311,7 +364,8 @@ fn unknown_key() {
     );
     assert_eq!(
         msg,
-        "sys.toml:7:22: unknown field `window`, expected `max` or `window_ms`"
+        "sys.toml:7:22: unknown field `window`, expected one of `max`, `window_ms`, `on_give_up`, \
+         `backoff`, `backoff_after`, `backoff_ms`, `backoff_max_ms`, `healthy_ms`"
     );
     let (msg, _) = err("[system]\nname = \"t\"\nversion = 2\n");
     assert_eq!(
@@ -495,7 +549,15 @@ fn out_of_range_values() {
         ),
         (
             "restart = { max = 3, window_ms = 0 }",
-            "sys.toml:7:34: component `a`: restart.window_ms must be at least 1, not 0",
+            "sys.toml:7:34: component `a`: restart.window_ms 0 is out of range (1..=86400000)",
+        ),
+        (
+            "restart = { backoff_ms = 50, backoff_max_ms = 20 }",
+            "sys.toml:7:47: component `a`: restart.backoff_max_ms (20) is below restart.backoff_ms (50)",
+        ),
+        (
+            "restart = { backoff_after = 1001 }",
+            "sys.toml:7:29: component `a`: restart.backoff_after 1001 is out of range (0..=1000)",
         ),
         (
             "restart = { max = -1 }",

@@ -121,6 +121,12 @@ pub struct ControlBlock {
     /// What the watchdog samples: worker stretches, section histories and
     /// active sections ([`crate::watchdog`]).
     pub watch: WatchTable,
+    /// Where the incarnation that died last panicked: a hash of the
+    /// panic's file, line and column (0: it did not panic), written by its
+    /// panic hook and read and cleared by the supervisor, which backs off
+    /// the restarts of a component that panics at the same place again and
+    /// again.
+    pub panic_site: AtomicU64,
 }
 // SAFETY: repr(C), atomics only, all-zero means "nothing activated yet".
 unsafe impl SharedPod for ControlBlock {}

@@ -1,6 +1,8 @@
 //! A component can reach only the interfaces its system description grants:
 //! it holds no descriptor of any other channel, and the runtime refuses to
-//! connect it to one.
+//! connect it to one; and it cannot reach another component's channels or
+//! memfds through `/proc` either (its own and the supervisor's processes
+//! are not dumpable, and it holds no `CAP_SYS_PTRACE`).
 
 mod common;
 
@@ -71,6 +73,30 @@ binary = "kintsugi-probe"
         channels.iter().all(|c| !c.as_str().unwrap().contains("->")),
         "outsider holds an edge: {channels:?}"
     );
+    // Neither the supervisor's descriptors nor those of another component
+    // (its zygote, its standby, ramfs and theirs) open through /proc.
+    for p in [&insider, &outsider] {
+        assert_eq!(p["supervisor_fds_opened"], 0, "{p}");
+        let why = p["supervisor_fds_error"].as_str().unwrap_or_default();
+        assert!(why.contains("denied"), "{p}");
+        assert!(p["siblings"].as_u64().unwrap() >= 4, "{p}");
+        assert_eq!(p["sibling_fds_opened"], 0, "{p}");
+    }
+    // And each runs with no_new_privs and at most the default capability
+    // (CAP_SYS_NICE, bit 23); run by root, the others left its bounding set.
+    let root = rustix::process::geteuid().is_root();
+    for p in [&insider, &outsider] {
+        assert_eq!(p["no_new_privs"], "1", "{p}");
+        let sets: &[&str] = if root {
+            &["cap_eff", "cap_bnd"]
+        } else {
+            &["cap_eff"]
+        };
+        for set in sets {
+            let mask = u64::from_str_radix(p[*set].as_str().unwrap(), 16).unwrap();
+            assert_eq!(mask & !(1 << 23), 0, "{set}: {p}");
+        }
+    }
     assert!(leftovers(&tag).is_empty());
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -363,6 +363,7 @@ impl Boot {
             .unwrap_or(0);
         process::die_with_parent(supervisor)?;
         process::disable_core_dumps()?;
+        process::private_memory()?;
         process::default_fault_signals()?;
         crate::futex::set_spin_policy(info.spin);
         // SAFETY: the supervisor passed these descriptors for this process

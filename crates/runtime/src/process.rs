@@ -66,6 +66,16 @@ pub fn die_with_parent(expected_parent: u32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Makes this process non-dumpable: another process of the same user can
+/// no longer open its `/proc/PID/fd/N` (its channels, its arena, the
+/// memfds it was handed), read its memory or ptrace it, unless it holds
+/// `CAP_SYS_PTRACE`, which components do not (the supervisor does, for
+/// checkpoints and the injector). Inherited by every fork.
+pub fn private_memory() -> std::io::Result<()> {
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
+    Ok(())
+}
+
 /// No core files: a crashing component is rebooted in microseconds, and a
 /// core dump of it would take milliseconds and disk.
 pub fn disable_core_dumps() -> std::io::Result<()> {

@@ -129,26 +129,61 @@ fn exit_in_stat(stat: &str) -> Option<Exit> {
 /// `fixed_layout`, address-space randomization off (`ADDR_NO_RANDOMIZE`),
 /// so that every exec of the binary lays out its memory alike and a
 /// checkpoint taken under one supervisor restores under another.
+///
+/// Least privilege (issue 17): every other descriptor is closed at exec
+/// (`close_range(CLOEXEC)`: the supervisor's own and any its parent left
+/// open), `no_new_privs` is set, and every capability but those in `keep`
+/// (a mask of capability numbers) leaves the bounding set, so that even a
+/// component run by root keeps only what its description grants.
 pub fn spawn_component(
     binary: &Path,
     boot_json: &str,
     pass: &[RawFd],
     nice: i32,
     fixed_layout: bool,
+    keep: u64,
 ) -> std::io::Result<Proc> {
     let pass = pass.to_vec();
+    let last_cap: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
     let mut cmd = Command::new(binary);
     cmd.env(kintsugi_runtime::abi::boot::BOOT_ENV, boot_json)
         .stdin(Stdio::null())
         .process_group(0);
     // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (fcntl, setpriority, personality); it
-    // allocates nothing.
+    // async-signal-safe functions (close_range, fcntl, prctl, setpriority,
+    // personality); it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
+            // Everything from 3 up closes at exec, then the granted ones
+            // are let through.
+            if libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            ) == -1
+            {
+                return Err(std::io::Error::last_os_error());
+            }
             for &fd in &pass {
                 if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
                     return Err(std::io::Error::last_os_error());
+                }
+            }
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            for cap in (0..=last_cap.min(63)).filter(|c| keep & (1 << c) == 0) {
+                // EPERM: this user holds no capability to drop (not root);
+                // EINVAL: one this kernel does not know.
+                if libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) == -1 {
+                    let e = std::io::Error::last_os_error();
+                    if !matches!(e.raw_os_error(), Some(libc::EPERM | libc::EINVAL)) {
+                        return Err(e);
+                    }
                 }
             }
             // Always: the supervisor's thread runs above the components'

@@ -92,6 +92,9 @@ pub fn run(
 ) -> Result<Report, SupervisorError> {
     // Before any thread of the supervisor is started: they inherit it.
     let _raised = Raised::new();
+    // No component may open the supervisor's descriptors through /proc
+    // (every channel and memfd of the system is among them).
+    kintsugi_runtime::process::private_memory()?;
     let mut sup = Supervisor::new(options, on_event)?;
     sup.wide = SystemWide {
         watchdog: system.watchdog.enabled,

@@ -29,12 +29,22 @@ pub(crate) fn exec(
     // A checkpointed component gets the same layout at every exec, so that
     // its images restore under another supervisor (another machine).
     let fixed_layout = spec.checkpoint.is_some();
-    spawn_component(&spec.binary, &json, &pass, spec.priority, fixed_layout).map_err(|source| {
-        SupervisorError::Spawn {
-            component: spec.name.clone(),
-            binary: spec.binary.display().to_string(),
-            source,
-        }
+    let keep = spec
+        .capabilities
+        .iter()
+        .fold(0u64, |mask, c| mask | 1 << c.number());
+    spawn_component(
+        &spec.binary,
+        &json,
+        &pass,
+        spec.priority,
+        fixed_layout,
+        keep,
+    )
+    .map_err(|source| SupervisorError::Spawn {
+        component: spec.name.clone(),
+        binary: spec.binary.display().to_string(),
+        source,
     })
 }
 

@@ -28,6 +28,7 @@
 //! pool_kib = 0              # memory shared with its clients, also durable (default 0: none)
 //! checkpoint = { every_ms = 100, keep = 0, on_hang = "reboot" }  # optional: incremental checkpoints at safe points; on_hang = "rollback": a hang the watchdog finds rolls it back in place
 //! journal_kib = 16384       # recovery = "checkpoint" only: the request log's durable memory
+//! capabilities = ["sys_nice"] # kept (default); every other one is dropped, and no_new_privs set
 //!
 //! [watchdog]               # optional: hang detection (see docs/reliability.md)
 //! period_us = 5000          # the monitor samples every period
@@ -178,8 +179,52 @@ pub struct ComponentSpec {
     /// [`RecoveryMode::Checkpoint`] (0 for the other modes), in
     /// [`JOURNAL_KIB_RANGE`].
     pub journal_kib: u64,
+    /// The capabilities its processes keep (every other one is dropped
+    /// from their bounding set before exec); [`Capability::DEFAULT`] unless
+    /// written.
+    pub capabilities: Vec<Capability>,
     /// Free-form configuration, always a JSON object (`{}` if absent).
     pub config: serde_json::Value,
+}
+
+/// A Linux capability a component may keep (`capabilities = [...]`).
+/// Components run with `no_new_privs` and keep only these, whatever user
+/// runs the system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Capability {
+    /// Real-time and raised priorities (`realtime`, and the priority a
+    /// server takes on from its caller).
+    SysNice,
+    /// Access to other processes (ptrace, `pidfd_getfd`, their `/proc`
+    /// descriptors): netd's keeper needs it.
+    SysPtrace,
+    /// Binding ports below 1024.
+    NetBindService,
+    NetAdmin,
+    NetRaw,
+    /// `mlock` beyond the limit.
+    IpcLock,
+    /// Raising resource limits.
+    SysResource,
+}
+
+impl Capability {
+    /// What a component keeps unless its description says otherwise.
+    pub const DEFAULT: &'static [Capability] = &[Capability::SysNice];
+
+    /// The capability's number (`linux/capability.h`).
+    pub fn number(self) -> u32 {
+        match self {
+            Capability::NetBindService => 10,
+            Capability::NetAdmin => 12,
+            Capability::NetRaw => 13,
+            Capability::IpcLock => 14,
+            Capability::SysPtrace => 19,
+            Capability::SysNice => 23,
+            Capability::SysResource => 24,
+        }
+    }
 }
 
 /// `checkpoint = { every_ms = …, keep = … }`: the supervisor checkpoints

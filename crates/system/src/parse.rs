@@ -10,8 +10,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
-    Backoff, CheckpointPolicy, ComponentSpec, ErrorKind, GiveUpAction, HangAction, Location,
-    RebootMode, RecoveryMode, RestartPolicy, SpinPolicy, System, SystemError, Use,
+    Backoff, Capability, CheckpointPolicy, ComponentSpec, ErrorKind, GiveUpAction, HangAction,
+    Location, RebootMode, RecoveryMode, RestartPolicy, SpinPolicy, System, SystemError, Use,
     WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE, DEFAULT_JOURNAL_KIB,
     DEFAULT_SLOTS, DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE,
     REALTIME_RANGE, SLOTS_RANGE,
@@ -67,6 +67,7 @@ struct RawComponent {
     arena_kib: Option<Spanned<i64>>,
     pool_kib: Option<Spanned<i64>>,
     journal_kib: Option<Spanned<i64>>,
+    capabilities: Option<Vec<Capability>>,
     checkpoint: Option<Spanned<RawCheckpoint>>,
     config: Option<Spanned<toml::Table>>,
 }
@@ -606,6 +607,10 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
             pool_kib,
             checkpoint,
             journal_kib,
+            capabilities: rc
+                .capabilities
+                .clone()
+                .unwrap_or_else(|| Capability::DEFAULT.to_vec()),
             config,
         },
         name_span: rc.name.span(),

@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use kintsugi_system::{
-    parse, ErrorKind, GiveUpAction, HangAction, Location, RebootMode, RecoveryMode, RestartPolicy,
-    SpinPolicy, Use,
+    parse, Capability, ErrorKind, GiveUpAction, HangAction, Location, RebootMode, RecoveryMode,
+    RestartPolicy, SpinPolicy, Use,
 };
 
 const DEMO: &str = include_str!("../../../systems/demo.toml");
@@ -52,6 +52,11 @@ fn demo_parses_in_start_order() {
         }
     );
     assert_eq!(ramfs.slots, 8);
+    assert_eq!(
+        ramfs.capabilities,
+        [Capability::SysNice],
+        "only priorities, by default"
+    );
     assert_eq!(
         (ramfs.realtime, ramfs.arena_kib, ramfs.pool_kib),
         (None, 0, 0),
@@ -275,6 +280,33 @@ fn checkpoint_recovery_brings_a_policy_and_a_journal() {
 }
 
 #[test]
+fn capabilities_are_named_and_replace_the_default() {
+    let s = parse(
+        Path::new("x.toml"),
+        &format!("{HEAD}[[component]]\nname = \"n\"\nbinary = \"n\"\ncapabilities = [\"sys_ptrace\", \"net_bind_service\"]\n[[component]]\nname = \"bare\"\nbinary = \"b\"\ncapabilities = []\n"),
+    )
+    .unwrap();
+    let n = s.component("n").unwrap();
+    assert_eq!(
+        n.capabilities,
+        [Capability::SysPtrace, Capability::NetBindService]
+    );
+    assert_eq!(
+        n.capabilities
+            .iter()
+            .map(|c| c.number())
+            .collect::<Vec<_>>(),
+        [19, 10]
+    );
+    assert!(s.component("bare").unwrap().capabilities.is_empty());
+    let (msg, _) = err_with_head(
+        "[[component]]\nname = \"a\"\nbinary = \"a\"\ncapabilities = [\"sys_admin\"]\n",
+    );
+    assert!(msg.starts_with("sys.toml:7:"), "{msg}");
+    assert!(msg.contains("unknown variant `sys_admin`"), "{msg}");
+}
+
+#[test]
 fn restart_policy_give_up_and_backoff() {
     let text = format!(
         "{HEAD}\
@@ -357,7 +389,7 @@ fn unknown_key() {
         msg,
         "sys.toml:7:1: unknown field `foo`, expected one of `name`, `binary`, `provides`, `uses`, \
          `priority`, `realtime`, `recovery`, `reboot`, `restart`, `slots`, `arena_kib`, \
-         `pool_kib`, `journal_kib`, `checkpoint`, `config`"
+         `pool_kib`, `journal_kib`, `capabilities`, `checkpoint`, `config`"
     );
     let (msg, _) = err_with_head(
         "[[component]]\nname = \"a\"\nbinary = \"a\"\nrestart = { max = 1, window = 3 }\n",

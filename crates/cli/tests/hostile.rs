@@ -328,3 +328,67 @@ crash_after_ms = 5
     assert!(crashes < 40, "{crashes} crashes\n{stdout}");
     assert!(leftovers(&tag).is_empty());
 }
+
+#[test]
+fn a_hostile_vault_client_is_refused_at_its_quota_and_served_no_higher_than_granted() {
+    let tag = unique_tag("vault-hog");
+    let dir = scratch("vault-hog");
+    let system = write(
+        &dir,
+        "hog.toml",
+        r#"
+[system]
+name = "vault-hog"
+
+[[component]]
+name = "ramfs"
+binary = "kintsugi-ramfs"
+provides = ["fs"]
+
+[[component]]
+name = "workload"
+binary = "kintsugi-fs-workload"
+uses = ["fs"]
+[component.config]
+files = 8
+seed = 23
+
+[[component]]
+name = "hog"
+binary = "kintsugi-vault-hog"
+vault_quota = { records = 600, kib = 1024, fds = 50 }
+"#,
+    );
+    let (events, stdout, stderr, ok) = run_for(&tag, &system, 3);
+    let hog = json_lines(&stdout)
+        .into_iter()
+        .find(|v| v["component"] == "hog")
+        .unwrap_or_else(|| panic!("no report from the hog:\n{stdout}\n{stderr}"));
+    // Refused at its quotas, with the numbers.
+    assert_eq!(hog["fds"], 50, "{hog}");
+    let e = hog["fds_error"].as_str().unwrap();
+    assert!(e.contains("51 descriptors (vault_quota allows 50)"), "{e}");
+    assert_eq!(hog["records"], 550, "{hog}");
+    let e = hog["records_error"].as_str().unwrap();
+    assert!(e.contains("601 records (vault_quota allows 600)"), "{e}");
+    // Served at SCHED_OTHER (policy 0), whatever priority it asked for.
+    eprintln!(
+        "the hog made itself SCHED_FIFO 99: {}",
+        hog["asked_fifo_99"]
+    );
+    assert_eq!(hog["served_policy"], 0, "{hog}");
+    assert_eq!(hog["served_rt_priority"], 0, "{hog}");
+    // The rest of the system served on: nothing crashed, and the workload
+    // verified every file.
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        !events
+            .iter()
+            .any(|(_, e)| matches!(e, Event::Crashed { .. })),
+        "{stdout}"
+    );
+    let report = workload_report(&stdout);
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(report["corrupt"], 0, "{report}");
+    assert!(leftovers(&tag).is_empty());
+}

@@ -82,8 +82,9 @@ binary = "kintsugi-probe"
         assert!(p["siblings"].as_u64().unwrap() >= 4, "{p}");
         assert_eq!(p["sibling_fds_opened"], 0, "{p}");
     }
-    // And each runs with no_new_privs and at most the default capability
-    // (CAP_SYS_NICE, bit 23); run by root, the others left its bounding set.
+    // And each runs with no_new_privs and no capability (the default) but
+    // CAP_SYS_NICE (bit 23) where the supervisor cannot set priority
+    // limits instead; run by root, the others left its bounding set.
     let root = rustix::process::geteuid().is_root();
     for p in [&insider, &outsider] {
         assert_eq!(p["no_new_privs"], "1", "{p}");

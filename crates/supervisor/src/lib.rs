@@ -14,6 +14,7 @@ mod options;
 mod policy;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod process;
+mod quota;
 mod reboot;
 pub mod roster;
 mod source;

@@ -207,6 +207,9 @@ pub(crate) struct Wiring {
     pub served: Vec<Served>,
     pub used: Vec<Used>,
     pub durable: Durable,
+    /// The highest priority its processes may take (see
+    /// [`crate::process::Confinement::ceiling`]).
+    pub ceiling: kintsugi_runtime::priority::Priority,
 }
 
 /// The descriptor number of a region the supervisor holds, as passed at exec.

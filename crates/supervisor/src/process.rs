@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kintsugi_runtime::futex::timespec;
+use kintsugi_runtime::priority::Priority;
 use rustix::event::{poll, PollFd, PollFlags};
 use rustix::process::{
     pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal, WaitId, WaitIdOptions,
@@ -35,6 +36,24 @@ impl Proc {
             pidfd: pidfd_open(p, PidfdFlags::empty())?,
             exit: OnceCell::new(),
         })
+    }
+
+    /// Watches `pid` as a zygote reported it: refused unless it is a child
+    /// of this process (the kernel says so: `waitid` on its pidfd fails
+    /// with `ECHILD` otherwise), so that a faulty or hostile zygote cannot
+    /// make the supervisor watch, and later signal, another process.
+    pub fn adopt_child(pid: u32) -> std::io::Result<Self> {
+        let proc = Self::adopt(pid)?;
+        let probe = rustix::process::waitid(
+            WaitId::PidFd(proc.pidfd.as_fd()),
+            WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
+        );
+        match probe {
+            Err(rustix::io::Errno::CHILD) => Err(std::io::Error::other(format!(
+                "pid {pid} is not a child of the supervisor"
+            ))),
+            _ => Ok(proc),
+        }
     }
 
     pub fn signal(&self, sig: Signal) {
@@ -122,27 +141,86 @@ fn exit_in_stat(stat: &str) -> Option<Exit> {
     })
 }
 
+const CAP_SYS_NICE: u32 = 23;
+const CAP_SYS_RESOURCE: u32 = 24;
+
+/// Whether this process holds `CAP_SYS_RESOURCE` (read once from
+/// `/proc/self/status`), which raising a child's priority limits needs.
+fn may_raise_limits() -> bool {
+    static MAY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MAY.get_or_init(|| {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let effective = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0);
+        let may = effective & (1 << CAP_SYS_RESOURCE) != 0;
+        if !may {
+            tracing::info!(
+                "no CAP_SYS_RESOURCE: components keep CAP_SYS_NICE instead of priority limits"
+            );
+        }
+        may
+    })
+}
+
+/// How a component's processes are confined and scheduled (issue 17,
+/// least privilege).
+#[derive(Debug, Clone, Copy)]
+pub struct Confinement {
+    /// Its nice value (applied also when 0: the supervisor's own threads
+    /// run at a higher priority, and a child inherits its nice value).
+    pub nice: i32,
+    /// Address-space randomization off (`ADDR_NO_RANDOMIZE`), so that every
+    /// exec of the binary lays out its memory alike and a checkpoint taken
+    /// under one supervisor restores under another.
+    pub fixed_layout: bool,
+    /// The capabilities it keeps, as a mask of their numbers.
+    pub capabilities: u64,
+    /// The highest priority it may take by itself (`RLIMIT_NICE`,
+    /// `RLIMIT_RTPRIO`): that of its most urgent caller, so that priority
+    /// inheritance works without `CAP_SYS_NICE`, and no higher.
+    pub ceiling: Priority,
+}
+
 /// Execs `binary` as a component: `boot_json` in its environment, `pass` the
 /// only inherited descriptors besides stdio, its own process group (so a
-/// terminal's Ctrl-C reaches the supervisor alone), `nice` applied (also 0:
-/// the supervisor's own threads run at a higher priority); with
-/// `fixed_layout`, address-space randomization off (`ADDR_NO_RANDOMIZE`),
-/// so that every exec of the binary lays out its memory alike and a
-/// checkpoint taken under one supervisor restores under another.
+/// terminal's Ctrl-C reaches the supervisor alone), confined as `how` says.
 ///
-/// Least privilege (issue 17): every other descriptor is closed at exec
+/// Least privilege: every other descriptor is closed at exec
 /// (`close_range(CLOEXEC)`: the supervisor's own and any its parent left
-/// open), `no_new_privs` is set, and every capability but those in `keep`
-/// (a mask of capability numbers) leaves the bounding set, so that even a
-/// component run by root keeps only what its description grants.
+/// open), `no_new_privs` is set, every capability but those kept leaves the
+/// bounding set (so that even a component run by root keeps only what its
+/// description grants), and its priority limits are its ceiling.
 pub fn spawn_component(
     binary: &Path,
     boot_json: &str,
     pass: &[RawFd],
-    nice: i32,
-    fixed_layout: bool,
-    keep: u64,
+    how: Confinement,
 ) -> std::io::Result<Proc> {
+    let Confinement {
+        nice,
+        fixed_layout,
+        capabilities: mut keep,
+        ceiling,
+    } = how;
+    // Raising a hard limit needs CAP_SYS_RESOURCE; where the supervisor
+    // runs without it (some containers), components keep CAP_SYS_NICE
+    // instead, and only the vault's clamp holds them to their ceiling.
+    let limits = may_raise_limits();
+    if !limits {
+        keep |= 1 << CAP_SYS_NICE;
+    }
+    // RLIMIT_NICE counts from 1 (nice 19) to 40 (nice -20).
+    let nice_limit = libc::rlimit {
+        rlim_cur: (20 - ceiling.nice) as libc::rlim_t,
+        rlim_max: (20 - ceiling.nice) as libc::rlim_t,
+    };
+    let rt_limit = libc::rlimit {
+        rlim_cur: libc::rlim_t::from(ceiling.fifo.unwrap_or(0)),
+        rlim_max: libc::rlim_t::from(ceiling.fifo.unwrap_or(0)),
+    };
     let pass = pass.to_vec();
     let last_cap: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
@@ -153,8 +231,8 @@ pub fn spawn_component(
         .stdin(Stdio::null())
         .process_group(0);
     // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (close_range, fcntl, prctl, setpriority,
-    // personality); it allocates nothing.
+    // async-signal-safe functions (close_range, fcntl, prctl, setrlimit,
+    // setpriority, personality); it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             // Everything from 3 up closes at exec, then the granted ones
@@ -186,6 +264,12 @@ pub fn spawn_component(
                     }
                 }
             }
+            if limits
+                && (libc::setrlimit(libc::RLIMIT_NICE, &nice_limit) == -1
+                    || libc::setrlimit(libc::RLIMIT_RTPRIO, &rt_limit) == -1)
+            {
+                return Err(std::io::Error::last_os_error());
+            }
             // Always: the supervisor's thread runs above the components'
             // default, and a child inherits its nice value.
             if libc::setpriority(libc::PRIO_PROCESS, 0, nice) == -1 {
@@ -215,6 +299,16 @@ mod tests {
     fn stat(name: &str, status: i32) -> String {
         let middle = (0..49).map(|i| i.to_string()).collect::<Vec<_>>().join(" ");
         format!("4242 ({name}) {middle} {status}")
+    }
+
+    #[test]
+    fn only_a_child_is_adopted_as_a_zygotes_fork() {
+        let e = Proc::adopt_child(1).unwrap_err();
+        assert!(e.to_string().contains("not a child"), "{e}");
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let proc = Proc::adopt_child(child.id()).unwrap();
+        proc.signal(Signal::KILL);
+        let _ = child.wait();
     }
 
     #[test]

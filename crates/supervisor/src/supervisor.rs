@@ -33,7 +33,7 @@ use crate::policy::RestartWindow;
 use crate::process::dying_exit;
 use crate::roster::{call_name, FaultReport, RollbackOutcome, Roster};
 use crate::source::{listen, Source};
-use crate::vault::{VaultActivity, VaultStore};
+use crate::vault::{priority_ceiling, Limits, VaultActivity, VaultStore};
 use crate::watchdog::Monitor;
 use crate::zygote;
 use kintsugi_checkpoint::Image;
@@ -275,7 +275,11 @@ impl<'a> Supervisor<'a> {
             let durable = durable
                 .remove(spec.name.as_str())
                 .expect("one per component");
-            self.boot(spec, served, used, durable)?;
+            let limits = Limits {
+                quota: spec.vault_quota,
+                ceiling: priority_ceiling(system, &spec.name),
+            };
+            self.boot(spec, served, used, durable, limits)?;
         }
         let dir = self.options.checkpoint_dir.clone().unwrap_or_else(|| {
             std::env::temp_dir().join(format!("kintsugi-checkpoints-{}", std::process::id()))
@@ -335,6 +339,7 @@ impl<'a> Supervisor<'a> {
         served: Vec<Served>,
         used: Vec<Used>,
         durable: Durable,
+        limits: Limits,
     ) -> Result<(), SupervisorError> {
         let t0 = Instant::now();
         let control = Arc::new(Region::create(
@@ -384,7 +389,8 @@ impl<'a> Supervisor<'a> {
             kept,
             durable.journal.clone(),
         ));
-        self.vault.serve(spec.name.clone(), vault_sock, activity);
+        self.vault
+            .serve(spec.name.clone(), vault_sock, activity, limits);
         let wiring = Wiring {
             control,
             zygote_peer,
@@ -392,6 +398,7 @@ impl<'a> Supervisor<'a> {
             served,
             used,
             durable,
+            ceiling: limits.ceiling,
         };
         let proc = zygote::exec(spec, &wiring, self.wide)?;
         let idx = self.comps.len();

@@ -11,14 +11,20 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use kintsugi_runtime::abi::fdpass;
-use kintsugi_runtime::vault::{
-    RecordHeader, VaultMessage, VaultOp, VaultReply, VaultRequest, LIST_PAGE,
-};
+use kintsugi_runtime::priority::Priority;
+use kintsugi_system::VaultQuota;
 
-#[derive(Default)]
-struct Entry {
-    value: serde_json::Value,
-    fd: Option<OwnedFd>,
+use crate::quota::{Entry, FdBudget, Records};
+use kintsugi_runtime::vault::{RecordHeader, VaultMessage, VaultReply, VaultRequest, LIST_PAGE};
+
+/// What a component's vault may hold, and the priority its requests may
+/// be served at.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub quota: VaultQuota,
+    /// The highest priority of the component and of its clients, direct
+    /// or not: a request is served at the priority it carries, never above.
+    pub ceiling: Priority,
 }
 
 /// What one component's vault thread has taken and finished, for telling
@@ -32,9 +38,19 @@ pub(crate) struct VaultActivity {
 }
 
 /// Every component's kept state.
-#[derive(Default, Clone)]
+#[derive(Clone)]
 pub struct VaultStore {
-    inner: Arc<Mutex<BTreeMap<String, BTreeMap<String, Entry>>>>,
+    inner: Arc<Mutex<BTreeMap<String, Records>>>,
+    budget: Arc<FdBudget>,
+}
+
+impl Default for VaultStore {
+    fn default() -> Self {
+        Self {
+            inner: Arc::default(),
+            budget: Arc::new(FdBudget::from_limit()),
+        }
+    }
 }
 
 impl VaultStore {
@@ -45,6 +61,7 @@ impl VaultStore {
         component: String,
         sock: OwnedFd,
         activity: Arc<VaultActivity>,
+        limits: Limits,
     ) -> std::thread::JoinHandle<()> {
         let store = self.clone();
         std::thread::Builder::new()
@@ -73,7 +90,8 @@ impl VaultStore {
                         tracing::warn!("vault socket of {component}: an empty message, ignored");
                         continue;
                     }
-                    let Some((reply, out_fds)) = store.handle(&component, bytes, fds) else {
+                    let Some((reply, out_fds)) = store.handle(&component, &limits, bytes, fds)
+                    else {
                         continue; // a posted request: no reply
                     };
                     let reply = serde_json::to_vec(&reply).expect("vault reply serializes");
@@ -89,13 +107,15 @@ impl VaultStore {
     fn handle(
         &self,
         component: &str,
+        limits: &Limits,
         bytes: &[u8],
         fds: Vec<OwnedFd>,
     ) -> Option<(VaultReply, Vec<OwnedFd>)> {
         let request = match serde_json::from_slice::<VaultMessage>(bytes) {
             Ok(VaultMessage { priority, request }) => {
-                // Served at the priority of the thread it is done for.
-                kintsugi_runtime::priority::adopt(priority);
+                // Served at the priority of the thread it is done for, as
+                // far as the system description grants it.
+                kintsugi_runtime::priority::adopt(clamp(priority, limits.ceiling));
                 request
             }
             Err(e) => {
@@ -112,13 +132,13 @@ impl VaultStore {
         let records = all.entry(component.to_string()).or_default();
         Some(match request {
             VaultRequest::Post { ops } => {
-                if let Err(e) = apply(records, ops, fds) {
+                if let Err(e) = records.apply(ops, fds, &limits.quota, &self.budget) {
                     tracing::warn!("vault of {component}: posted request refused: {e}");
                 }
                 return None;
             }
             VaultRequest::Apply { id, ops } => {
-                let error = apply(records, ops, fds).err();
+                let error = records.apply(ops, fds, &limits.quota, &self.budget).err();
                 (
                     VaultReply {
                         id,
@@ -137,6 +157,7 @@ impl VaultStore {
                     _ => std::ops::Bound::Included(prefix.clone()),
                 };
                 let range = records
+                    .map()
                     .range::<String, _>((from, std::ops::Bound::Unbounded))
                     .take_while(|(key, _)| key.starts_with(&prefix));
                 let mut headers = Vec::new();
@@ -162,6 +183,7 @@ impl VaultStore {
             VaultRequest::Get { id, key } => {
                 let mut out = Vec::new();
                 let records = records
+                    .map()
                     .get_key_value(&key)
                     .map(|(key, e)| header(key, e, &mut out))
                     .into_iter()
@@ -188,6 +210,7 @@ impl VaultStore {
             return Ok(Vec::new());
         };
         records
+            .map()
             .iter()
             .map(|(key, e)| {
                 let contents =
@@ -229,7 +252,7 @@ impl VaultStore {
                     Ok::<_, String>(OwnedFd::from(file))
                 })
                 .transpose()?;
-            kept.insert(r.key, Entry { value, fd });
+            kept.insert(r.key, value, fd);
         }
         Ok(())
     }
@@ -241,7 +264,7 @@ impl VaultStore {
             .lock()
             .unwrap()
             .get(component)
-            .map_or(0, |r| r.len())
+            .map_or(0, |r| r.map().len())
     }
 }
 
@@ -295,8 +318,39 @@ fn wait_readable(sock: &OwnedFd) {
     while let Err(rustix::io::Errno::INTR) = rustix::event::poll(&mut fds, None) {}
 }
 
-/// A record as sent back; a duplicate of its descriptor, if it has one
-/// (and it can be duplicated), joins `fds`.
+/// The highest priority of component `name` and of every component that
+/// calls it, directly or through others: what work done for it may run at.
+pub(crate) fn priority_ceiling(system: &kintsugi_system::System, name: &str) -> Priority {
+    let mut seen = vec![name];
+    let mut i = 0;
+    while let Some(&server) = seen.get(i) {
+        for c in &system.components {
+            if c.uses.iter().any(|u| u.server == server) && !seen.contains(&c.name.as_str()) {
+                seen.push(&c.name);
+            }
+        }
+        i += 1;
+    }
+    let specs = || seen.iter().filter_map(|n| system.component(n));
+    Priority {
+        nice: specs().map(|c| c.priority).min().unwrap_or(0),
+        fifo: specs().filter_map(|c| c.realtime).max(),
+    }
+}
+
+/// The priority `word` a request carries, lowered to `ceiling` if above
+/// it (0, no priority, stays 0).
+fn clamp(word: u32, ceiling: Priority) -> u32 {
+    let Some(p) = Priority::from_word(word) else {
+        return 0;
+    };
+    Priority {
+        nice: p.nice.max(ceiling.nice),
+        fifo: p.fifo.zip(ceiling.fifo).map(|(f, c)| f.min(c)),
+    }
+    .word()
+}
+
 /// Whether the component's end of a seqpacket socket is closed (an empty
 /// read is either that or an empty message).
 fn peer_closed(sock: &OwnedFd) -> bool {
@@ -308,6 +362,8 @@ fn peer_closed(sock: &OwnedFd) -> bool {
         && fds[0].revents().contains(rustix::event::PollFlags::HUP)
 }
 
+/// A record as sent back; a duplicate of its descriptor, if it has one
+/// (and it can be duplicated), joins `fds`.
 fn header(key: &str, e: &Entry, fds: &mut Vec<OwnedFd>) -> RecordHeader {
     let dup = e.fd.as_ref().and_then(|fd| fd.try_clone().ok());
     let fd = dup.is_some();
@@ -317,40 +373,6 @@ fn header(key: &str, e: &Entry, fds: &mut Vec<OwnedFd>) -> RecordHeader {
         value: e.value.clone(),
         fd,
     }
-}
-
-/// Applies every op or none.
-fn apply(
-    records: &mut BTreeMap<String, Entry>,
-    ops: Vec<VaultOp>,
-    fds: Vec<OwnedFd>,
-) -> Result<(), String> {
-    let wanted = ops
-        .iter()
-        .filter(|op| matches!(op, VaultOp::Put { fd: true, .. }))
-        .count();
-    if wanted != fds.len() {
-        return Err(format!(
-            "{wanted} descriptors announced, {} attached",
-            fds.len()
-        ));
-    }
-    let mut fds = fds.into_iter();
-    for op in ops {
-        match op {
-            VaultOp::Put { key, value, fd } => {
-                let entry = records.entry(key).or_default();
-                entry.value = value;
-                if fd {
-                    entry.fd = fds.next();
-                }
-            }
-            VaultOp::Delete { key } => {
-                records.remove(&key);
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -369,7 +391,11 @@ mod tests {
             None,
         )
         .unwrap();
-        store.serve("c".into(), b, Arc::default());
+        let limits = Limits {
+            quota: VaultQuota::default(),
+            ceiling: Priority::nice(0),
+        };
+        store.serve("c".into(), b, Arc::default(), limits);
         Vault::new(a)
     }
 
@@ -471,22 +497,49 @@ mod tests {
     }
 
     #[test]
-    fn a_request_with_missing_descriptors_changes_nothing() {
-        let mut records = BTreeMap::new();
-        let ops = vec![
-            VaultOp::Put {
-                key: "a".into(),
-                value: 1.into(),
-                fd: false,
-            },
-            VaultOp::Put {
-                key: "b".into(),
-                value: 2.into(),
-                fd: true,
-            },
-        ];
-        assert!(apply(&mut records, ops, vec![]).is_err());
-        assert!(records.is_empty());
+    fn a_request_is_served_no_higher_than_the_ceiling() {
+        let ceiling = Priority {
+            nice: -5,
+            fifo: Some(10),
+        };
+        let word = |nice, fifo| Priority { nice, fifo }.word();
+        assert_eq!(clamp(word(-20, Some(99)), ceiling), word(-5, Some(10)));
+        assert_eq!(clamp(word(3, Some(4)), ceiling), word(3, Some(4)));
+        assert_eq!(clamp(word(0, Some(50)), Priority::nice(0)), word(0, None));
+        assert_eq!(clamp(0, ceiling), 0, "no priority carried");
+    }
+
+    #[test]
+    fn the_ceiling_is_the_highest_priority_of_the_component_and_its_callers() {
+        let text = "[system]\nname = \"p\"\n\
+            [[component]]\nname = \"leaf\"\nbinary = \"x\"\nprovides = [\"fs\"]\npriority = 5\n\
+            [[component]]\nname = \"mid\"\nbinary = \"x\"\nprovides = [\"lock\"]\nuses = [\"fs\"]\nrealtime = 20\n\
+            [[component]]\nname = \"top\"\nbinary = \"x\"\nuses = [\"lock\"]\npriority = -3\n\
+            [[component]]\nname = \"other\"\nbinary = \"x\"\nrealtime = 99\npriority = -20\n";
+        let system = kintsugi_system::parse(std::path::Path::new("p.toml"), text).unwrap();
+        let c = |n| priority_ceiling(&system, n);
+        assert_eq!(
+            c("leaf"),
+            Priority {
+                nice: -3,
+                fifo: Some(20)
+            }
+        );
+        assert_eq!(
+            c("mid"),
+            Priority {
+                nice: -3,
+                fifo: Some(20)
+            }
+        );
+        assert_eq!(c("top"), Priority::nice(-3));
+        assert_eq!(
+            c("other"),
+            Priority {
+                nice: -20,
+                fifo: Some(99)
+            }
+        );
     }
 
     /// Creation records read ahead through the real vault: a record a

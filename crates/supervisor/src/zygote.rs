@@ -14,7 +14,7 @@ use rustix::event::{poll, PollFd, PollFlags};
 use crate::events::Event;
 use crate::managed::{Incarnation, SystemWide, Wiring};
 use crate::options::SupervisorError;
-use crate::process::{spawn_component, Proc};
+use crate::process::{spawn_component, Confinement, Proc};
 use crate::source::{listen, Source};
 use crate::supervisor::Supervisor;
 
@@ -28,20 +28,16 @@ pub(crate) fn exec(
     let json = serde_json::to_string(&boot).expect("boot info serializes");
     // A checkpointed component gets the same layout at every exec, so that
     // its images restore under another supervisor (another machine).
-    let fixed_layout = spec.checkpoint.is_some();
-    let keep = spec
-        .capabilities
-        .iter()
-        .fold(0u64, |mask, c| mask | 1 << c.number());
-    spawn_component(
-        &spec.binary,
-        &json,
-        &pass,
-        spec.priority,
-        fixed_layout,
-        keep,
-    )
-    .map_err(|source| SupervisorError::Spawn {
+    let how = Confinement {
+        nice: spec.priority,
+        fixed_layout: spec.checkpoint.is_some(),
+        capabilities: spec
+            .capabilities
+            .iter()
+            .fold(0u64, |mask, c| mask | 1 << c.number()),
+        ceiling: wiring.ceiling,
+    };
+    spawn_component(&spec.binary, &json, &pass, how).map_err(|source| SupervisorError::Spawn {
         component: spec.name.clone(),
         binary: spec.binary.display().to_string(),
         source,
@@ -58,7 +54,7 @@ pub(crate) fn drain_reply(sock: &OwnedFd, wait: Duration) -> Option<Proc> {
     }
     let (msg, _) = fdpass::recv(sock.as_fd()).ok()?;
     let pid = zygote::Forked::decode(&msg)?.pid;
-    Proc::adopt(pid).ok()
+    Proc::adopt_child(pid).ok()
 }
 
 impl Supervisor<'_> {
@@ -117,7 +113,7 @@ impl Supervisor<'_> {
         let forked = zygote::Forked::decode(&msg)
             .ok_or_else(|| boot_err("malformed zygote reply".into()))?;
         let (generation, bank) = m.standby.answer(forked).map_err(boot_err)?;
-        let proc = Proc::adopt(forked.pid)?;
+        let proc = Proc::adopt_child(forked.pid)?;
         listen(&self.epoll, &proc.pidfd, Source::Exit(forked.pid))?;
         Ok(Incarnation {
             proc,

@@ -28,7 +28,8 @@
 //! pool_kib = 0              # memory shared with its clients, also durable (default 0: none)
 //! checkpoint = { every_ms = 100, keep = 0, on_hang = "reboot" }  # optional: incremental checkpoints at safe points; on_hang = "rollback": a hang the watchdog finds rolls it back in place
 //! journal_kib = 16384       # recovery = "checkpoint" only: the request log's durable memory
-//! capabilities = ["sys_nice"] # kept (default); every other one is dropped, and no_new_privs set
+//! capabilities = []         # kept (default: none); every other one is dropped, and no_new_privs set
+//! vault_quota = { records = 100000, kib = 65536, fds = 4096 }  # the defaults; past them a vault request is refused
 //!
 //! [watchdog]               # optional: hang detection (see docs/reliability.md)
 //! period_us = 5000          # the monitor samples every period
@@ -183,8 +184,32 @@ pub struct ComponentSpec {
     /// from their bounding set before exec); [`Capability::DEFAULT`] unless
     /// written.
     pub capabilities: Vec<Capability>,
+    /// What its vault may hold (`vault_quota = { … }`).
+    pub vault_quota: VaultQuota,
     /// Free-form configuration, always a JSON object (`{}` if absent).
     pub config: serde_json::Value,
+}
+
+/// The most a component's vault may hold; a request that would take it
+/// past one of these is refused whole (the supervisor also keeps a reserve
+/// of descriptors of its own, whatever the quotas add up to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct VaultQuota {
+    pub records: u64,
+    /// Keys and values, as JSON text.
+    pub bytes: u64,
+    /// Records holding a descriptor.
+    pub fds: u64,
+}
+
+impl Default for VaultQuota {
+    fn default() -> Self {
+        VaultQuota {
+            records: 100_000,
+            bytes: 64 << 20,
+            fds: 4096,
+        }
+    }
 }
 
 /// A Linux capability a component may keep (`capabilities = [...]`).
@@ -193,8 +218,9 @@ pub struct ComponentSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Capability {
-    /// Real-time and raised priorities (`realtime`, and the priority a
-    /// server takes on from its caller).
+    /// Any priority. Not needed for the priorities the description grants:
+    /// a component's `RLIMIT_NICE` and `RLIMIT_RTPRIO` let it take those of
+    /// its most urgent caller, and no higher.
     SysNice,
     /// Access to other processes (ptrace, `pidfd_getfd`, their `/proc`
     /// descriptors): netd's keeper needs it.
@@ -211,7 +237,7 @@ pub enum Capability {
 
 impl Capability {
     /// What a component keeps unless its description says otherwise.
-    pub const DEFAULT: &'static [Capability] = &[Capability::SysNice];
+    pub const DEFAULT: &'static [Capability] = &[];
 
     /// The capability's number (`linux/capability.h`).
     pub fn number(self) -> u32 {

@@ -12,9 +12,9 @@ use toml::Spanned;
 use crate::{
     Backoff, Capability, CheckpointPolicy, ComponentSpec, ErrorKind, GiveUpAction, HangAction,
     Location, RebootMode, RecoveryMode, RestartPolicy, SpinPolicy, System, SystemError, Use,
-    WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE, DEFAULT_JOURNAL_KIB,
-    DEFAULT_SLOTS, DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE,
-    REALTIME_RANGE, SLOTS_RANGE,
+    VaultQuota, WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE,
+    DEFAULT_JOURNAL_KIB, DEFAULT_SLOTS, DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW,
+    PRIORITY_RANGE, REALTIME_RANGE, SLOTS_RANGE,
 };
 
 #[derive(Deserialize)]
@@ -68,6 +68,7 @@ struct RawComponent {
     pool_kib: Option<Spanned<i64>>,
     journal_kib: Option<Spanned<i64>>,
     capabilities: Option<Vec<Capability>>,
+    vault_quota: Option<RawVaultQuota>,
     checkpoint: Option<Spanned<RawCheckpoint>>,
     config: Option<Spanned<toml::Table>>,
 }
@@ -91,6 +92,14 @@ struct RawRestart {
     backoff_ms: Option<Spanned<i64>>,
     backoff_max_ms: Option<Spanned<i64>>,
     healthy_ms: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVaultQuota {
+    records: Option<Spanned<i64>>,
+    kib: Option<Spanned<i64>>,
+    fds: Option<Spanned<i64>>,
 }
 
 struct Ctx<'a> {
@@ -385,6 +394,23 @@ fn join_list(items: &[String], conj: &str) -> String {
     }
 }
 
+/// A component's `vault_quota = { … }` table.
+fn vault_quota(cx: &Ctx<'_>, owner: &str, q: &RawVaultQuota) -> Result<VaultQuota, SystemError> {
+    let d = VaultQuota::default();
+    let max = 1u64 << 40;
+    Ok(VaultQuota {
+        records: cx
+            .ranged(owner, "vault_quota.records", &q.records, 0..=max, "")?
+            .unwrap_or(d.records),
+        bytes: cx
+            .ranged(owner, "vault_quota.kib", &q.kib, 0..=max >> 10, "")?
+            .map_or(d.bytes, |kib: u64| kib << 10),
+        fds: cx
+            .ranged(owner, "vault_quota.fds", &q.fds, 0..=1_000_000, "")?
+            .unwrap_or(d.fds),
+    })
+}
+
 /// A component's `restart = { … }` table.
 fn restart_policy(cx: &Ctx<'_>, owner: &str, r: &RawRestart) -> Result<RestartPolicy, SystemError> {
     let mut restart = RestartPolicy::default();
@@ -607,6 +633,10 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
             pool_kib,
             checkpoint,
             journal_kib,
+            vault_quota: match &rc.vault_quota {
+                Some(q) => vault_quota(cx, &owner, q)?,
+                None => VaultQuota::default(),
+            },
             capabilities: rc
                 .capabilities
                 .clone()

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kintsugi_system::{
     parse, Capability, ErrorKind, GiveUpAction, HangAction, Location, RebootMode, RecoveryMode,
-    RestartPolicy, SpinPolicy, Use,
+    RestartPolicy, SpinPolicy, Use, VaultQuota,
 };
 
 const DEMO: &str = include_str!("../../../systems/demo.toml");
@@ -52,11 +52,7 @@ fn demo_parses_in_start_order() {
         }
     );
     assert_eq!(ramfs.slots, 8);
-    assert_eq!(
-        ramfs.capabilities,
-        [Capability::SysNice],
-        "only priorities, by default"
-    );
+    assert_eq!(ramfs.capabilities, [], "only priorities, by default");
     assert_eq!(
         (ramfs.realtime, ramfs.arena_kib, ramfs.pool_kib),
         (None, 0, 0),
@@ -299,6 +295,27 @@ fn capabilities_are_named_and_replace_the_default() {
         [19, 10]
     );
     assert!(s.component("bare").unwrap().capabilities.is_empty());
+    assert_eq!(n.vault_quota, VaultQuota::default());
+    let q = parse(
+        Path::new("x.toml"),
+        &format!("{HEAD}[[component]]\nname = \"q\"\nbinary = \"q\"\nvault_quota = {{ records = 10, kib = 4, fds = 0 }}\n"),
+    )
+    .unwrap();
+    assert_eq!(
+        q.component("q").unwrap().vault_quota,
+        VaultQuota {
+            records: 10,
+            bytes: 4096,
+            fds: 0
+        }
+    );
+    let (msg, _) = err_with_head(
+        "[[component]]\nname = \"a\"\nbinary = \"a\"\nvault_quota = { records = -1 }\n",
+    );
+    assert_eq!(
+        msg,
+        "sys.toml:7:27: component `a`: vault_quota.records -1 is out of range (0..=1099511627776)"
+    );
     let (msg, _) = err_with_head(
         "[[component]]\nname = \"a\"\nbinary = \"a\"\ncapabilities = [\"sys_admin\"]\n",
     );
@@ -389,7 +406,7 @@ fn unknown_key() {
         msg,
         "sys.toml:7:1: unknown field `foo`, expected one of `name`, `binary`, `provides`, `uses`, \
          `priority`, `realtime`, `recovery`, `reboot`, `restart`, `slots`, `arena_kib`, \
-         `pool_kib`, `journal_kib`, `capabilities`, `checkpoint`, `config`"
+         `pool_kib`, `journal_kib`, `capabilities`, `vault_quota`, `checkpoint`, `config`"
     );
     let (msg, _) = err_with_head(
         "[[component]]\nname = \"a\"\nbinary = \"a\"\nrestart = { max = 1, window = 3 }\n",

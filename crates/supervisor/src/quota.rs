@@ -1,0 +1,339 @@
+//! What one component's vault holds, and the most it may hold: the vault
+//! no longer trusts its clients (issue 17). NewtOS's storage server served
+//! trusted system servers; here any component, a compromised one too, can
+//! send it requests, so each component has a quota of records, bytes and
+//! descriptors (`vault_quota` in the system description), and all
+//! components together may hold at most the supervisor's descriptor limit
+//! less a reserve that keeps the supervisor able to work. A request that
+//! would cross a limit is refused whole, with the numbers, and changes
+//! nothing; the other components' vaults are untouched.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kintsugi_runtime::vault::VaultOp;
+use kintsugi_system::VaultQuota;
+
+/// One record: its value, its descriptor if it has one, and its size as
+/// counted against the quota.
+#[derive(Default)]
+pub(crate) struct Entry {
+    pub value: serde_json::Value,
+    pub fd: Option<OwnedFd>,
+    size: u64,
+}
+
+/// Descriptors the supervisor lets every vault hold in all.
+#[derive(Debug)]
+pub(crate) struct FdBudget {
+    held: AtomicU64,
+    ceiling: u64,
+}
+
+/// Descriptors the supervisor keeps for itself whatever the vaults hold:
+/// its channels, pidfds, sockets and files.
+pub(crate) const FD_RESERVE: u64 = 1024;
+
+impl FdBudget {
+    /// The budget under this process's descriptor limit.
+    pub(crate) fn from_limit() -> Self {
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(u64::MAX);
+        Self::new(limit.saturating_sub(FD_RESERVE))
+    }
+
+    pub(crate) fn new(ceiling: u64) -> Self {
+        Self {
+            held: AtomicU64::new(0),
+            ceiling,
+        }
+    }
+
+    /// Takes `n` more descriptors, if the budget has room.
+    fn take(&self, n: u64) -> Result<(), String> {
+        self.held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                (held + n <= self.ceiling).then_some(held + n)
+            })
+            .map(|_| ())
+            .map_err(|held| {
+                format!(
+                    "the supervisor's descriptors are spent ({held} held by vaults, at most {})",
+                    self.ceiling
+                )
+            })
+    }
+
+    fn give_back(&self, n: u64) {
+        self.held.fetch_sub(n, Ordering::SeqCst);
+    }
+}
+
+/// One component's records, and what they add up to.
+#[derive(Default)]
+pub(crate) struct Records {
+    map: BTreeMap<String, Entry>,
+    bytes: u64,
+    fds: u64,
+}
+
+/// The size a record counts for: its key and its value as JSON text.
+fn size_of(key: &str, value: &serde_json::Value) -> u64 {
+    (key.len() + value.to_string().len()) as u64
+}
+
+fn key_of(op: &VaultOp) -> &str {
+    match op {
+        VaultOp::Put { key, .. } | VaultOp::Delete { key } => key,
+    }
+}
+
+impl Records {
+    pub(crate) fn map(&self) -> &BTreeMap<String, Entry> {
+        &self.map
+    }
+
+    /// Puts a record back as exported (not checked against a quota: it was
+    /// within one when it was taken).
+    pub(crate) fn insert(&mut self, key: String, value: serde_json::Value, fd: Option<OwnedFd>) {
+        let entry = Entry {
+            size: size_of(&key, &value),
+            value,
+            fd,
+        };
+        self.bytes += entry.size;
+        self.fds += u64::from(entry.fd.is_some());
+        if let Some(old) = self.map.insert(key, entry) {
+            self.bytes -= old.size;
+            self.fds -= u64::from(old.fd.is_some());
+        }
+    }
+
+    /// What the records would add up to after `ops` (whose sizes are
+    /// `sizes`): records, bytes, descriptors.
+    fn after(&self, ops: &[VaultOp], sizes: &[u64]) -> (u64, u64, u64) {
+        let mut touched: HashMap<&str, Option<(u64, bool)>> = HashMap::new();
+        let (mut n, mut bytes, mut fds) =
+            (self.map.len() as i128, self.bytes as i128, self.fds as i128);
+        for (op, size) in ops.iter().zip(sizes) {
+            let key = key_of(op);
+            let before = match touched.get(key) {
+                Some(t) => *t,
+                None => self.map.get(key).map(|e| (e.size, e.fd.is_some())),
+            };
+            let after = match op {
+                VaultOp::Put { fd, .. } => Some((*size, *fd || before.is_some_and(|b| b.1))),
+                VaultOp::Delete { .. } => None,
+            };
+            for (sign, state) in [(-1, before), (1, after)] {
+                if let Some((size, fd)) = state {
+                    n += sign;
+                    bytes += sign * size as i128;
+                    fds += sign * i128::from(fd);
+                }
+            }
+            touched.insert(key, after);
+        }
+        (n as u64, bytes as u64, fds as u64)
+    }
+
+    /// Applies every op or none: none if the descriptors attached do not
+    /// match those announced, or if the result would cross `quota` or the
+    /// supervisor's `budget`.
+    pub(crate) fn apply(
+        &mut self,
+        ops: Vec<VaultOp>,
+        fds: Vec<OwnedFd>,
+        quota: &VaultQuota,
+        budget: &FdBudget,
+    ) -> Result<(), String> {
+        let wanted = ops
+            .iter()
+            .filter(|op| matches!(op, VaultOp::Put { fd: true, .. }))
+            .count();
+        if wanted != fds.len() {
+            return Err(format!(
+                "{wanted} descriptors announced, {} attached",
+                fds.len()
+            ));
+        }
+        let sizes: Vec<u64> = ops
+            .iter()
+            .map(|op| match op {
+                VaultOp::Put { key, value, .. } => size_of(key, value),
+                VaultOp::Delete { .. } => 0,
+            })
+            .collect();
+        let (n, bytes, nfds) = self.after(&ops, &sizes);
+        // A request that does not make an excess worse passes: a vault
+        // imported above its quota can still shrink.
+        for (what, value, max, now) in [
+            ("records", n, quota.records, self.map.len() as u64),
+            ("bytes", bytes, quota.bytes, self.bytes),
+            ("descriptors", nfds, quota.fds, self.fds),
+        ] {
+            if value > max && value > now {
+                return Err(format!(
+                    "over quota: {value} {what} (vault_quota allows {max}); nothing changed"
+                ));
+            }
+        }
+        if nfds > self.fds {
+            budget.take(nfds - self.fds)?;
+        } else {
+            budget.give_back(self.fds - nfds);
+        }
+        let mut fds = fds.into_iter();
+        for (op, size) in ops.into_iter().zip(sizes) {
+            match op {
+                VaultOp::Put { key, value, fd } => {
+                    let entry = self.map.entry(key).or_default();
+                    entry.value = value;
+                    entry.size = size;
+                    if fd {
+                        entry.fd = fds.next();
+                    }
+                }
+                VaultOp::Delete { key } => {
+                    self.map.remove(&key);
+                }
+            }
+        }
+        (self.bytes, self.fds) = (bytes, nfds);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn put(key: &str, value: serde_json::Value, fd: bool) -> VaultOp {
+        VaultOp::Put {
+            key: key.into(),
+            value,
+            fd,
+        }
+    }
+
+    fn memfd() -> OwnedFd {
+        rustix::fs::memfd_create("q", rustix::fs::MemfdFlags::CLOEXEC).unwrap()
+    }
+
+    #[test]
+    fn a_request_past_a_quota_is_refused_whole_and_counts_stay_exact() {
+        let quota = VaultQuota {
+            records: 3,
+            bytes: 100,
+            fds: 1,
+        };
+        let budget = FdBudget::new(10);
+        let mut r = Records::default();
+        r.apply(
+            vec![put("a", json!(1), false), put("b", json!("xy"), true)],
+            vec![memfd()],
+            &quota,
+            &budget,
+        )
+        .unwrap();
+        assert_eq!((r.map.len(), r.bytes, r.fds), (2, 2 + 1 + 4, 1));
+        // A second descriptor: refused, and nothing of the request applied.
+        let e = r
+            .apply(
+                vec![put("c", json!(3), true)],
+                vec![memfd()],
+                &quota,
+                &budget,
+            )
+            .unwrap_err();
+        assert!(e.contains("2 descriptors (vault_quota allows 1)"), "{e}");
+        assert!(!r.map.contains_key("c"));
+        // Replacing a record's descriptor keeps the count.
+        r.apply(
+            vec![put("b", json!("z"), true)],
+            vec![memfd()],
+            &quota,
+            &budget,
+        )
+        .unwrap();
+        assert_eq!((r.fds, budget.held.load(Ordering::SeqCst)), (1, 1));
+        // Records and bytes.
+        let e = r
+            .apply(
+                vec![put("c", json!(3), false), put("d", json!(4), false)],
+                vec![],
+                &quota,
+                &budget,
+            )
+            .unwrap_err();
+        assert!(e.contains("4 records (vault_quota allows 3)"), "{e}");
+        let e = r
+            .apply(
+                vec![put("c", json!("x".repeat(100)), false)],
+                vec![],
+                &quota,
+                &budget,
+            )
+            .unwrap_err();
+        assert!(e.contains("bytes (vault_quota allows 100)"), "{e}");
+        // Put then delete in one request counts as nothing.
+        r.apply(
+            vec![
+                put("c", json!("x".repeat(100)), false),
+                VaultOp::Delete { key: "c".into() },
+            ],
+            vec![],
+            &quota,
+            &budget,
+        )
+        .unwrap();
+        // Deleting gives the descriptor back to the supervisor's budget.
+        r.apply(
+            vec![VaultOp::Delete { key: "b".into() }],
+            vec![],
+            &quota,
+            &budget,
+        )
+        .unwrap();
+        assert_eq!((r.map.len(), r.bytes, r.fds), (1, 2, 0));
+        assert_eq!(budget.held.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_request_with_missing_descriptors_changes_nothing() {
+        let mut r = Records::default();
+        let ops = vec![put("a", json!(1), false), put("b", json!(2), true)];
+        let e = r
+            .apply(ops, vec![], &VaultQuota::default(), &FdBudget::new(10))
+            .unwrap_err();
+        assert_eq!(e, "1 descriptors announced, 0 attached");
+        assert!(r.map.is_empty());
+    }
+
+    #[test]
+    fn the_supervisors_budget_holds_across_components() {
+        let quota = VaultQuota::default();
+        let budget = FdBudget::new(2);
+        let (mut a, mut b) = (Records::default(), Records::default());
+        a.apply(
+            vec![put("x", json!(0), true), put("y", json!(0), true)],
+            vec![memfd(), memfd()],
+            &quota,
+            &budget,
+        )
+        .unwrap();
+        let e = b
+            .apply(
+                vec![put("x", json!(0), true)],
+                vec![memfd()],
+                &quota,
+                &budget,
+            )
+            .unwrap_err();
+        assert!(e.contains("descriptors are spent"), "{e}");
+        assert!(b.map.is_empty());
+    }
+}

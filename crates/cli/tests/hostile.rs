@@ -392,3 +392,85 @@ vault_quota = { records = 600, kib = 1024, fds = 50 }
     assert_eq!(report["corrupt"], 0, "{report}");
     assert!(leftovers(&tag).is_empty());
 }
+
+#[test]
+fn a_component_hanging_in_its_initialization_delays_no_other_reboot() {
+    let seed = seed("hanging-init");
+    let tag = unique_tag("hanging-init");
+    let dir = scratch("hanging-init");
+    let system = write(
+        &dir,
+        "hanging.toml",
+        r#"
+[system]
+name = "hanging-init"
+
+[[component]]
+name = "ramfs"
+binary = "kintsugi-ramfs"
+provides = ["fs"]
+restart = { max = 100000, window_ms = 1000 }
+
+[[component]]
+name = "workload"
+binary = "kintsugi-fs-workload"
+uses = ["fs"]
+[component.config]
+files = 8
+seed = 29
+
+[[component]]
+name = "fragile"
+binary = "kintsugi-fragile"
+restart = { max = 100000, window_ms = 1000 }
+[component.config]
+mode = "hang"
+crash_after_ms = 200
+"#,
+    );
+    // fragile crashes at 200 ms and its next incarnation never becomes
+    // ready (the ready timeout is 10 s); ramfs is killed meanwhile.
+    let out = run_system(&tag, &system)
+        .args(["--duration", "4", "--seed", &seed.to_string()])
+        .args([
+            "--kill",
+            "ramfs",
+            "--kills",
+            "4",
+            "--kill-every",
+            "400..700",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    let events = events(&stdout);
+    let fragile_down = events
+        .iter()
+        .position(|e| matches!(e, Event::Crashed { component, .. } if component == "fragile"))
+        .unwrap_or_else(|| panic!("fragile never crashed:\n{stdout}\n{stderr}"));
+    assert!(
+        !events[fragile_down..]
+            .iter()
+            .any(|e| matches!(e, Event::Rebooted { component, .. } if component == "fragile")),
+        "fragile's hanging incarnation became ready:\n{stdout}"
+    );
+    let reboots: Vec<Duration> = events[fragile_down..]
+        .iter()
+        .filter_map(|e| match e {
+            Event::Rebooted {
+                component, took, ..
+            } if component == "ramfs" => Some(*took),
+            _ => None,
+        })
+        .collect();
+    assert!(reboots.len() >= 3, "{reboots:?}\n{stdout}\n{stderr}");
+    // Each within milliseconds, not after fragile's 10 s ready timeout.
+    assert!(
+        reboots.iter().all(|t| *t < Duration::from_millis(500)),
+        "{reboots:?}"
+    );
+    let report = workload_report(&stdout);
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(report["corrupt"], 0, "{report}");
+    assert!(leftovers(&tag).is_empty(), "{stdout}");
+}

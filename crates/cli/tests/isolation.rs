@@ -34,8 +34,18 @@ binary = "kintsugi-probe"
 "#,
     );
     let tag = unique_tag("isolation");
-    let out = kintsugi(&tag)
+    // Started with a descriptor its parent left open (not close-on-exec),
+    // which no component may inherit.
+    let marker = write(&dir, "inherited-marker", "secret");
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg("exec 7<\"$1\"; shift; exec \"$@\"")
+        .arg("bash")
+        .arg(&marker)
+        .arg(env!("CARGO_BIN_EXE_kintsugi"))
         .args(["run", system.to_str().unwrap(), "--duration", "1.5"])
+        .env("KINTSUGI_TEST_TAG", &tag)
+        .env("KINTSUGI_LOG", "warn")
         .output()
         .unwrap();
     let (stdout, stderr) = text(&out);
@@ -73,6 +83,14 @@ binary = "kintsugi-probe"
         channels.iter().all(|c| !c.as_str().unwrap().contains("->")),
         "outsider holds an edge: {channels:?}"
     );
+    for p in [&insider, &outsider] {
+        let open = p["open"].as_array().unwrap();
+        assert!(
+            open.iter()
+                .all(|t| !t.as_str().unwrap().contains("inherited-marker")),
+            "{open:?}"
+        );
+    }
     // Neither the supervisor's descriptors nor those of another component
     // (its zygote, its standby, ramfs and theirs) open through /proc.
     for p in [&insider, &outsider] {

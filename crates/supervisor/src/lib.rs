@@ -6,6 +6,7 @@
 
 #![deny(unsafe_code)]
 
+mod activation;
 mod chaos;
 mod checkpoints;
 pub mod events;

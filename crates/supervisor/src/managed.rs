@@ -4,6 +4,7 @@
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::time::Instant;
 
 use kintsugi_runtime::abi::boot::{BootInfo, ProvidedEdge, UsedEdge};
 use kintsugi_runtime::abi::channel::Edge;
@@ -12,6 +13,7 @@ use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::abi::zygote;
 use kintsugi_system::ComponentSpec;
 
+use crate::activation::Attempt;
 use crate::policy::RestartWindow;
 use crate::process::Proc;
 use crate::watch::Watch;
@@ -33,6 +35,13 @@ pub(crate) enum Phase {
     Live {
         inc: Incarnation,
         watch: Option<Watch>,
+    },
+    /// A new incarnation initializing after a restart, slower than a
+    /// restart waits for: the event loop checks it until `deadline`.
+    Starting {
+        inc: Incarnation,
+        deadline: Instant,
+        attempt: Attempt,
     },
     /// It will not run again (finished, or given up): its clients' calls fail.
     Retired,
@@ -320,6 +329,21 @@ impl Managed {
         match &self.phase {
             Phase::Live { inc, .. } => Some(inc),
             _ => None,
+        }
+    }
+
+    /// The incarnation parked while it initializes, and its restart.
+    pub(crate) fn take_starting(&mut self) -> Option<(Incarnation, Instant, Attempt)> {
+        match std::mem::replace(&mut self.phase, Phase::Down) {
+            Phase::Starting {
+                inc,
+                deadline,
+                attempt,
+            } => Some((inc, deadline, attempt)),
+            other => {
+                self.phase = other;
+                None
+            }
         }
     }
 

@@ -5,86 +5,18 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use kintsugi_runtime::abi::boot::{Activation, ControlBlock};
-use kintsugi_runtime::futex::timespec;
+use kintsugi_runtime::abi::boot::ControlBlock;
 use kintsugi_system::{GiveUpAction, RebootMode, RecoveryMode};
-use rustix::event::{poll, PollFd, PollFlags};
-use thiserror::Error;
 
+use crate::activation::{ActivationFailure, Attempt, Next, Waited, SYNC_ACTIVATION};
 use crate::events::{Event, Exit};
-use crate::managed::{Incarnation, Phase};
+use crate::managed::Phase;
 use crate::options::{StopReason, SupervisorError};
+use crate::policy::GiveUpReason;
 use crate::supervisor::Supervisor;
 use crate::watch::Watch;
 
-/// Why an incarnation did not become live.
-#[derive(Debug, Error)]
-pub(crate) enum ActivationFailure {
-    /// It failed, died or timed out during initialization.
-    #[error("{0}")]
-    Init(String),
-    /// A signal asked the supervisor to stop while it waited.
-    #[error("stopped by a signal during initialization")]
-    Interrupted,
-}
-
 impl Supervisor<'_> {
-    /// Lets `inc` run as the next epoch and waits until it is ready, until
-    /// it dies or fails, or until the supervisor is asked to stop; an
-    /// incarnation that does not become ready is killed and reaped.
-    pub(crate) fn activate(
-        &mut self,
-        idx: usize,
-        inc: Incarnation,
-    ) -> Result<(), ActivationFailure> {
-        let timeout = self.options.ready_timeout;
-        let m = &mut self.comps[idx];
-        // A checkpoint-recovered server's state (and so every descriptor
-        // it handed out) carries on: its epoch does too, after the first.
-        if m.spec.recovery != RecoveryMode::Checkpoint || m.epoch == 0 {
-            m.epoch += 1;
-        }
-        let ctl: &ControlBlock = m.wiring.control.at(0);
-        ctl.activate(inc.generation, m.epoch);
-        let signal_pipe = &self.signal_pipe;
-        let outcome = ctl.wait_ready(inc.generation, timeout, || {
-            let mut fds = [
-                PollFd::new(&inc.proc.pidfd, PollFlags::IN),
-                PollFd::new(signal_pipe, PollFlags::IN),
-            ];
-            match poll(&mut fds, Some(&timespec(Duration::ZERO))) {
-                Ok(_) if !fds[0].revents().is_empty() => Some(Activation::Died),
-                Ok(_) if !fds[1].revents().is_empty() => Some(Activation::Interrupted),
-                _ => None,
-            }
-        });
-        if outcome == Activation::Ready {
-            for s in &m.wiring.served {
-                s.edge.server_live(m.epoch, inc.proc.pid);
-            }
-            m.standby.went_live(inc.bank);
-            m.restarts.went_live(Instant::now());
-            self.roster
-                .set_live(&m.spec.name, Some(inc.proc.pid), m.epoch);
-            m.phase = Phase::Live { inc, watch: None };
-            return Ok(());
-        }
-        let exit = inc.proc.kill();
-        Err(match outcome {
-            Activation::Interrupted => ActivationFailure::Interrupted,
-            Activation::Failed => {
-                ActivationFailure::Init(format!("initialization failed ({exit})"))
-            }
-            Activation::Died => {
-                ActivationFailure::Init(format!("died during initialization ({exit})"))
-            }
-            _ => ActivationFailure::Init(format!(
-                "not ready within {} ms ({exit})",
-                timeout.as_millis()
-            )),
-        })
-    }
-
     /// Starts watching the live incarnation's lifelines (after the reboot is
     /// done: spawning the watcher is not on the reboot's path).
     pub(crate) fn watch_live(&mut self, idx: usize) {
@@ -132,7 +64,7 @@ impl Supervisor<'_> {
         let panic_site = ctl.panic_site.swap(0, Ordering::SeqCst);
         let (delay, failures) = m.restarts.failed(detected, exit, panic_site);
         if delay.is_zero() {
-            return self.restart(idx, detected, pending);
+            return self.restart(idx, Attempt::new(detected, pending));
         }
         pending.push(Event::BackingOff {
             component: m.spec.name.clone(),
@@ -186,69 +118,120 @@ impl Supervisor<'_> {
         pending
     }
 
-    /// Starts a new incarnation of component `idx`, which is down since
-    /// `since`, and recovers its state; tries again while its policy
-    /// allows, then gives up.
+    /// Starts a new incarnation of component `idx` and recovers its state;
+    /// tries again while its policy allows, then gives up. An incarnation
+    /// slow to initialize is left to the event loop
+    /// ([`Self::check_starting`]), which serves the other components
+    /// meanwhile.
     pub(crate) fn restart(
         &mut self,
         idx: usize,
-        since: Instant,
-        mut pending: Vec<Event>,
+        mut attempt: Attempt,
     ) -> Result<Option<StopReason>, SupervisorError> {
-        let name = self.comps[idx].spec.name.clone();
-        let (mut failed, mut last) = (0, String::new());
         loop {
             let m = &mut self.comps[idx];
-            if let Err(reason) = m.restarts.attempt(Instant::now(), failed, &last) {
-                let action = m.spec.restart.on_give_up;
-                m.retire();
-                pending.push(Event::GaveUp {
-                    component: name.clone(),
-                    reason,
-                    action,
-                });
-                pending.into_iter().for_each(|e| self.emit(e));
-                return Ok(match action {
-                    GiveUpAction::Stop => Some(StopReason::GaveUp(name)),
-                    GiveUpAction::Isolate => None,
-                });
+            if let Err(reason) = m
+                .restarts
+                .attempt(Instant::now(), attempt.failed, &attempt.last)
+            {
+                return Ok(self.give_up(idx, reason, attempt.pending));
             }
             if m.spec.reboot == RebootMode::Exec {
                 self.respawn_zygote(idx)?;
             }
             let inc = self.fork_now(idx)?;
-            let new_pid = inc.proc.pid;
-            match self
-                .activate(idx, inc)
-                .and_then(|()| self.recover_state(idx, &mut pending))
-            {
-                Ok(()) => {
-                    let m = &self.comps[idx];
-                    let ctl: &ControlBlock = m.wiring.control.at(0);
-                    pending.push(Event::Rebooted {
-                        component: name.clone(),
-                        epoch: m.epoch,
-                        pid: new_pid,
-                        took: since.elapsed(),
-                        init: Duration::from_nanos(ctl.init_ns.load(Ordering::SeqCst)),
-                    });
-                    self.watch_live(idx);
-                    pending.into_iter().for_each(|e| self.emit(e));
-                    if self.comps[idx].spec.reboot == RebootMode::Standby {
-                        self.request_fork(idx)?;
-                    }
-                    return Ok(None);
-                }
-                Err(ActivationFailure::Interrupted) => {
-                    pending.into_iter().for_each(|e| self.emit(e));
-                    return Ok(Some(StopReason::Signal));
-                }
-                Err(failure) => {
-                    failed += 1;
-                    tracing::warn!("{name}: new incarnation {new_pid} failed: {failure}");
-                    last = failure.to_string();
-                }
+            let deadline = Instant::now() + self.options.ready_timeout;
+            let waited = self.launch(idx, inc, deadline, SYNC_ACTIVATION);
+            match self.after_start(idx, waited, deadline, attempt)? {
+                Next::Done(stop) => return Ok(stop),
+                Next::Retry(a) => attempt = a,
             }
+        }
+    }
+
+    /// What follows an activation's wait: the component is back, or its
+    /// incarnation is still initializing (parked), or another is to be tried.
+    pub(crate) fn after_start(
+        &mut self,
+        idx: usize,
+        waited: Waited,
+        deadline: Instant,
+        mut attempt: Attempt,
+    ) -> Result<Next, SupervisorError> {
+        let failure = match waited {
+            Waited::Pending(inc) => {
+                // What happened so far is told now, not when it is ready.
+                let told = std::mem::take(&mut attempt.pending);
+                told.into_iter().for_each(|e| self.emit(e));
+                self.comps[idx].phase = Phase::Starting {
+                    inc,
+                    deadline,
+                    attempt,
+                };
+                return Ok(Next::Done(None));
+            }
+            Waited::Ready(pid) => match self.recover_state(idx, &mut attempt.pending) {
+                Ok(()) => return self.back_up(idx, pid, attempt).map(Next::Done),
+                Err(f) => (pid, f),
+            },
+            Waited::Failed(_, ActivationFailure::Interrupted) => {
+                attempt.pending.into_iter().for_each(|e| self.emit(e));
+                return Ok(Next::Done(Some(StopReason::Signal)));
+            }
+            Waited::Failed(pid, f) => (pid, f),
+        };
+        let (pid, failure) = failure;
+        let name = &self.comps[idx].spec.name;
+        tracing::warn!("{name}: new incarnation {pid} failed: {failure}");
+        attempt.failed += 1;
+        attempt.last = failure.to_string();
+        Ok(Next::Retry(attempt))
+    }
+
+    /// Component `idx` serves again, as incarnation `pid`.
+    fn back_up(
+        &mut self,
+        idx: usize,
+        pid: u32,
+        mut attempt: Attempt,
+    ) -> Result<Option<StopReason>, SupervisorError> {
+        let m = &self.comps[idx];
+        let ctl: &ControlBlock = m.wiring.control.at(0);
+        attempt.pending.push(Event::Rebooted {
+            component: m.spec.name.clone(),
+            epoch: m.epoch,
+            pid,
+            took: attempt.since.elapsed(),
+            init: Duration::from_nanos(ctl.init_ns.load(Ordering::SeqCst)),
+        });
+        self.watch_live(idx);
+        attempt.pending.into_iter().for_each(|e| self.emit(e));
+        if self.comps[idx].spec.reboot == RebootMode::Standby {
+            self.request_fork(idx)?;
+        }
+        Ok(None)
+    }
+
+    /// Retires component `idx` for `reason`: the system stops, or the
+    /// component stays failed, as its policy says.
+    fn give_up(
+        &mut self,
+        idx: usize,
+        reason: GiveUpReason,
+        mut pending: Vec<Event>,
+    ) -> Option<StopReason> {
+        let m = &mut self.comps[idx];
+        let (name, action) = (m.spec.name.clone(), m.spec.restart.on_give_up);
+        m.retire();
+        pending.push(Event::GaveUp {
+            component: name.clone(),
+            reason,
+            action,
+        });
+        pending.into_iter().for_each(|e| self.emit(e));
+        match action {
+            GiveUpAction::Stop => Some(StopReason::GaveUp(name)),
+            GiveUpAction::Isolate => None,
         }
     }
 

@@ -24,6 +24,7 @@ use rustix::event::epoll;
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 use rustix::process::Signal;
 
+use crate::activation::Attempt;
 use crate::chaos::{Chaos, Target};
 use crate::checkpoints::{self, Command, Kept, Quiet, Tracked};
 use crate::events::{Event, Exit};
@@ -486,7 +487,14 @@ impl<'a> Supervisor<'a> {
                 return Ok(reason);
             }
             let mut wake = self.chaos.as_ref().and_then(|c| c.wake(now, target));
-            if let Some(due) = self.deferred.iter().map(|(at, _)| *at).min() {
+            if let Some(reason) = self.check_starting()? {
+                return Ok(reason);
+            }
+            let due = self.deferred.iter().map(|(at, _)| *at).min();
+            for due in [due, self.starting_wake(Instant::now())]
+                .into_iter()
+                .flatten()
+            {
                 wake = Some(wake.map_or(due, |w| w.min(due)));
             }
             if let Some(d) = self.options.duration {
@@ -528,7 +536,7 @@ impl<'a> Supervisor<'a> {
     fn restart_due(&mut self, now: Instant) -> Result<Option<StopReason>, SupervisorError> {
         while let Some(i) = self.deferred.iter().position(|(at, _)| *at <= now) {
             let (at, idx) = self.deferred.swap_remove(i);
-            if let Some(reason) = self.restart(idx, at, Vec::new())? {
+            if let Some(reason) = self.restart(idx, Attempt::new(at, Vec::new()))? {
                 return Ok(Some(reason));
             }
         }
@@ -770,6 +778,9 @@ impl<'a> Supervisor<'a> {
             }
             if let Some(live) = m.take_live() {
                 exits.push((m.spec.name.clone(), live.proc.stop(grace)));
+            }
+            if let Some((starting, _, _)) = m.take_starting() {
+                starting.proc.kill();
             }
             for s in &m.wiring.served {
                 s.edge.server_gone();

@@ -15,12 +15,14 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use kintsugi_supervisor::{CheckpointSummary, Roster};
+use kintsugi_supervisor::{CheckpointSummary, FaultReport, Roster};
+
+use crate::status::SystemStatus;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "op")]
-enum Request {
+pub(crate) enum Request {
     Checkpoint {
         component: String,
         out: Option<PathBuf>,
@@ -33,12 +35,21 @@ enum Request {
     },
     /// The live components: name, pid, epoch.
     Members,
+    /// Every component's state and history.
+    Status,
+    /// Stop the system, as SIGTERM would.
+    Stop,
+    /// Kill the live incarnation of `component`, which is rebooted.
+    Restart { component: String },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-enum Answer {
+pub(crate) enum Answer {
     Done(CheckpointSummary),
+    Status(SystemStatus),
+    /// What was done, and the supervisor's pid.
+    Said(String, u32),
     Members(Vec<(String, Option<u32>, u64)>),
     Error(String),
 }
@@ -60,6 +71,8 @@ const POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Control {
     pub fn start(system: &str, roster: Arc<Roster>) -> anyhow::Result<Self> {
+        let started = std::time::Instant::now();
+        let name = system.to_string();
         let path = socket_path(system, std::process::id())?;
         // Left by an earlier process with this pid that did not stop cleanly.
         let _ = std::fs::remove_file(&path);
@@ -75,7 +88,7 @@ impl Control {
                     match listener.accept() {
                         Ok((conn, _)) => {
                             let _ = conn.set_nonblocking(false);
-                            serve(conn, &roster);
+                            serve(conn, &name, &roster, started);
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             let mut fds = [rustix::event::PollFd::new(
@@ -111,7 +124,7 @@ impl Drop for Control {
 }
 
 /// Answers one connection's request.
-fn serve(conn: UnixStream, roster: &Roster) {
+fn serve(conn: UnixStream, system: &str, roster: &Roster, started: std::time::Instant) {
     let mut line = String::new();
     let mut reader = BufReader::new(&conn);
     // A client that sends nothing must not hold the socket for ever.
@@ -128,6 +141,12 @@ fn serve(conn: UnixStream, roster: &Roster) {
                 from,
                 force,
             }) => answer(roster.restore(&component, from, force)),
+            Ok(Request::Status) => Answer::Status(SystemStatus::of(system, roster, started)),
+            Ok(Request::Stop) => {
+                roster.request_stop();
+                Answer::Said(format!("stopping system `{system}`"), std::process::id())
+            }
+            Ok(Request::Restart { component }) => restart(roster, &component),
             Ok(Request::Members) => Answer::Members(
                 roster
                     .members()
@@ -140,6 +159,28 @@ fn serve(conn: UnixStream, roster: &Roster) {
     let mut text = serde_json::to_string(&answer).unwrap_or_default();
     text.push('\n');
     let _ = (&conn).write_all(text.as_bytes());
+}
+
+/// Has the supervisor kill `component`'s live incarnation and reboot it.
+fn restart(roster: &Roster, component: &str) -> Answer {
+    match roster.member(component) {
+        None => Answer::Error(format!("no component `{component}` in this system")),
+        Some(m) => match m.pid {
+            None => Answer::Error(format!("`{component}` has no live incarnation to restart")),
+            Some(pid) => {
+                roster.report_fault(FaultReport {
+                    component: component.to_string(),
+                    pid,
+                    detail: "restart requested (kintsugi restart)".into(),
+                    hang: false,
+                });
+                Answer::Said(
+                    format!("{component}: restarting (pid {pid}, epoch {})", m.epoch),
+                    std::process::id(),
+                )
+            }
+        },
+    }
 }
 
 fn answer(r: Result<CheckpointSummary, String>) -> Answer {
@@ -210,14 +251,24 @@ fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
 }
 
 fn ask(system: &str, request: &Request, json: bool) -> anyhow::Result<bool> {
-    let published = crate::roster::read_roster(&crate::roster::roster_file(system)?)?;
-    match exchange(&published.system, published.supervisor_pid, request)? {
+    match ask_system(Some(system), request)? {
         Answer::Done(s) if json => println!("{}", serde_json::to_string(&s)?),
         Answer::Done(s) => println!("{}", describe(&s)),
-        Answer::Members(_) => anyhow::bail!("an answer to another question"),
         Answer::Error(e) => anyhow::bail!("{e}"),
+        _ => anyhow::bail!("an answer to another question"),
     }
     Ok(true)
+}
+
+/// Sends `request` to the supervisor of `system` (a name or a system
+/// file; default: the only system running) and returns its answer.
+pub(crate) fn ask_system(system: Option<&str>, request: &Request) -> anyhow::Result<Answer> {
+    let path = match system {
+        Some(s) => crate::roster::roster_file(s)?,
+        None => crate::roster::only_running()?,
+    };
+    let published = crate::roster::read_roster(&path)?;
+    exchange(&published.system, published.supervisor_pid, request)
 }
 
 /// The live components of system `name` as its supervisor `pid` reports them.
@@ -225,7 +276,7 @@ pub fn members(name: &str, pid: u32) -> anyhow::Result<Vec<(String, Option<u32>,
     match exchange(name, pid, &Request::Members)? {
         Answer::Members(m) => Ok(m),
         Answer::Error(e) => anyhow::bail!("{e}"),
-        Answer::Done(_) => anyhow::bail!("an answer to another question"),
+        _ => anyhow::bail!("an answer to another question"),
     }
 }
 

@@ -6,6 +6,7 @@ mod control;
 mod inject;
 mod roster;
 mod run;
+mod status;
 
 use std::path::PathBuf;
 
@@ -38,6 +39,13 @@ enum Command {
     /// Restore a component of a running system from its latest checkpoint
     /// (in place, keeping its pid) or from an image file.
     Restore(control::RestoreArgs),
+    /// Show every component of a running system: state, pid, epoch,
+    /// restarts, reboot times, descriptors recovered, hangs, counters.
+    Status(status::StatusArgs),
+    /// Stop a running system (clients first, as Ctrl-C does).
+    Stop(status::StopArgs),
+    /// Restart one component of a running system (killed and micro-rebooted).
+    Restart(status::RestartArgs),
     /// Run a system with checking workloads, inject faults one at a time
     /// and classify what each did.
     Campaign(kintsugi_campaign::CampaignArgs),
@@ -74,6 +82,9 @@ fn main() -> std::process::ExitCode {
         Command::Inject(args) => inject::inject(args),
         Command::Checkpoint(args) => control::checkpoint(args),
         Command::Restore(args) => control::restore(args),
+        Command::Status(args) => status::status(args),
+        Command::Stop(args) => status::stop(args),
+        Command::Restart(args) => status::restart(args),
         Command::Campaign(args) => kintsugi_campaign::campaign(args),
         Command::Bench { args } => bench(&args),
         Command::IdlLines { dir } => idl_lines(&dir),

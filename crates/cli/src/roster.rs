@@ -161,6 +161,32 @@ pub fn roster_file(system: &str) -> anyhow::Result<PathBuf> {
     Ok(private_dir()?.join(format!("{name}.json")))
 }
 
+/// The roster file of the only system running (under this user).
+pub fn only_running() -> anyhow::Result<PathBuf> {
+    let dir = private_dir()?;
+    let running: Vec<PathBuf> = std::fs::read_dir(&dir)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .filter(|p| read_roster(p).is_ok())
+        .collect();
+    match running.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => anyhow::bail!(
+            "no system is running under `kintsugi run` ({})",
+            dir.display()
+        ),
+        many => anyhow::bail!(
+            "{} systems are running; name one: {}",
+            many.len(),
+            many.iter()
+                .filter_map(|p| p.file_stem()?.to_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 /// The published roster at `path`, as written (names, counters): for
 /// display only; act on pids through [`Verified`].
 pub fn read_roster(path: &Path) -> anyhow::Result<Published> {

@@ -157,7 +157,12 @@ pub enum Event {
         component: String,
         pid: u32,
         detail: String,
+        /// A hang the watchdog found (else a checker's finding, or an
+        /// operator's `kintsugi restart`).
+        #[serde(default)]
+        hang: bool,
     },
+
     /// The pristine image died and was rebuilt from the binary.
     ZygoteRespawned { component: String, pid: u32 },
     /// A hang was answered by rolling the incarnation back in place to its
@@ -252,7 +257,7 @@ impl fmt::Display for Event {
                 "{component}: failed the same way {failures} times in a row; restarting in {} ms",
                 delay.as_millis()
             ),
-            Event::FaultReported { component, pid, detail } => {
+            Event::FaultReported { component, pid, detail, .. } => {
                 write!(f, "{component}: fault reported in pid {pid}: {detail}; rebooting")
             }
             Event::ZygoteRespawned { component, pid } => {

@@ -10,6 +10,7 @@ mod activation;
 mod chaos;
 mod checkpoints;
 pub mod events;
+pub mod health;
 mod managed;
 mod options;
 mod policy;
@@ -28,6 +29,7 @@ mod zygote;
 
 pub use checkpoints::Summary as CheckpointSummary;
 pub use events::{Event, Exit};
+pub use health::{Health, State};
 pub use kintsugi_inject::{parse_signal, ChaosPlan};
 pub use options::{Options, Report, StopReason, SupervisorError};
 pub use policy::GiveUpReason;

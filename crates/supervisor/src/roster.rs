@@ -15,6 +15,8 @@ use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::InterfaceInfo;
 
 use crate::checkpoints::{Command, Summary};
+use crate::events::Event;
+use crate::health::{component_of, Health};
 
 /// One component as the roster sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +30,8 @@ pub struct Member {
     pub incarnations: u64,
     /// In-place rollbacks of this incarnation (its pid stays).
     pub rollbacks: u64,
+    /// Its state and history, as the supervisor's events tell them.
+    pub health: Health,
 }
 
 /// A fault found outside the supervisor's own detection (a hang, a checker).
@@ -214,6 +218,7 @@ impl Roster {
                 epoch: 0,
                 incarnations: 0,
                 rollbacks: 0,
+                health: Health::default(),
             },
             control,
             served,
@@ -229,6 +234,16 @@ impl Roster {
     }
 
     /// Records the live incarnation of `name` (None: none serves).
+    /// Takes in an event the supervisor emits.
+    pub(crate) fn observe(&self, e: &Event) {
+        let Some(name) = component_of(e) else {
+            return;
+        };
+        if let Some(entry) = self.lock().iter_mut().find(|x| x.member.name == name) {
+            entry.member.health.observe(e);
+        }
+    }
+
     pub(crate) fn set_live(&self, name: &str, pid: Option<u32>, epoch: u64) {
         if let Some(e) = self.lock().iter_mut().find(|e| e.member.name == name) {
             e.member.pid = pid;

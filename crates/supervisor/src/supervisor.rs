@@ -219,6 +219,7 @@ impl<'a> Supervisor<'a> {
     }
 
     pub(crate) fn emit(&mut self, e: Event) {
+        self.roster.observe(&e);
         (self.on_event)(&e);
     }
 
@@ -565,6 +566,7 @@ impl<'a> Supervisor<'a> {
                 component: report.component,
                 pid: report.pid,
                 detail: report.detail,
+                hang: report.hang,
             });
         }
         for done in self.roster.take_rollbacks() {

@@ -1,0 +1,141 @@
+//! Operating a running system from another process (issue 18):
+//! `kintsugi status` (text and JSON), `kintsugi restart COMPONENT` and
+//! `kintsugi stop`, against the demo.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+fn cli(tag: &str, runtime_dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = kintsugi(tag)
+        .env("XDG_RUNTIME_DIR", runtime_dir)
+        .args(args)
+        .output()
+        .unwrap();
+    let (o, e) = text(&out);
+    (out.status.success(), o, e)
+}
+
+fn status(tag: &str, dir: &Path) -> Value {
+    let (ok, out, err) = cli(tag, dir, &["status", "demo", "--json"]);
+    assert!(ok, "{out}{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+fn component<'a>(s: &'a Value, name: &str) -> &'a Value {
+    s["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {s}"))
+}
+
+#[test]
+fn status_restart_and_stop_a_running_system() {
+    let tag = unique_tag("operate");
+    let dir = scratch("operate");
+    let system = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../systems/demo.toml");
+    let mut child = kintsugi(&tag)
+        .env("XDG_RUNTIME_DIR", &dir)
+        .args(["run", "--duration", "120"])
+        .arg(&system)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once both are live.
+    let until = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        if let (true, out, _) = cli(&tag, &dir, &["status", "demo", "--json"]) {
+            let s: Value = serde_json::from_str(&out).unwrap();
+            if s["components"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["state"] == "live")
+            {
+                break s;
+            }
+        }
+        assert!(Instant::now() < until, "the demo never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(first["system"], "demo");
+    assert_eq!(first["supervisor_pid"], child.id());
+    let ramfs = component(&first, "ramfs");
+    assert_eq!(
+        (ramfs["epoch"].as_u64(), ramfs["restarts"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let old_pid = ramfs["pid"].as_u64().unwrap();
+
+    // The text form: a header and one line per component.
+    let (ok, text_out, err) = cli(&tag, &dir, &["status"]);
+    assert!(ok, "{err}");
+    assert!(
+        text_out.starts_with("system demo (supervisor pid "),
+        "{text_out}"
+    );
+    assert!(text_out.contains("COMPONENT  STATE"), "{text_out}");
+    assert!(
+        text_out
+            .lines()
+            .any(|l| l.starts_with("ramfs ") && l.contains(" live ")),
+        "{text_out}"
+    );
+
+    // Restart: a new incarnation, counted, its last exit named.
+    let (ok, out, err) = cli(&tag, &dir, &["restart", "ramfs"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains(&format!("ramfs: restarting (pid {old_pid}")),
+        "{out}"
+    );
+    let until = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let s = status(&tag, &dir);
+        let r = component(&s, "ramfs");
+        if r["restarts"] == 1 && r["state"] == "live" {
+            break r.clone();
+        }
+        assert!(Instant::now() < until, "ramfs never restarted: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_ne!(after["pid"].as_u64().unwrap(), old_pid);
+    assert_eq!(after["epoch"], 2);
+    assert_eq!(after["reboots_sampled"], 1);
+    assert!(after["reboot_p50_us"].as_u64().unwrap() > 0);
+    assert!(
+        after["last_exit"]
+            .as_str()
+            .unwrap()
+            .contains("restart requested"),
+        "{after}"
+    );
+    // A component that does not exist is refused with its name.
+    let (ok, _, err) = cli(&tag, &dir, &["restart", "nosuch"]);
+    assert!(!ok && err.contains("no component `nosuch`"), "{err}");
+
+    // Stop: the supervisor stops its components and exits, cleanly.
+    let (ok, out, err) = cli(&tag, &dir, &["stop"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("stopping system `demo`") && out.contains("stopped"),
+        "{out}"
+    );
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+    assert_eq!(workload_report(&stdout)["errors"], 0, "{stdout}");
+    // Nothing is left running, and no roster is left behind.
+    assert!(leftovers(&tag).is_empty());
+    assert!(!dir.join("kintsugi/demo.json").exists());
+    let (ok, _, err) = cli(&tag, &dir, &["status"]);
+    assert!(!ok && err.contains("no system is running"), "{err}");
+}

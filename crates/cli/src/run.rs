@@ -1,5 +1,6 @@
 //! `kintsugi run`, `kintsugi demo` and `kintsugi check`.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -184,9 +185,25 @@ struct Log {
     reboots: Vec<Duration>,
     injected: u32,
     injected_busy: u32,
+    /// Set once stdout is gone (a reader such as `head` closed the pipe):
+    /// the system runs on, and the log is no longer written.
+    closed: bool,
 }
 
 impl Log {
+    /// Writes one line to stdout, unless it is gone: a closed pipe must not
+    /// take the supervisor, and with it every component, down.
+    fn line(&mut self, text: &str) {
+        if self.closed {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, "{text}").and_then(|()| out.flush()) {
+            self.closed = true;
+            tracing::warn!("the event log's output is gone ({e}); the system runs on without it");
+        }
+    }
+
     fn new(quiet: bool, format: EventFormat) -> Self {
         Self {
             start: Instant::now(),
@@ -195,6 +212,7 @@ impl Log {
             reboots: Vec::new(),
             injected: 0,
             injected_busy: 0,
+            closed: false,
         }
     }
 
@@ -220,28 +238,29 @@ impl Log {
         }
         let t = self.start.elapsed();
         match self.format {
-            EventFormat::Text => println!("[{:>10.6}] {e}", t.as_secs_f64()),
+            EventFormat::Text => self.line(&format!("[{:>10.6}] {e}", t.as_secs_f64())),
             EventFormat::Json => match serde_json::to_string(&Stamped {
                 t_us: t.as_micros() as u64,
                 event: e,
             }) {
-                Ok(line) => println!("{line}"),
+                Ok(line) => self.line(&line),
                 Err(err) => tracing::error!("event not serializable: {err}"),
             },
         }
     }
 
-    fn summary(&self) {
+    fn summary(&mut self) {
         let took: Vec<f64> = self
             .reboots
             .iter()
             .map(|d| d.as_nanos() as f64 / 1e3)
             .collect();
         let Some(s) = Summary::of(&took) else { return };
-        println!(
+        let text = format!(
             "{} reboots: p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs; {} of {} injections hit a call in flight",
             s.n, s.p50, s.p99, s.max, self.injected_busy, self.injected
         );
+        self.line(&text);
     }
 }
 
@@ -278,7 +297,7 @@ fn execute(
     drop(publisher);
     log.summary();
     for (name, exit) in &report.exits {
-        println!("{name}: last incarnation ended with {exit}");
+        log.line(&format!("{name}: last incarnation ended with {exit}"));
     }
     Ok(report.success())
 }

@@ -139,3 +139,39 @@ fn status_restart_and_stop_a_running_system() {
     let (ok, _, err) = cli(&tag, &dir, &["status"]);
     assert!(!ok && err.contains("no system is running"), "{err}");
 }
+
+#[test]
+fn a_reader_that_closes_the_event_log_does_not_stop_the_system() {
+    let tag = unique_tag("epipe");
+    let dir = scratch("epipe");
+    let system = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../systems/demo.toml");
+    let started = Instant::now();
+    // `head -1` reads the first event and closes the pipe.
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg("\"$1\" run \"$2\" --duration 2 | head -1; echo \"supervisor ${PIPESTATUS[0]}\" >&2")
+        .arg("bash")
+        .arg(env!("CARGO_BIN_EXE_kintsugi"))
+        .arg(&system)
+        .env("XDG_RUNTIME_DIR", &dir)
+        .env("KINTSUGI_TEST_TAG", &tag)
+        .env("KINTSUGI_LOG", "warn")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    // It ran its whole duration, said why it stopped writing, and left
+    // neither processes nor its roster behind (before: killed by the
+    // broken pipe at once, its roster left stale).
+    assert!(started.elapsed() >= Duration::from_secs(2), "{stderr}");
+    assert!(
+        stderr.contains("the event log's output is gone"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("supervisor 101") && !stderr.contains("supervisor 134"),
+        "{stderr}"
+    );
+    assert!(!dir.join("kintsugi/demo.json").exists());
+    assert!(leftovers(&tag).is_empty());
+}

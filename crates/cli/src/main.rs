@@ -4,6 +4,7 @@
 
 mod control;
 mod inject;
+mod metrics;
 mod roster;
 mod run;
 mod status;

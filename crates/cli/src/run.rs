@@ -57,6 +57,10 @@ pub struct RunArgs {
     /// Detect deaths only through pidfds, not lifelines (for comparison).
     #[arg(long)]
     pub no_lifelines: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (a loopback
+    /// address, e.g. 127.0.0.1:9464; port 0 picks one, logged).
+    #[arg(long)]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Set a key of a component's config, overriding the system file:
     /// `COMPONENT.KEY=VALUE`, VALUE read as JSON if it is JSON, else as a
     /// string (`--set netd.port=8080 --set httpd.docroot=/srv/www`).
@@ -273,6 +277,7 @@ fn execute(
     options: Options,
     quiet: bool,
     format: EventFormat,
+    metrics: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<bool> {
     let mut log = Log::new(quiet, format);
     // Publish the roster for `kintsugi inject` (and other observers).
@@ -286,13 +291,20 @@ fn execute(
     };
     let publisher = crate::roster::Publisher::start(system, roster.clone())?;
     tracing::info!("roster published at {}", publisher.path().display());
-    let control = crate::control::Control::start(&system.name, roster)
+    let control = crate::control::Control::start(&system.name, roster.clone())
         .inspect_err(|e| tracing::warn!("no checkpoint control socket: {e:#}"))
         .ok();
+    let metrics = metrics
+        .map(|addr| crate::metrics::Metrics::start(addr, roster.clone()))
+        .transpose()?;
     let report = kintsugi_supervisor::run(system, options, &mut |e| {
         log.on(e);
         publisher.on(e);
+        if let Some(m) = &metrics {
+            m.on(e);
+        }
     })?;
+    drop(metrics);
     drop(control);
     drop(publisher);
     log.summary();
@@ -327,7 +339,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
         restores: args.restores,
         ..Options::default()
     };
-    execute(&system, options, args.quiet, args.events)
+    execute(&system, options, args.quiet, args.events, args.metrics)
 }
 
 pub fn demo(args: DemoArgs) -> anyhow::Result<bool> {
@@ -348,7 +360,7 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<bool> {
         interfaces: interfaces(),
         ..Options::default()
     };
-    execute(&system, options, false, EventFormat::Text)
+    execute(&system, options, false, EventFormat::Text, None)
 }
 
 pub fn check(path: &Path) -> anyhow::Result<bool> {

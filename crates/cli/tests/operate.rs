@@ -175,3 +175,131 @@ fn a_reader_that_closes_the_event_log_does_not_stop_the_system() {
     assert!(!dir.join("kintsugi/demo.json").exists());
     assert!(leftovers(&tag).is_empty());
 }
+
+/// `GET /metrics` from `port`: the status line and the body.
+fn scrape(port: u16, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(conn, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).unwrap();
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// The samples of an OpenMetrics text exposition, checked line by line:
+/// every sample belongs to a declared family and has a numeric value, and
+/// the text ends with `# EOF`.
+fn parse_exposition(body: &str) -> Vec<(String, String, f64)> {
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    let mut families: Vec<(String, String)> = Vec::new();
+    let mut samples = Vec::new();
+    for line in body.lines() {
+        if let Some(t) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = t.split_once(' ').unwrap();
+            families.push((name.to_string(), kind.to_string()));
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let (name, labels) = match series.split_once('{') {
+            Some((n, l)) => (n, l.strip_suffix('}').expect("labels close")),
+            None => (series, ""),
+        };
+        let family = families
+            .iter()
+            .find(|(f, _)| name.starts_with(f.as_str()))
+            .unwrap_or_else(|| panic!("{name}: no # TYPE"));
+        assert!(
+            matches!(family.1.as_str(), "counter" | "gauge" | "histogram"),
+            "{family:?}"
+        );
+        let value: f64 = value.parse().unwrap_or_else(|e| panic!("{line}: {e}"));
+        samples.push((name.to_string(), labels.to_string(), value));
+    }
+    samples
+}
+
+#[test]
+fn the_metrics_endpoint_serves_the_prometheus_format() {
+    let tag = unique_tag("metrics");
+    let dir = scratch("metrics");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let system = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../systems/demo.toml");
+    let mut child = kintsugi(&tag)
+        .env("XDG_RUNTIME_DIR", &dir)
+        .args(["run", "--quiet", "--duration", "60", "--metrics"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args([
+            "--kill",
+            "ramfs",
+            "--kills",
+            "3",
+            "--kill-every",
+            "50..100",
+            "--seed",
+            "7",
+        ])
+        .arg(&system)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let value = |samples: &[(String, String, f64)], name: &str, labels: &str| {
+        samples
+            .iter()
+            .find(|(n, l, _)| n == name && l == labels)
+            .map(|s| s.2)
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    let samples = loop {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            let (status, body) = scrape(port, "/metrics");
+            assert_eq!(status, "HTTP/1.1 200 OK");
+            let samples = parse_exposition(&body);
+            if value(&samples, "kintsugi_restarts_total", r#"component="ramfs""#) == Some(3.0) {
+                break samples;
+            }
+        }
+        assert!(Instant::now() < until, "never 3 restarts of ramfs");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let ramfs = r#"component="ramfs""#;
+    assert_eq!(
+        value(&samples, "kintsugi_reboot_seconds_count", ramfs),
+        Some(3.0)
+    );
+    assert_eq!(value(&samples, "kintsugi_up", ramfs), Some(1.0));
+    assert_eq!(value(&samples, "kintsugi_epoch", ramfs), Some(4.0));
+    assert_eq!(value(&samples, "kintsugi_give_ups_total", ramfs), Some(0.0));
+    // Histogram buckets are cumulative and end at the count.
+    let buckets: Vec<f64> = samples
+        .iter()
+        .filter(|(n, l, _)| n == "kintsugi_reboot_seconds_bucket" && l.contains(ramfs))
+        .map(|s| s.2)
+        .collect();
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
+    assert_eq!(buckets.last(), Some(&3.0));
+    let ops = value(
+        &samples,
+        "kintsugi_component_counter",
+        r#"component="workload",counter="ops""#,
+    );
+    assert!(ops.unwrap() > 0.0);
+    let (status, _) = scrape(port, "/other");
+    assert_eq!(status, "HTTP/1.1 404 Not Found");
+    let _ = child.kill();
+    let _ = child.wait();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        leftovers(&tag).is_empty() || {
+            std::thread::sleep(Duration::from_secs(2));
+            leftovers(&tag).is_empty()
+        }
+    );
+}

@@ -1,0 +1,256 @@
+//! `kintsugi run --metrics ADDR`: a Prometheus exposition endpoint
+//! (`GET /metrics`, text format 0.0.4, built with `prometheus-client`)
+//! with what the supervisor knows of each component (issue 18): restarts,
+//! a reboot-latency histogram, hangs found, descriptors its clients
+//! rebuilt, give-ups, whether it is up, its epoch, and its own named
+//! counters. Event-driven series are updated as the events happen;
+//! gauges are read from the roster at each scrape.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use kintsugi_supervisor::{Event, Roster, State};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ComponentLabel {
+    component: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CounterLabel {
+    component: String,
+    counter: String,
+}
+
+/// Reboot times from 10 µs to about 0.3 s.
+fn reboot_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-5, 2.0, 16))
+}
+
+/// The series, shared by the event callback and the server thread.
+struct Series {
+    registry: Registry,
+    restarts: Family<ComponentLabel, Counter>,
+    hangs: Family<ComponentLabel, Counter>,
+    recovered: Family<ComponentLabel, Counter>,
+    give_ups: Family<ComponentLabel, Counter>,
+    reboot_seconds: Family<ComponentLabel, Histogram, fn() -> Histogram>,
+    up: Family<ComponentLabel, Gauge>,
+    epoch: Family<ComponentLabel, Gauge>,
+    counters: Family<CounterLabel, Gauge>,
+}
+
+impl Series {
+    fn new() -> Self {
+        let (restarts, hangs, recovered, give_ups) = Default::default();
+        let reboot_seconds: Family<_, _, fn() -> Histogram> =
+            Family::new_with_constructor(reboot_histogram);
+        let (up, epoch, counters) = Default::default();
+        let mut registry = Registry::with_prefix("kintsugi");
+        let r = &mut registry;
+        r.register(
+            "restarts",
+            "Micro-reboots of a component",
+            Family::clone(&restarts),
+        );
+        r.register(
+            "hangs",
+            "Hangs the watchdog found in a component",
+            Family::clone(&hangs),
+        );
+        r.register(
+            "recovered_descriptors",
+            "Descriptors a component's clients rebuilt after its reboots",
+            Family::clone(&recovered),
+        );
+        r.register(
+            "give_ups",
+            "Times the supervisor gave up on a component",
+            Family::clone(&give_ups),
+        );
+        r.register(
+            "reboot_seconds",
+            "Time from a crash's detection to the new incarnation's readiness",
+            reboot_seconds.clone(),
+        );
+        r.register(
+            "up",
+            "1 if the component has a live incarnation",
+            Family::clone(&up),
+        );
+        r.register("epoch", "The component's epoch", Family::clone(&epoch));
+        r.register(
+            "component_counter",
+            "A counter the component publishes (ops, errors, ...)",
+            Family::clone(&counters),
+        );
+        Self {
+            registry,
+            restarts,
+            hangs,
+            recovered,
+            give_ups,
+            reboot_seconds,
+            up,
+            epoch,
+            counters,
+        }
+    }
+
+    fn on(&self, e: &Event) {
+        let label = |c: &str| ComponentLabel {
+            component: c.to_string(),
+        };
+        match e {
+            Event::Rebooted {
+                component, took, ..
+            } => {
+                self.restarts.get_or_create(&label(component)).inc();
+                self.reboot_seconds
+                    .get_or_create(&label(component))
+                    .observe(took.as_secs_f64());
+            }
+            Event::FaultReported {
+                component,
+                hang: true,
+                ..
+            }
+            | Event::RolledBack { component, .. } => {
+                self.hangs.get_or_create(&label(component)).inc();
+            }
+            Event::Recovered {
+                server,
+                descriptors,
+                ..
+            } => {
+                self.recovered
+                    .get_or_create(&label(server))
+                    .inc_by(*descriptors);
+            }
+            Event::GaveUp { component, .. } => {
+                self.give_ups.get_or_create(&label(component)).inc();
+            }
+            _ => {}
+        }
+    }
+
+    /// The exposition text, with the gauges read from `roster` now.
+    fn render(&self, roster: &Roster) -> String {
+        for m in roster.members() {
+            let l = ComponentLabel {
+                component: m.name.clone(),
+            };
+            // Every component has every series, at 0 until something happens.
+            for family in [&self.restarts, &self.hangs, &self.give_ups] {
+                let _ = family.get_or_create(&l);
+            }
+            self.up
+                .get_or_create(&l)
+                .set(i64::from(m.health.state == State::Live));
+            self.epoch.get_or_create(&l).set(m.epoch as i64);
+            for (counter, value) in roster.counters(&m.name) {
+                self.counters
+                    .get_or_create(&CounterLabel {
+                        component: m.name.clone(),
+                        counter,
+                    })
+                    .set(value as i64);
+            }
+        }
+        let mut out = String::new();
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// The endpoint; stops serving when dropped.
+pub struct Metrics {
+    series: Arc<Series>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Metrics {
+    /// Serves `GET /metrics` on `addr` (a loopback address: it is refused
+    /// otherwise, for the endpoint has no authentication).
+    pub fn start(addr: SocketAddr, roster: Arc<Roster>) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            addr.ip().is_loopback(),
+            "--metrics {addr}: only a loopback address is served (the endpoint has no authentication)"
+        );
+        let listener = TcpListener::bind(addr).with_context(|| format!("--metrics {addr}"))?;
+        let addr = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let series = Arc::new(Series::new());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, stopping) = (series.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                while !stopping.load(Ordering::SeqCst) {
+                    match listener.accept() {
+                        Ok((conn, _)) => {
+                            let _ = answer(conn, &s, &roster);
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                    }
+                }
+            })?;
+        tracing::info!("metrics at http://{addr}/metrics");
+        Ok(Self {
+            series,
+            stop,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Takes in an event the supervisor emitted.
+    pub fn on(&self, e: &Event) {
+        self.series.on(e);
+    }
+}
+
+impl Drop for Metrics {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Answers one HTTP request: the metrics for `GET /metrics`, 404 for any
+/// other path. A client that sends nothing is dropped after a second.
+fn answer(conn: TcpStream, series: &Series, roster: &Roster) -> std::io::Result<()> {
+    conn.set_nonblocking(false)?;
+    conn.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let mut request_line = String::new();
+    let mut reader = BufReader::new(&conn);
+    reader.read_line(&mut request_line)?;
+    // The headers, up to the blank line.
+    let mut header = String::new();
+    while reader.read_line(&mut header)? > 2 {
+        header.clear();
+    }
+    let (status, body) = match request_line.split_whitespace().collect::<Vec<_>>()[..] {
+        ["GET", "/metrics", _] => ("200 OK", series.render(roster)),
+        _ => ("404 Not Found", "only GET /metrics is served\n".to_string()),
+    };
+    let mut conn = conn;
+    write!(
+        conn,
+        "HTTP/1.1 {status}\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}

@@ -5,6 +5,7 @@
 mod control;
 mod inject;
 mod metrics;
+mod notify;
 mod roster;
 mod run;
 mod status;

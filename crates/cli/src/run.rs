@@ -297,13 +297,20 @@ fn execute(
     let metrics = metrics
         .map(|addr| crate::metrics::Metrics::start(addr, roster.clone()))
         .transpose()?;
+    let mut notifier = crate::notify::Notifier::start(system.components.len(), roster.clone());
+    let options = Options {
+        heartbeat: crate::notify::Notifier::heartbeat(),
+        ..options
+    };
     let report = kintsugi_supervisor::run(system, options, &mut |e| {
         log.on(e);
         publisher.on(e);
+        notifier.on(e);
         if let Some(m) = &metrics {
             m.on(e);
         }
     })?;
+    drop(notifier);
     drop(metrics);
     drop(control);
     drop(publisher);

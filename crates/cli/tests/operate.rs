@@ -303,3 +303,86 @@ fn the_metrics_endpoint_serves_the_prometheus_format() {
         }
     );
 }
+
+#[test]
+fn the_service_manager_is_told_ready_status_watchdog_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let tag = unique_tag("notify");
+    let dir = scratch("notify");
+    let socket_path = dir.join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let system = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../systems/demo.toml");
+    let mut child = kintsugi(&tag)
+        .env("XDG_RUNTIME_DIR", &dir)
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "200000")
+        .args(["run", "--quiet", "--duration", "2"])
+        .args([
+            "--kill",
+            "ramfs",
+            "--kills",
+            "2",
+            "--kill-every",
+            "300..400",
+            "--seed",
+            "3",
+        ])
+        .arg(&system)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut messages: Vec<String> = Vec::new();
+    let mut checked_env = false;
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut buf = [0u8; 4096];
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < until, "the run never ended");
+        if let Ok(n) = socket.recv(&mut buf) {
+            messages.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        // A component does not inherit the service manager's variables.
+        if !checked_env {
+            if let Some(pid) = std::fs::read_to_string(dir.join("kintsugi/demo.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .and_then(|r| r["members"][0]["pid"].as_u64())
+            {
+                let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+                let env = String::from_utf8_lossy(&env);
+                assert!(!env.contains("NOTIFY_SOCKET=") && !env.contains("WATCHDOG_USEC="));
+                checked_env = !env.is_empty();
+            }
+        }
+    }
+    while let Ok(n) = socket.recv(&mut buf) {
+        messages.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    assert!(child.wait().unwrap().success());
+    assert!(checked_env, "no component's environment was read");
+    let all = messages.join("");
+    let ready = messages
+        .iter()
+        .position(|m| m.contains("READY=1"))
+        .unwrap_or_else(|| panic!("no READY=1 in {messages:?}"));
+    assert!(
+        messages[ready].contains("STATUS=2 components serving"),
+        "{messages:?}"
+    );
+    assert_eq!(
+        all.matches("STATUS=ramfs rebooted in ").count(),
+        2,
+        "{messages:?}"
+    );
+    // Half the 200 ms watchdog period for 2 s: about 20 pings (at least a
+    // few beside two CPU hogs).
+    let pings = all.matches("WATCHDOG=1").count();
+    assert!(pings >= 5, "{pings} pings in {messages:?}");
+    assert!(
+        messages.last().unwrap().contains("STOPPING=1"),
+        "{messages:?}"
+    );
+    assert!(leftovers(&tag).is_empty());
+}

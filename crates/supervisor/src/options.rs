@@ -68,6 +68,10 @@ pub struct Options {
     /// memory and threads restored once it serves): another supervisor's
     /// checkpoint, moved here (`kintsugi run --restore C=FILE`).
     pub restores: Vec<(String, PathBuf)>,
+    /// The event loop turns at least this often, each turn counted by
+    /// [`Roster::loop_turns`], so that an observer can tell a live loop
+    /// from a hung one (a service manager's watchdog).
+    pub heartbeat: Option<Duration>,
 }
 
 impl Default for Options {
@@ -84,6 +88,7 @@ impl Default for Options {
             roster: None,
             checkpoint_dir: None,
             restores: Vec::new(),
+            heartbeat: None,
         }
     }
 }

@@ -227,6 +227,17 @@ pub fn spawn_component(
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(40);
     let mut cmd = Command::new(binary);
+    // The service manager's variables are the supervisor's, not theirs.
+    for var in [
+        "NOTIFY_SOCKET",
+        "WATCHDOG_USEC",
+        "WATCHDOG_PID",
+        "LISTEN_FDS",
+        "LISTEN_PID",
+        "LISTEN_FDNAMES",
+    ] {
+        cmd.env_remove(var);
+    }
     cmd.env(kintsugi_runtime::abi::boot::BOOT_ENV, boot_json)
         .stdin(Stdio::null())
         .process_group(0);

@@ -79,6 +79,8 @@ pub struct Roster {
     notify: Mutex<Option<OwnedFd>>,
     /// The supervisor's checkpoint thread, while the system runs.
     checkpoints: Mutex<Option<Sender<Command>>>,
+    /// Turns of the supervisor's event loop.
+    turns: AtomicU64,
 }
 
 impl Roster {
@@ -139,6 +141,16 @@ impl Roster {
     pub fn request_stop(&self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         self.wake();
+    }
+
+    /// How many times the supervisor's event loop has turned: a count that
+    /// stops growing means a hung supervisor (see `Options::heartbeat`).
+    pub fn loop_turns(&self) -> u64 {
+        self.turns.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn turned(&self) {
+        self.turns.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn stop_requested(&self) -> bool {

@@ -464,6 +464,7 @@ impl<'a> Supervisor<'a> {
     fn event_loop(&mut self) -> Result<StopReason, SupervisorError> {
         let mut buf = [MaybeUninit::<epoll::Event>::uninit(); 32];
         loop {
+            self.roster.turned();
             if self.roster.stop_requested() {
                 return Ok(StopReason::Requested);
             }
@@ -492,7 +493,8 @@ impl<'a> Supervisor<'a> {
                 return Ok(reason);
             }
             let due = self.deferred.iter().map(|(at, _)| *at).min();
-            for due in [due, self.starting_wake(Instant::now())]
+            let beat = self.options.heartbeat.map(|h| Instant::now() + h);
+            for due in [due, self.starting_wake(Instant::now()), beat]
                 .into_iter()
                 .flatten()
             {

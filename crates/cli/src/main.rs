@@ -60,6 +60,11 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
+    /// Print a shell completion script (e.g. `kintsugi completions bash >
+    /// /etc/bash_completion.d/kintsugi`).
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (roff; `kintsugi man | man -l -`).
+    Man,
     /// Print each interface's IDL line count.
     IdlLines {
         /// Folder of .kidl files.
@@ -94,6 +99,15 @@ fn main() -> std::process::ExitCode {
         Command::Campaign(args) => kintsugi_campaign::campaign(args),
         Command::Bench { args } => bench(&args),
         Command::IdlLines { dir } => idl_lines(&dir),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "kintsugi", &mut std::io::stdout());
+            Ok(true)
+        }
+        Command::Man => clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+            .render(&mut std::io::stdout())
+            .map(|()| true)
+            .map_err(Into::into),
     };
     match result {
         Ok(true) => std::process::ExitCode::SUCCESS,

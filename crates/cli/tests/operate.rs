@@ -386,3 +386,33 @@ fn the_service_manager_is_told_ready_status_watchdog_and_stopping() {
     );
     assert!(leftovers(&tag).is_empty());
 }
+
+#[test]
+fn completions_and_the_man_page_cover_every_command() {
+    let tag = unique_tag("completions");
+    let run = |args: &[&str]| {
+        let out = kintsugi(&tag).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let commands = [
+        "run",
+        "status",
+        "restart",
+        "stop",
+        "inject",
+        "checkpoint",
+        "campaign",
+        "man",
+    ];
+    let bash = run(&["completions", "bash"]);
+    let man = run(&["man"]);
+    assert!(man.contains(".TH kintsugi 1"), "{man}");
+    for c in commands {
+        assert!(bash.contains(&format!("kintsugi,{c})")), "bash: {c}");
+        assert!(man.contains(&format!("kintsugi\\-{c}")), "man: {c}");
+    }
+    for shell in ["zsh", "fish"] {
+        assert!(run(&["completions", shell]).contains("status"), "{shell}");
+    }
+}

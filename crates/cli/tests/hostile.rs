@@ -474,3 +474,112 @@ crash_after_ms = 200
     assert_eq!(report["corrupt"], 0, "{report}");
     assert!(leftovers(&tag).is_empty(), "{stdout}");
 }
+
+/// Two ramfs instances in a restart group, each with its verifying
+/// workload; `victim` killed three times.
+fn group_run(strategy: &str, victim: &str) -> Vec<Event> {
+    let tag = unique_tag(&format!("group-{strategy}"));
+    let dir = scratch(&format!("group-{strategy}"));
+    let system = write(
+        &dir,
+        "group.toml",
+        &format!(
+            r#"
+[system]
+name = "group-{strategy}"
+
+[[component]]
+name = "fs-a"
+binary = "kintsugi-ramfs"
+provides = ["fs"]
+restart = {{ max = 100000, window_ms = 1000 }}
+
+[[component]]
+name = "fs-b"
+binary = "kintsugi-ramfs"
+provides = ["fs"]
+restart = {{ max = 100000, window_ms = 1000 }}
+
+[[component]]
+name = "workload-a"
+binary = "kintsugi-fs-workload"
+uses = ["fs@fs-a"]
+[component.config]
+files = 8
+seed = 31
+
+[[component]]
+name = "workload-b"
+binary = "kintsugi-fs-workload"
+uses = ["fs@fs-b"]
+[component.config]
+files = 8
+seed = 37
+
+[[group]]
+name = "storage"
+members = ["fs-a", "fs-b"]
+strategy = "{strategy}"
+"#
+        ),
+    );
+    let out = run_system(&tag, &system)
+        .args(["--duration", "2", "--seed", "5"])
+        .args(["--kill", victim, "--kills", "3", "--kill-every", "200..300"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // Both workloads verified every file, whoever was restarted.
+    let reports: Vec<Value> = json_lines(&stdout)
+        .into_iter()
+        .filter(|v| v.get("verified_files").is_some())
+        .collect();
+    assert_eq!(reports.len(), 2, "{stdout}");
+    for r in &reports {
+        assert_eq!(
+            (r["errors"].as_u64(), r["corrupt"].as_u64()),
+            (Some(0), Some(0)),
+            "{r}"
+        );
+    }
+    assert!(leftovers(&tag).is_empty());
+    events(&stdout)
+}
+
+fn reboots_of(events: &[Event], name: &str) -> usize {
+    events
+        .iter()
+        .filter(|e| matches!(e, Event::Rebooted { component, .. } if component == name))
+        .count()
+}
+
+#[test]
+fn a_restart_group_restarts_its_members_together_as_its_strategy_says() {
+    // one_for_all: each death of fs-a restarts fs-b too.
+    let events = group_run("one_for_all", "fs-a");
+    let with: Vec<&Event> = events
+        .iter()
+        .filter(|e| matches!(e, Event::GroupRestarted { .. }))
+        .collect();
+    assert_eq!(with.len(), 3, "{events:?}");
+    assert!(with.iter().all(|e| matches!(e,
+        Event::GroupRestarted { component, group, because }
+            if component == "fs-b" && group == "storage" && because == "fs-a")));
+    assert_eq!(
+        (reboots_of(&events, "fs-a"), reboots_of(&events, "fs-b")),
+        (3, 3)
+    );
+    // rest_for_one: the last member's deaths take no one with them.
+    let events = group_run("rest_for_one", "fs-b");
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::GroupRestarted { .. })),
+        "{events:?}"
+    );
+    assert_eq!(
+        (reboots_of(&events, "fs-a"), reboots_of(&events, "fs-b")),
+        (0, 3)
+    );
+}

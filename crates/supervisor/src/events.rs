@@ -143,6 +143,13 @@ pub enum Event {
         reason: GiveUpReason,
         action: GiveUpAction,
     },
+    /// `component` is restarted because `because`, in its restart group,
+    /// failed (`one_for_all`, `rest_for_one`).
+    GroupRestarted {
+        component: String,
+        group: String,
+        because: String,
+    },
     /// A component failed the same way `failures` times in a row: its
     /// restart waits `delay` (the restart policy's backoff).
     BackingOff {
@@ -252,6 +259,9 @@ impl fmt::Display for Event {
                     GiveUpAction::Isolate => "it stays failed, its clients' calls fail, the rest runs on",
                 }
             ),
+            Event::GroupRestarted { component, group, because } => {
+                write!(f, "{component}: restarted with {because} (group {group})")
+            }
             Event::BackingOff { component, failures, delay } => write!(
                 f,
                 "{component}: failed the same way {failures} times in a row; restarting in {} ms",

@@ -112,6 +112,9 @@ impl Health {
                 self.killing_for = Some(detail.clone());
             }
             Event::RolledBack { .. } => self.hangs += 1,
+            Event::GroupRestarted { group, because, .. } => {
+                self.killing_for = Some(format!("restarted with {because}, group {group}"));
+            }
             Event::Recovered { descriptors, .. } => self.recovered += descriptors,
             _ => {}
         }
@@ -144,7 +147,8 @@ pub(crate) fn component_of(e: &Event) -> Option<&str> {
         | Event::Finished { component, .. }
         | Event::GaveUp { component, .. }
         | Event::FaultReported { component, .. }
-        | Event::RolledBack { component, .. } => Some(component),
+        | Event::RolledBack { component, .. }
+        | Event::GroupRestarted { component, .. } => Some(component),
         Event::Recovered { server, .. } => Some(server),
         _ => None,
     }

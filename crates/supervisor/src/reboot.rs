@@ -64,15 +64,60 @@ impl Supervisor<'_> {
         let panic_site = ctl.panic_site.swap(0, Ordering::SeqCst);
         let (delay, failures) = m.restarts.failed(detected, exit, panic_site);
         if delay.is_zero() {
-            return self.restart(idx, Attempt::new(detected, pending));
+            if let Some(stop) = self.restart(idx, Attempt::new(detected, pending))? {
+                return Ok(Some(stop));
+            }
+        } else {
+            pending.push(Event::BackingOff {
+                component: m.spec.name.clone(),
+                failures,
+                delay,
+            });
+            self.deferred.push((detected + delay, idx));
+            pending.into_iter().for_each(|e| self.emit(e));
         }
-        pending.push(Event::BackingOff {
-            component: m.spec.name.clone(),
-            failures,
-            delay,
-        });
-        self.deferred.push((detected + delay, idx));
-        pending.into_iter().for_each(|e| self.emit(e));
+        self.restart_group_of(idx)
+    }
+
+    /// Restarts the members of component `idx`'s group that its failure
+    /// takes with it (`one_for_all`: all; `rest_for_one`: those after it),
+    /// each killed and micro-rebooted as on a crash, in group order. Their
+    /// restarts take no one else with them.
+    fn restart_group_of(&mut self, idx: usize) -> Result<Option<StopReason>, SupervisorError> {
+        let failed = self.comps[idx].spec.name.clone();
+        let Some(group) = self.groups.iter().find(|g| g.members.contains(&failed)) else {
+            return Ok(None);
+        };
+        let (group_name, others): (String, Vec<String>) = (
+            group.name.clone(),
+            group
+                .restarted_with(&failed)
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        );
+        for other in others {
+            let Some(j) = self.comps.iter().position(|m| m.spec.name == other) else {
+                continue;
+            };
+            let m = &mut self.comps[j];
+            // Down, starting or given up: nothing live to restart.
+            let Some(live) = m.take_live() else {
+                continue;
+            };
+            self.roster.set_live(&other, None, m.epoch);
+            let detected = Instant::now();
+            let (pid, exit) = (live.proc.pid, live.proc.kill());
+            self.emit(Event::GroupRestarted {
+                component: other,
+                group: group_name.clone(),
+                because: failed.clone(),
+            });
+            let pending = self.crashed(j, pid, exit, detected);
+            if let Some(stop) = self.restart(j, Attempt::new(detected, pending))? {
+                return Ok(Some(stop));
+            }
+        }
         Ok(None)
     }
 

@@ -17,7 +17,7 @@ use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::futex::timespec;
 use kintsugi_runtime::futex::Spin;
 use kintsugi_runtime::priority::{self, Priority};
-use kintsugi_system::{ComponentSpec, HangAction, RebootMode, SpinPolicy, System};
+use kintsugi_system::{ComponentSpec, HangAction, RebootMode, RestartGroup, SpinPolicy, System};
 
 use crate::managed::SystemWide;
 use rustix::event::epoll;
@@ -162,6 +162,8 @@ pub(crate) struct Supervisor<'a> {
     /// Restarts put off by the restart policy's backoff: when, and which
     /// component.
     pub(crate) deferred: Vec<(Instant, usize)>,
+    /// Components restarted together (`[[group]]`).
+    pub(crate) groups: Vec<RestartGroup>,
 }
 
 impl<'a> Supervisor<'a> {
@@ -215,6 +217,7 @@ impl<'a> Supervisor<'a> {
             restores: HashMap::new(),
             rolled_back: HashMap::new(),
             deferred: Vec::new(),
+            groups: Vec::new(),
         })
     }
 
@@ -231,6 +234,7 @@ impl<'a> Supervisor<'a> {
             }
         }
         self.read_restores(system)?;
+        self.groups = system.groups.clone();
         let mut durable = system
             .components
             .iter()

@@ -31,6 +31,11 @@
 //! capabilities = []         # kept (default: none); every other one is dropped, and no_new_privs set
 //! vault_quota = { records = 100000, kib = 65536, fds = 4096 }  # the defaults; past them a vault request is refused
 //!
+//! [[group]]                # optional: components restarted together (OTP's strategies)
+//! name = "storage"
+//! members = ["ramfs", "workload"]  # in order, for rest_for_one
+//! strategy = "one_for_all"      # one_for_all | rest_for_one (those after the failed one)
+//!
 //! [watchdog]               # optional: hang detection (see docs/reliability.md)
 //! period_us = 5000          # the monitor samples every period
 //! window = 50               # stretches / section runs in the adaptive bound (1..=64)
@@ -139,6 +144,8 @@ pub struct System {
     pub components: Vec<ComponentSpec>,
     /// Hang detection.
     pub watchdog: WatchdogSettings,
+    /// Components restarted together (`[[group]]`).
+    pub groups: Vec<RestartGroup>,
     /// When the components' waiters spin before they sleep.
     #[serde(default)]
     pub spin: SpinPolicy,
@@ -146,6 +153,42 @@ pub struct System {
     /// [`System::resolve_binaries`].
     #[serde(skip)]
     binary_locations: BTreeMap<String, Location>,
+}
+
+/// Components that are restarted together, as OTP's supervisors do: when
+/// one of them fails and is rebooted, `one_for_all` restarts every other
+/// member too, `rest_for_one` those after it in `members`. For components
+/// whose states must agree and that cannot rebuild them from each other.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RestartGroup {
+    pub name: String,
+    pub members: Vec<String>,
+    pub strategy: GroupStrategy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupStrategy {
+    OneForAll,
+    RestForOne,
+}
+
+impl RestartGroup {
+    /// The other members to restart when `failed` fails.
+    pub fn restarted_with(&self, failed: &str) -> Vec<&str> {
+        let Some(at) = self.members.iter().position(|m| m == failed) else {
+            return Vec::new();
+        };
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| match self.strategy {
+                GroupStrategy::OneForAll => *i != at,
+                GroupStrategy::RestForOne => *i > at,
+            })
+            .map(|(_, m)| m.as_str())
+            .collect()
+    }
 }
 
 /// One component of a system.

@@ -10,11 +10,11 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
-    Backoff, Capability, CheckpointPolicy, ComponentSpec, ErrorKind, GiveUpAction, HangAction,
-    Location, RebootMode, RecoveryMode, RestartPolicy, SpinPolicy, System, SystemError, Use,
-    VaultQuota, WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE,
-    DEFAULT_JOURNAL_KIB, DEFAULT_SLOTS, DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW,
-    PRIORITY_RANGE, REALTIME_RANGE, SLOTS_RANGE,
+    Backoff, Capability, CheckpointPolicy, ComponentSpec, ErrorKind, GiveUpAction, GroupStrategy,
+    HangAction, Location, RebootMode, RecoveryMode, RestartGroup, RestartPolicy, SpinPolicy,
+    System, SystemError, Use, VaultQuota, WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE,
+    CHECKPOINT_KEEP_RANGE, DEFAULT_JOURNAL_KIB, DEFAULT_SLOTS, DURABLE_KIB_RANGE,
+    JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE, REALTIME_RANGE, SLOTS_RANGE,
 };
 
 #[derive(Deserialize)]
@@ -24,6 +24,16 @@ struct RawFile {
     #[serde(default)]
     component: Vec<RawComponent>,
     watchdog: Option<RawWatchdog>,
+    #[serde(default)]
+    group: Vec<RawGroup>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    name: Spanned<String>,
+    members: Vec<Spanned<String>>,
+    strategy: GroupStrategy,
 }
 
 #[derive(Deserialize)]
@@ -362,8 +372,11 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<System, SystemError> {
         None => WatchdogSettings::default(),
     };
 
+    let groups = groups(&cx, &raw.group, &components)?;
+
     Ok(System {
         watchdog,
+        groups,
         spin: raw.system.spin,
         name: raw.system.name.into_inner(),
         description: raw.system.description,
@@ -371,6 +384,59 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<System, SystemError> {
         components,
         binary_locations,
     })
+}
+
+/// The `[[group]]` tables: named once each, of at least two existing
+/// components, none in two groups.
+fn groups(
+    cx: &Ctx<'_>,
+    raw: &[RawGroup],
+    components: &[ComponentSpec],
+) -> Result<Vec<RestartGroup>, SystemError> {
+    let mut out: Vec<RestartGroup> = Vec::new();
+    for g in raw {
+        cx.check_name("group", &g.name)?;
+        let name = g.name.get_ref();
+        if out.iter().any(|o| &o.name == name) {
+            return Err(cx.err(
+                &g.name.span(),
+                ErrorKind::DuplicateName,
+                format!("duplicate group name `{name}`"),
+            ));
+        }
+        let mut members: Vec<String> = Vec::new();
+        for m in &g.members {
+            let member = m.get_ref();
+            if !components.iter().any(|c| &c.name == member) {
+                return Err(cx.err(
+                    &m.span(),
+                    ErrorKind::UnknownComponent,
+                    format!("group `{name}` names `{member}`, which is not a component"),
+                ));
+            }
+            if members.contains(member) || out.iter().any(|o| o.members.contains(member)) {
+                return Err(cx.err(
+                    &m.span(),
+                    ErrorKind::DuplicateName,
+                    format!("component `{member}` is in more than one group, or twice in `{name}`"),
+                ));
+            }
+            members.push(member.clone());
+        }
+        if members.len() < 2 {
+            return Err(cx.err(
+                &g.name.span(),
+                ErrorKind::InvalidConfig,
+                format!("group `{name}` needs at least two members"),
+            ));
+        }
+        out.push(RestartGroup {
+            name: name.clone(),
+            members,
+            strategy: g.strategy,
+        });
+    }
+    Ok(out)
 }
 
 fn self_use(cx: &Ctx<'_>, span: &Range<usize>, me: &str, iface: &str) -> SystemError {

@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use kintsugi_system::{
-    parse, Capability, ErrorKind, GiveUpAction, HangAction, Location, RebootMode, RecoveryMode,
-    RestartPolicy, SpinPolicy, Use, VaultQuota,
+    parse, Capability, ErrorKind, GiveUpAction, GroupStrategy, HangAction, Location, RebootMode,
+    RecoveryMode, RestartGroup, RestartPolicy, SpinPolicy, Use, VaultQuota,
 };
 
 const DEMO: &str = include_str!("../../../systems/demo.toml");
@@ -273,6 +273,52 @@ fn checkpoint_recovery_brings_a_policy_and_a_journal() {
     );
     assert_eq!(kind, ErrorKind::OutOfRange);
     assert!(msg.starts_with("sys.toml:8:"), "{msg}");
+}
+
+#[test]
+fn restart_groups() {
+    let comps = "[[component]]\nname = \"a\"\nbinary = \"a\"\n[[component]]\nname = \"b\"\nbinary = \"b\"\n[[component]]\nname = \"c\"\nbinary = \"c\"\n";
+    let s = parse(
+        Path::new("x.toml"),
+        &format!("{HEAD}{comps}[[group]]\nname = \"g\"\nmembers = [\"a\", \"b\", \"c\"]\nstrategy = \"rest_for_one\"\n"),
+    )
+    .unwrap();
+    let g = &s.groups[0];
+    assert_eq!(
+        (g.name.as_str(), g.strategy),
+        ("g", GroupStrategy::RestForOne)
+    );
+    assert_eq!(g.restarted_with("a"), ["b", "c"]);
+    assert_eq!(g.restarted_with("b"), ["c"]);
+    assert!(g.restarted_with("c").is_empty());
+    assert!(g.restarted_with("z").is_empty());
+    let all = RestartGroup {
+        strategy: GroupStrategy::OneForAll,
+        ..g.clone()
+    };
+    assert_eq!(all.restarted_with("b"), ["a", "c"]);
+    for (group, message) in [
+        (
+            "[[group]]\nname = \"g\"\nmembers = [\"a\", \"z\"]\nstrategy = \"one_for_all\"\n",
+            "group `g` names `z`, which is not a component",
+        ),
+        (
+            "[[group]]\nname = \"g\"\nmembers = [\"a\"]\nstrategy = \"one_for_all\"\n",
+            "group `g` needs at least two members",
+        ),
+        (
+            "[[group]]\nname = \"g\"\nmembers = [\"a\", \"b\"]\nstrategy = \"one_for_all\"\n[[group]]\nname = \"h\"\nmembers = [\"c\", \"b\"]\nstrategy = \"one_for_all\"\n",
+            "component `b` is in more than one group",
+        ),
+        (
+            "[[group]]\nname = \"g\"\nmembers = [\"a\", \"b\"]\nstrategy = \"all\"\n",
+            "unknown variant `all`, expected `one_for_all` or `rest_for_one`",
+        ),
+    ] {
+        let (msg, _) = err_with_head(&format!("{comps}{group}"));
+        assert!(msg.starts_with("sys.toml:"), "{msg}");
+        assert!(msg.contains(message), "{msg}");
+    }
 }
 
 #[test]

@@ -116,3 +116,44 @@ fn sigterm_stops_a_supervisor_waiting_for_an_incarnation_that_never_gets_ready()
         leftovers(&tag)
     );
 }
+
+#[test]
+fn a_component_start_timeout_bounds_each_activation() {
+    let tag = unique_tag("failed-activation-timeout");
+    let dir = scratch("failed-activation-timeout");
+    let system = write(
+        &dir,
+        "fragile.toml",
+        r#"
+[system]
+name = "fragile-timeout"
+
+[[component]]
+name = "fragile"
+binary = "kintsugi-fragile"
+restart = { max = 100000, window_ms = 1000 }
+start_timeout_ms = 200
+[component.config]
+mode = "hang"
+crash_after_ms = 100
+"#,
+    );
+    let started = Instant::now();
+    let out = run_system(&tag, &system).output().unwrap();
+    let took = started.elapsed();
+    let (stdout, stderr) = text(&out);
+    // Five activations of 200 ms each, not five of the default 10 s.
+    assert!(took < Duration::from_secs(8), "took {took:?}\n{stdout}");
+    let events = events(&stdout);
+    let gave_up = events.iter().find_map(|e| match e {
+        Event::GaveUp { reason, .. } => Some(reason.to_string()),
+        _ => None,
+    });
+    let reason = gave_up.unwrap_or_else(|| panic!("not given up:\n{stdout}\n{stderr}"));
+    assert!(
+        reason.contains("5 new incarnations in a row failed to start")
+            && reason.contains("not ready within 200 ms"),
+        "{reason}"
+    );
+    assert!(leftovers(&tag).is_empty());
+}

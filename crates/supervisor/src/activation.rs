@@ -81,7 +81,7 @@ impl Supervisor<'_> {
         idx: usize,
         inc: Incarnation,
     ) -> Result<(), ActivationFailure> {
-        let timeout = self.options.ready_timeout;
+        let timeout = self.start_timeout(idx);
         let deadline = Instant::now() + timeout;
         match self.launch(idx, inc, deadline, timeout) {
             Waited::Ready(_) => Ok(()),
@@ -171,10 +171,18 @@ impl Supervisor<'_> {
                 }
                 _ => ActivationFailure::Init(format!(
                     "not ready within {} ms ({exit})",
-                    self.options.ready_timeout.as_millis()
+                    self.start_timeout(idx).as_millis()
                 )),
             },
         )
+    }
+
+    /// How long component `idx`'s incarnations may take to initialize.
+    pub(crate) fn start_timeout(&self, idx: usize) -> Duration {
+        self.comps[idx]
+            .spec
+            .start_timeout
+            .unwrap_or(self.options.ready_timeout)
     }
 
     /// When the event loop must next look at a parked activation.

@@ -185,7 +185,7 @@ impl Supervisor<'_> {
                 self.respawn_zygote(idx)?;
             }
             let inc = self.fork_now(idx)?;
-            let deadline = Instant::now() + self.options.ready_timeout;
+            let deadline = Instant::now() + self.start_timeout(idx);
             let waited = self.launch(idx, inc, deadline, SYNC_ACTIVATION);
             match self.after_start(idx, waited, deadline, attempt)? {
                 Next::Done(stop) => return Ok(stop),

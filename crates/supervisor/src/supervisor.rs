@@ -785,6 +785,7 @@ impl<'a> Supervisor<'a> {
                 p.kill();
             }
             if let Some(live) = m.take_live() {
+                let grace = m.spec.stop_timeout.unwrap_or(grace);
                 exits.push((m.spec.name.clone(), live.proc.stop(grace)));
             }
             if let Some((starting, _, _)) = m.take_starting() {

@@ -69,7 +69,7 @@ impl Supervisor<'_> {
 
     /// Reads the zygote's reply to a fork request (waiting up to the ready timeout).
     pub(crate) fn take_fork_reply(&mut self, idx: usize) -> Result<Incarnation, SupervisorError> {
-        let timeout = self.options.ready_timeout;
+        let timeout = self.start_timeout(idx);
         let m = &mut self.comps[idx];
         let boot_err = |detail: String| SupervisorError::Boot {
             component: m.spec.name.clone(),

@@ -30,6 +30,8 @@
 //! journal_kib = 16384       # recovery = "checkpoint" only: the request log's durable memory
 //! capabilities = []         # kept (default: none); every other one is dropped, and no_new_privs set
 //! vault_quota = { records = 100000, kib = 65536, fds = 4096 }  # the defaults; past them a vault request is refused
+//! start_timeout_ms = 10000  # an incarnation not ready by then failed (default 10 s)
+//! stop_timeout_ms = 20000   # after SIGTERM, killed after this long (default 20 s)
 //!
 //! [[group]]                # optional: components restarted together (OTP's strategies)
 //! name = "storage"
@@ -229,6 +231,11 @@ pub struct ComponentSpec {
     pub capabilities: Vec<Capability>,
     /// What its vault may hold (`vault_quota = { … }`).
     pub vault_quota: VaultQuota,
+    /// How long an incarnation may take to initialize, and to stop after
+    /// SIGTERM before it is killed (`start_timeout_ms`, `stop_timeout_ms`;
+    /// None: the supervisor's defaults, 10 s and 20 s).
+    pub start_timeout: Option<Duration>,
+    pub stop_timeout: Option<Duration>,
     /// Free-form configuration, always a JSON object (`{}` if absent).
     pub config: serde_json::Value,
 }

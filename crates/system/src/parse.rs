@@ -79,6 +79,8 @@ struct RawComponent {
     journal_kib: Option<Spanned<i64>>,
     capabilities: Option<Vec<Capability>>,
     vault_quota: Option<RawVaultQuota>,
+    start_timeout_ms: Option<Spanned<i64>>,
+    stop_timeout_ms: Option<Spanned<i64>>,
     checkpoint: Option<Spanned<RawCheckpoint>>,
     config: Option<Spanned<toml::Table>>,
 }
@@ -699,6 +701,24 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
             pool_kib,
             checkpoint,
             journal_kib,
+            start_timeout: cx
+                .ranged(
+                    &owner,
+                    "start_timeout_ms",
+                    &rc.start_timeout_ms,
+                    1..=3_600_000u64,
+                    "",
+                )?
+                .map(Duration::from_millis),
+            stop_timeout: cx
+                .ranged(
+                    &owner,
+                    "stop_timeout_ms",
+                    &rc.stop_timeout_ms,
+                    0..=3_600_000u64,
+                    "",
+                )?
+                .map(Duration::from_millis),
             vault_quota: match &rc.vault_quota {
                 Some(q) => vault_quota(cx, &owner, q)?,
                 None => VaultQuota::default(),

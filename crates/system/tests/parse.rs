@@ -341,6 +341,21 @@ fn capabilities_are_named_and_replace_the_default() {
         [19, 10]
     );
     assert!(s.component("bare").unwrap().capabilities.is_empty());
+    assert_eq!(
+        (n.start_timeout, n.stop_timeout),
+        (None, None),
+        "the supervisor's defaults"
+    );
+    let t = parse(
+        Path::new("x.toml"),
+        &format!("{HEAD}[[component]]\nname = \"t\"\nbinary = \"t\"\nstart_timeout_ms = 500\nstop_timeout_ms = 0\n"),
+    )
+    .unwrap();
+    let t = t.component("t").unwrap();
+    assert_eq!(
+        (t.start_timeout, t.stop_timeout),
+        (Some(Duration::from_millis(500)), Some(Duration::ZERO))
+    );
     assert_eq!(n.vault_quota, VaultQuota::default());
     let q = parse(
         Path::new("x.toml"),
@@ -452,7 +467,8 @@ fn unknown_key() {
         msg,
         "sys.toml:7:1: unknown field `foo`, expected one of `name`, `binary`, `provides`, `uses`, \
          `priority`, `realtime`, `recovery`, `reboot`, `restart`, `slots`, `arena_kib`, \
-         `pool_kib`, `journal_kib`, `capabilities`, `vault_quota`, `checkpoint`, `config`"
+         `pool_kib`, `journal_kib`, `capabilities`, `vault_quota`, `start_timeout_ms`, \
+         `stop_timeout_ms`, `checkpoint`, `config`"
     );
     let (msg, _) = err_with_head(
         "[[component]]\nname = \"a\"\nbinary = \"a\"\nrestart = { max = 1, window = 3 }\n",

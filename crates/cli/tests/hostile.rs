@@ -583,3 +583,88 @@ fn a_restart_group_restarts_its_members_together_as_its_strategy_says() {
         (0, 3)
     );
 }
+
+#[test]
+fn restart_types_permanent_and_temporary() {
+    let tag = unique_tag("restart-types");
+    let dir = scratch("restart-types");
+    let system = write(
+        &dir,
+        "types.toml",
+        r#"
+[system]
+name = "restart-types"
+
+[[component]]
+name = "ramfs"
+binary = "kintsugi-ramfs"
+provides = ["fs"]
+
+[[component]]
+name = "workload"
+binary = "kintsugi-fs-workload"
+uses = ["fs"]
+[component.config]
+files = 4
+seed = 41
+
+[[component]]
+name = "once"
+binary = "kintsugi-fragile"
+restart = { type = "temporary" }
+[component.config]
+mode = "panic"
+crash_after_ms = 100
+
+[[component]]
+name = "again"
+binary = "kintsugi-probe"
+restart = { type = "permanent", max = 100000, backoff = false }
+"#,
+    );
+    let (events, stdout, stderr, ok) = run_for(&tag, &system, 2);
+    assert!(ok, "{stdout}\n{stderr}");
+    let of = |name: &str, f: fn(&Event) -> bool| {
+        events
+            .iter()
+            .filter(|(_, e)| f(e) && events_component(e) == Some(name))
+            .count()
+    };
+    // Temporary: one crash, then left failed; the rest ran on.
+    assert_eq!(
+        of("once", |e| matches!(e, Event::Crashed { .. })),
+        1,
+        "{stdout}"
+    );
+    assert_eq!(
+        of("once", |e| matches!(e, Event::Rebooted { .. })),
+        0,
+        "{stdout}"
+    );
+    assert!(events.iter().any(|(_, e)| matches!(e,
+        Event::GaveUp { component, reason: GiveUpReason::Temporary, action: kintsugi_system::GiveUpAction::Isolate }
+            if component == "once")), "{stdout}");
+    // Permanent: a clean exit is followed by a restart, never by "finished".
+    assert!(
+        of("again", |e| matches!(e, Event::Rebooted { .. })) >= 3,
+        "{stdout}"
+    );
+    assert_eq!(
+        of("again", |e| matches!(e, Event::Finished { .. })),
+        0,
+        "{stdout}"
+    );
+    let report = workload_report(&stdout);
+    assert_eq!(report["errors"], 0, "{report}");
+    assert!(leftovers(&tag).is_empty());
+}
+
+fn events_component(e: &Event) -> Option<&str> {
+    match e {
+        Event::Crashed { component, .. }
+        | Event::Rebooted { component, .. }
+        | Event::Finished { component, .. }
+        | Event::GaveUp { component, .. } => Some(component),
+        _ => None,
+    }
+}

@@ -37,6 +37,8 @@ pub enum GiveUpReason {
     },
     /// New incarnations failed to start this many times in a row.
     Activations { failed: u32, last: String },
+    /// A temporary component (`restart.type = "temporary"`) ended.
+    Temporary,
 }
 
 impl std::fmt::Display for GiveUpReason {
@@ -54,6 +56,7 @@ impl std::fmt::Display for GiveUpReason {
                 f,
                 "{failed} new incarnations in a row failed to start (the last: {last})"
             ),
+            GiveUpReason::Temporary => f.write_str("a temporary component is never restarted"),
         }
     }
 }

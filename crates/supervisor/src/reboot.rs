@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use kintsugi_runtime::abi::boot::ControlBlock;
-use kintsugi_system::{GiveUpAction, RebootMode, RecoveryMode};
+use kintsugi_system::{GiveUpAction, RebootMode, RecoveryMode, RestartType};
 
 use crate::activation::{ActivationFailure, Attempt, Next, Waited, SYNC_ACTIVATION};
 use crate::events::{Event, Exit};
@@ -59,6 +59,9 @@ impl Supervisor<'_> {
         detected: Instant,
     ) -> Result<Option<StopReason>, SupervisorError> {
         let mut pending = self.crashed(idx, pid, exit, detected);
+        if self.comps[idx].spec.restart.kind == RestartType::Temporary {
+            return Ok(self.give_up(idx, GiveUpReason::Temporary, pending));
+        }
         let m = &mut self.comps[idx];
         let ctl: &ControlBlock = m.wiring.control.at(0);
         let panic_site = ctl.panic_site.swap(0, Ordering::SeqCst);
@@ -266,7 +269,12 @@ impl Supervisor<'_> {
         mut pending: Vec<Event>,
     ) -> Option<StopReason> {
         let m = &mut self.comps[idx];
-        let (name, action) = (m.spec.name.clone(), m.spec.restart.on_give_up);
+        let action = match reason {
+            // Not restarting it is its policy, not a failure of the system.
+            GiveUpReason::Temporary => GiveUpAction::Isolate,
+            _ => m.spec.restart.on_give_up,
+        };
+        let name = m.spec.name.clone();
         m.retire();
         pending.push(Event::GaveUp {
             component: name.clone(),

@@ -17,7 +17,9 @@ use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::futex::timespec;
 use kintsugi_runtime::futex::Spin;
 use kintsugi_runtime::priority::{self, Priority};
-use kintsugi_system::{ComponentSpec, HangAction, RebootMode, RestartGroup, SpinPolicy, System};
+use kintsugi_system::{
+    ComponentSpec, HangAction, RebootMode, RestartGroup, RestartType, SpinPolicy, System,
+};
 
 use crate::managed::SystemWide;
 use rustix::event::epoll;
@@ -727,7 +729,7 @@ impl<'a> Supervisor<'a> {
         };
         m.take_live();
         self.roster.set_live(&m.spec.name, None, m.epoch);
-        if exit == Exit::Code(0) {
+        if exit == Exit::Code(0) && m.spec.restart.kind != RestartType::Permanent {
             m.retire();
             let name = m.spec.name.clone();
             self.client_gone(idx);

@@ -19,7 +19,7 @@
 //! realtime = 10             # optional: SCHED_FIFO priority 1..=99 where permitted
 //! recovery = "on-demand"    # on-demand | eager | checkpoint (restore the last checkpoint and replay the request log)
 //! reboot = "standby"        # standby | fork | exec
-//! restart = { max = 1000, window_ms = 1000, on_give_up = "stop" }  # on_give_up = "isolate": leave it failed, the rest running
+//! restart = { max = 1000, window_ms = 1000, type = "transient", on_give_up = "stop" }  # type: permanent | transient | temporary; on_give_up = "isolate": leave it failed, the rest running
 //! # backoff: after `backoff_after` failures in a row the same way (exit code, panic site), each restart
 //! # waits backoff_ms, doubling up to backoff_max_ms; an incarnation up healthy_ms ends the series
 //! # restart = { backoff = true, backoff_after = 3, backoff_ms = 10, backoff_max_ms = 1000, healthy_ms = 1000 }
@@ -435,6 +435,8 @@ impl fmt::Display for RebootMode {
 pub struct RestartPolicy {
     pub max: u32,
     pub window: Duration,
+    /// Which ends are restarted (OTP's restart types).
+    pub kind: RestartType,
     pub on_give_up: GiveUpAction,
     /// None: every restart is immediate.
     pub backoff: Option<Backoff>,
@@ -450,6 +452,7 @@ impl Default for RestartPolicy {
         RestartPolicy {
             max: Self::DEFAULT_MAX,
             window: Self::DEFAULT_WINDOW,
+            kind: RestartType::default(),
             on_give_up: GiveUpAction::default(),
             backoff: Some(Backoff::default()),
         }
@@ -459,13 +462,28 @@ impl Default for RestartPolicy {
 impl Serialize for RestartPolicy {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("RestartPolicy", 4)?;
+        let mut st = s.serialize_struct("RestartPolicy", 5)?;
         st.serialize_field("max", &self.max)?;
         st.serialize_field("window_ms", &(self.window.as_millis() as u64))?;
+        st.serialize_field("type", &self.kind)?;
         st.serialize_field("on_give_up", &self.on_give_up)?;
         st.serialize_field("backoff", &self.backoff)?;
         st.end()
     }
+}
+
+/// Which ends of a component's incarnation are followed by a restart, as
+/// OTP's child specifications say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartType {
+    /// Every end, a clean exit (code 0) too.
+    Permanent,
+    /// Every end but a clean exit, which retires it.
+    #[default]
+    Transient,
+    /// None: its first failure leaves it failed, and the rest runs on.
+    Temporary,
 }
 
 /// What giving up on a component does to the rest of the system.

@@ -11,8 +11,8 @@ use toml::Spanned;
 
 use crate::{
     Backoff, Capability, CheckpointPolicy, ComponentSpec, ErrorKind, GiveUpAction, GroupStrategy,
-    HangAction, Location, RebootMode, RecoveryMode, RestartGroup, RestartPolicy, SpinPolicy,
-    System, SystemError, Use, VaultQuota, WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE,
+    HangAction, Location, RebootMode, RecoveryMode, RestartGroup, RestartPolicy, RestartType,
+    SpinPolicy, System, SystemError, Use, VaultQuota, WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE,
     CHECKPOINT_KEEP_RANGE, DEFAULT_JOURNAL_KIB, DEFAULT_SLOTS, DURABLE_KIB_RANGE,
     JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE, REALTIME_RANGE, SLOTS_RANGE,
 };
@@ -99,6 +99,8 @@ struct RawRestart {
     max: Option<Spanned<i64>>,
     window_ms: Option<Spanned<i64>>,
     on_give_up: Option<GiveUpAction>,
+    #[serde(rename = "type")]
+    kind: Option<RestartType>,
     backoff: Option<bool>,
     backoff_after: Option<Spanned<i64>>,
     backoff_ms: Option<Spanned<i64>>,
@@ -493,6 +495,7 @@ fn restart_policy(cx: &Ctx<'_>, owner: &str, r: &RawRestart) -> Result<RestartPo
         restart.window = w;
     }
     restart.on_give_up = r.on_give_up.unwrap_or_default();
+    restart.kind = r.kind.unwrap_or_default();
     let mut b = Backoff::default();
     if let Some(after) = cx.ranged(
         owner,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kintsugi_system::{
     parse, Capability, ErrorKind, GiveUpAction, GroupStrategy, HangAction, Location, RebootMode,
-    RecoveryMode, RestartGroup, RestartPolicy, SpinPolicy, Use, VaultQuota,
+    RecoveryMode, RestartGroup, RestartPolicy, RestartType, SpinPolicy, Use, VaultQuota,
 };
 
 const DEMO: &str = include_str!("../../../systems/demo.toml");
@@ -174,6 +174,7 @@ fn explicit_provider_and_modes() {
         serde_json::json!({
             "max": 3,
             "window_ms": 2000,
+            "type": "transient",
             "on_give_up": "stop",
             "backoff": { "after": 3, "first_ms": 10, "max_ms": 1000, "healthy_ms": 1000 }
         })
@@ -389,7 +390,7 @@ fn restart_policy_give_up_and_backoff() {
     let text = format!(
         "{HEAD}\
 [[component]]\nname = \"leaf\"\nbinary = \"a\"\nrestart = {{ on_give_up = \"isolate\", backoff_after = 2, backoff_ms = 5, healthy_ms = 200 }}\n\
-[[component]]\nname = \"eager\"\nbinary = \"b\"\nrestart = {{ backoff = false }}\n\
+[[component]]\nname = \"eager\"\nbinary = \"b\"\nrestart = {{ backoff = false, type = \"permanent\" }}\n\
 [[component]]\nname = \"slow\"\nbinary = \"c\"\nrestart = {{ backoff_ms = 5000 }}\n"
     );
     let s = parse(Path::new("x.toml"), &text).unwrap();
@@ -475,7 +476,7 @@ fn unknown_key() {
     );
     assert_eq!(
         msg,
-        "sys.toml:7:22: unknown field `window`, expected one of `max`, `window_ms`, `on_give_up`, \
+        "sys.toml:7:22: unknown field `window`, expected one of `max`, `window_ms`, `on_give_up`, `type`, \
          `backoff`, `backoff_after`, `backoff_ms`, `backoff_max_ms`, `healthy_ms`"
     );
     let (msg, _) = err("[system]\nname = \"t\"\nversion = 2\n");

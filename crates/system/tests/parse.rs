@@ -415,6 +415,8 @@ fn restart_policy_give_up_and_backoff() {
         (eager.on_give_up, eager.backoff),
         (GiveUpAction::Stop, None)
     );
+    assert_eq!(eager.kind, RestartType::Permanent);
+    assert_eq!(leaf.kind, RestartType::Transient, "the default");
     let slow = s.component("slow").unwrap().restart.backoff.unwrap();
     assert_eq!(
         slow.max,

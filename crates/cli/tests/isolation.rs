@@ -106,6 +106,12 @@ binary = "kintsugi-probe"
     let root = rustix::process::geteuid().is_root();
     for p in [&insider, &outsider] {
         assert_eq!(p["no_new_privs"], "1", "{p}");
+        // Filtered (mode 2), and a call no component needs is refused.
+        assert_eq!(p["seccomp"], "2", "{p}");
+        assert_eq!(
+            p["process_vm_readv"], "EPERM: Operation not permitted",
+            "{p}"
+        );
         let sets: &[&str] = if root {
             &["cap_eff", "cap_bnd"]
         } else {

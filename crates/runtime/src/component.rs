@@ -364,6 +364,7 @@ impl Boot {
         process::die_with_parent(supervisor)?;
         process::disable_core_dumps()?;
         process::private_memory()?;
+        crate::seccomp::install().map_err(|e| anyhow::anyhow!("seccomp filter: {e}"))?;
         process::default_fault_signals()?;
         crate::futex::set_spin_policy(info.spin);
         // SAFETY: the supervisor passed these descriptors for this process

@@ -44,6 +44,7 @@ pub mod process;
 #[doc(hidden)]
 pub mod records;
 mod scratch;
+pub mod seccomp;
 #[doc(hidden)]
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod server;

@@ -78,14 +78,20 @@ fn main() -> std::process::ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KINTSUGI_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Logs go to stderr (stdout carries the event log, tables and JSON),
-    // in colour only on a terminal.
-    tracing_subscriber::fmt()
+    // in colour only on a terminal, or as JSON lines with
+    // KINTSUGI_LOG_FORMAT=json (which components inherit).
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .without_time()
-        .init();
+        .with_target(false);
+    if kintsugi_runtime::logging::json_requested() {
+        // One JSON object per line, with its wall-clock time.
+        logs.json().init();
+    } else {
+        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .without_time()
+            .init();
+    }
     let result = match cli.command {
         Command::Demo(args) => run::demo(args),
         Command::Run(args) => run::run(args),

@@ -49,6 +49,14 @@ struct Series {
     up: Family<ComponentLabel, Gauge>,
     epoch: Family<ComponentLabel, Gauge>,
     counters: Family<CounterLabel, Gauge>,
+    vault: Family<VaultLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VaultLabel {
+    component: String,
+    /// records, bytes or descriptors.
+    held: &'static str,
 }
 
 impl Series {
@@ -56,7 +64,7 @@ impl Series {
         let (restarts, hangs, recovered, give_ups) = Default::default();
         let reboot_seconds: Family<_, _, fn() -> Histogram> =
             Family::new_with_constructor(reboot_histogram);
-        let (up, epoch, counters) = Default::default();
+        let (up, epoch, counters, vault) = Default::default();
         let mut registry = Registry::with_prefix("kintsugi");
         let r = &mut registry;
         r.register(
@@ -95,7 +103,13 @@ impl Series {
             "A counter the component publishes (ops, errors, ...)",
             Family::clone(&counters),
         );
+        r.register(
+            "vault",
+            "What a component's vault holds (held: records, bytes, descriptors)",
+            Family::clone(&vault),
+        );
         Self {
+            vault,
             registry,
             restarts,
             hangs,
@@ -159,6 +173,19 @@ impl Series {
                 .get_or_create(&l)
                 .set(i64::from(m.health.state == State::Live));
             self.epoch.get_or_create(&l).set(m.epoch as i64);
+            let held = roster.vault_use(&m.name);
+            for (what, n) in [
+                ("records", held.records),
+                ("bytes", held.bytes),
+                ("descriptors", held.fds),
+            ] {
+                self.vault
+                    .get_or_create(&VaultLabel {
+                        component: m.name.clone(),
+                        held: what,
+                    })
+                    .set(n as i64);
+            }
             for (counter, value) in roster.counters(&m.name) {
                 self.counters
                     .get_or_create(&CounterLabel {

@@ -173,10 +173,12 @@ pub enum EventFormat {
     Json,
 }
 
-/// One line of `--events json`: the event and when it happened.
+/// One line of `--events json`: the event and when it happened, since the
+/// start and on the wall clock (Unix time in ms, for joining other logs).
 #[derive(serde::Serialize)]
 struct Stamped<'a> {
     t_us: u64,
+    unix_ms: u64,
     #[serde(flatten)]
     event: &'a Event,
 }
@@ -245,6 +247,9 @@ impl Log {
             EventFormat::Text => self.line(&format!("[{:>10.6}] {e}", t.as_secs_f64())),
             EventFormat::Json => match serde_json::to_string(&Stamped {
                 t_us: t.as_micros() as u64,
+                unix_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
                 event: e,
             }) {
                 Ok(line) => self.line(&line),

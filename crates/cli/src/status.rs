@@ -29,6 +29,10 @@ pub struct ComponentStatus {
     pub recovered: u64,
     pub hangs: u64,
     pub gave_up: Option<String>,
+    /// What its vault holds: records, bytes (keys and values), descriptors.
+    pub vault_records: u64,
+    pub vault_bytes: u64,
+    pub vault_fds: u64,
     pub counters: Vec<(String, u64)>,
 }
 
@@ -50,7 +54,11 @@ impl SystemStatus {
             .map(|m| {
                 let h = &m.health;
                 let p = |q| h.reboot_percentile(q);
+                let vault = roster.vault_use(&m.name);
                 ComponentStatus {
+                    vault_records: vault.records,
+                    vault_bytes: vault.bytes,
+                    vault_fds: vault.fds,
                     counters: roster.counters(&m.name),
                     state: h.state,
                     pid: m.pid,
@@ -125,6 +133,12 @@ impl SystemStatus {
             }
             if let Some(g) = &c.gave_up {
                 notes.push(format!("given up: {g}"));
+            }
+            if c.vault_records > 0 {
+                notes.push(format!(
+                    "vault: {} records, {} bytes, {} descriptors",
+                    c.vault_records, c.vault_bytes, c.vault_fds
+                ));
             }
             if !c.counters.is_empty() {
                 let counters: Vec<String> =

@@ -107,6 +107,9 @@ fn status_restart_and_stop_a_running_system() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_ne!(after["pid"].as_u64().unwrap(), old_pid);
+    // ramfs keeps a record, and a descriptor, per file in its vault.
+    assert!(after["vault_records"].as_u64().unwrap() > 0, "{after}");
+    assert!(after["vault_fds"].as_u64().unwrap() > 0, "{after}");
     assert_eq!(after["epoch"], 2);
     assert_eq!(after["reboots_sampled"], 1);
     assert!(after["reboot_p50_us"].as_u64().unwrap() > 0);
@@ -291,6 +294,12 @@ fn the_metrics_endpoint_serves_the_prometheus_format() {
         r#"component="workload",counter="ops""#,
     );
     assert!(ops.unwrap() > 0.0);
+    let records = value(
+        &samples,
+        "kintsugi_vault",
+        r#"component="ramfs",held="records""#,
+    );
+    assert!(records.unwrap() > 0.0, "{samples:?}");
     let (status, _) = scrape(port, "/other");
     assert_eq!(status, "HTTP/1.1 404 Not Found");
     let _ = child.kill();
@@ -415,4 +424,70 @@ fn completions_and_the_man_page_cover_every_command() {
     for shell in ["zsh", "fish"] {
         assert!(run(&["completions", shell]).contains("status"), "{shell}");
     }
+}
+
+#[test]
+fn json_logs_name_their_component_and_carry_the_time() {
+    let tag = unique_tag("json-logs");
+    let dir = scratch("json-logs");
+    let system = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../systems/demo.toml");
+    let out = kintsugi(&tag)
+        .env("XDG_RUNTIME_DIR", &dir)
+        .env("KINTSUGI_LOG", "info")
+        .env("KINTSUGI_LOG_FORMAT", "json")
+        .args(["run", "--events", "json", "--duration", "1"])
+        .args([
+            "--kill",
+            "ramfs",
+            "--kills",
+            "1",
+            "--kill-every",
+            "200..300",
+            "--seed",
+            "9",
+        ])
+        .arg(&system)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    // Every log line is one JSON object: the supervisor's with its time,
+    // the components' with their name first.
+    let lines: Vec<Value> = stderr
+        .lines()
+        .filter(|l| !l.starts_with("thread ") && !l.is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(lines.iter().all(|l| l["level"].is_string()), "{stderr}");
+    assert!(
+        lines.iter().any(|l| l["timestamp"].is_string()
+            && l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("roster published"))),
+        "{stderr}"
+    );
+    let workload = lines
+        .iter()
+        .find(|l| l["component"] == "workload")
+        .unwrap_or_else(|| panic!("no workload line in {stderr}"));
+    assert!(
+        stderr.contains("{\"component\":\"workload\","),
+        "{workload}"
+    );
+    // And every event carries the wall clock.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let events: Vec<Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with("{\"t_us\":"))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(events.len() >= 4, "{stdout}");
+    for e in &events {
+        let at = e["unix_ms"].as_u64().unwrap();
+        assert!(at <= now_ms && at + 60_000 > now_ms, "{e}");
+    }
+    assert!(leftovers(&tag).is_empty());
 }

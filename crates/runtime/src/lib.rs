@@ -35,7 +35,7 @@ pub mod counters;
 mod durable;
 pub mod futex;
 mod journal;
-mod logging;
+pub mod logging;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod priority;
 #[doc(hidden)]

@@ -1,23 +1,30 @@
 //! Logging for component processes: `tracing` to stderr, filtered by
 //! `KINTSUGI_LOG` (default `info`), in colour only on a terminal, each
-//! line starting with the component's name (its processes share the
-//! supervisor's stderr with every other component).
+//! line naming the component (its processes share the supervisor's stderr
+//! with every other component): `ramfs: INFO …` as text, or with
+//! `KINTSUGI_LOG_FORMAT=json` one JSON object per line whose first field is
+//! `"component"`.
 
 use std::fmt;
 
 use tracing::{Event, Subscriber};
-use tracing_subscriber::fmt::format::{DefaultFields, Format, Writer};
+use tracing_subscriber::fmt::format::{DefaultFields, Format, Full, Json, JsonFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
-/// The default format, after `<component>: `.
-struct Named {
-    component: String,
-    inner: Format<tracing_subscriber::fmt::format::Full, ()>,
+/// Whether logs are to be JSON lines (`KINTSUGI_LOG_FORMAT=json`).
+pub fn json_requested() -> bool {
+    std::env::var("KINTSUGI_LOG_FORMAT").is_ok_and(|v| v == "json")
 }
 
-impl<S, N> FormatEvent<S, N> for Named
+/// A format that names the component first.
+struct Named<F> {
+    component: String,
+    inner: F,
+}
+
+impl<S, N> FormatEvent<S, N> for Named<Format<Full, ()>>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
@@ -33,22 +40,56 @@ where
     }
 }
 
+impl<S, N> FormatEvent<S, N> for Named<Format<Json>>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut line = String::new();
+        self.inner
+            .format_event(ctx, Writer::new(&mut line), event)?;
+        // Names are [a-z0-9_-]: they need no escaping.
+        match line.strip_prefix('{') {
+            Some(rest) => write!(writer, "{{\"component\":\"{}\",{rest}", self.component),
+            None => writer.write_str(&line),
+        }
+    }
+}
+
 pub fn init(component: &str) {
     let filter = EnvFilter::try_from_env("KINTSUGI_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .fmt_fields(DefaultFields::new())
-        .event_format(Named {
-            component: component.to_string(),
-            inner: tracing_subscriber::fmt::format()
-                .with_target(false)
-                .with_thread_names(false)
-                .with_ansi(ansi)
-                .without_time(),
-        })
-        .try_init();
+        .with_writer(std::io::stderr);
+    let component = component.to_string();
+    let _ = if json_requested() {
+        builder
+            .fmt_fields(JsonFields::new())
+            .event_format(Named {
+                component,
+                inner: tracing_subscriber::fmt::format().json().with_target(false),
+            })
+            .try_init()
+    } else {
+        builder
+            .with_ansi(ansi)
+            .fmt_fields(DefaultFields::new())
+            .event_format(Named {
+                component,
+                inner: tracing_subscriber::fmt::format()
+                    .with_target(false)
+                    .with_thread_names(false)
+                    .with_ansi(ansi)
+                    .without_time(),
+            })
+            .try_init()
+    };
     tracing::debug!("booted");
 }

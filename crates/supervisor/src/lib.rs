@@ -16,7 +16,7 @@ mod options;
 mod policy;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod process;
-mod quota;
+pub mod quota;
 mod reboot;
 pub mod roster;
 mod source;
@@ -33,6 +33,7 @@ pub use health::{Health, State};
 pub use kintsugi_inject::{parse_signal, ChaosPlan};
 pub use options::{Options, Report, StopReason, SupervisorError};
 pub use policy::GiveUpReason;
+pub use quota::VaultUse;
 pub use roster::{FaultReport, Member, Roster};
 pub use supervisor::run;
 pub use watchdog::{Detection, HangKind};

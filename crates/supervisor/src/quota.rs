@@ -71,6 +71,40 @@ impl FdBudget {
     }
 }
 
+/// What one component's vault holds, as the last request left it: read
+/// by observers (`kintsugi status`, the metrics endpoint) without the
+/// vault's lock.
+#[derive(Debug, Default)]
+pub struct VaultUsage {
+    records: AtomicU64,
+    bytes: AtomicU64,
+    fds: AtomicU64,
+}
+
+/// A snapshot of a [`VaultUsage`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VaultUse {
+    pub records: u64,
+    pub bytes: u64,
+    pub fds: u64,
+}
+
+impl VaultUsage {
+    pub(crate) fn set(&self, r: &Records) {
+        self.records.store(r.map.len() as u64, Ordering::Relaxed);
+        self.bytes.store(r.bytes, Ordering::Relaxed);
+        self.fds.store(r.fds, Ordering::Relaxed);
+    }
+
+    pub fn now(&self) -> VaultUse {
+        VaultUse {
+            records: self.records.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            fds: self.fds.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// One component's records, and what they add up to.
 #[derive(Default)]
 pub(crate) struct Records {

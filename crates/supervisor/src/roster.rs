@@ -17,6 +17,7 @@ use kintsugi_runtime::InterfaceInfo;
 use crate::checkpoints::{Command, Summary};
 use crate::events::Event;
 use crate::health::{component_of, Health};
+use crate::quota::{VaultUsage, VaultUse};
 
 /// One component as the roster sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +63,8 @@ struct Entry {
     control: Arc<Region>,
     /// How often the checkpoint thread has frozen it.
     freezes: Arc<AtomicU64>,
+    /// What its vault holds.
+    vault: Arc<VaultUsage>,
     /// The edges it serves, each with its interface's name, in the order
     /// its workers are numbered.
     served: Vec<(String, Arc<Edge>)>,
@@ -116,6 +119,15 @@ impl Roster {
             .into_iter()
             .find(|(n, _)| n == counter)
             .map_or(0, |(_, v)| v)
+    }
+
+    /// What component `name`'s vault holds now.
+    pub fn vault_use(&self, name: &str) -> VaultUse {
+        self.lock()
+            .iter()
+            .find(|e| e.member.name == name)
+            .map(|e| e.vault.now())
+            .unwrap_or_default()
     }
 
     /// The control block region of component `name`.
@@ -221,9 +233,11 @@ impl Roster {
         control: Arc<Region>,
         served: Vec<(String, Arc<Edge>)>,
         freezes: Arc<AtomicU64>,
+        vault: Arc<VaultUsage>,
     ) {
         self.lock().push(Entry {
             freezes,
+            vault,
             member: Member {
                 name: name.to_string(),
                 pid: None,

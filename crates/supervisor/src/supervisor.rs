@@ -285,6 +285,7 @@ impl<'a> Supervisor<'a> {
                 .expect("one per component");
             let limits = Limits {
                 quota: spec.vault_quota,
+                usage: Arc::default(),
                 ceiling: priority_ceiling(system, &spec.name),
             };
             self.boot(spec, served, used, durable, limits)?;
@@ -397,6 +398,8 @@ impl<'a> Supervisor<'a> {
             kept,
             durable.journal.clone(),
         ));
+        let usage = limits.usage.clone();
+        let ceiling = limits.ceiling;
         self.vault
             .serve(spec.name.clone(), vault_sock, activity, limits);
         let wiring = Wiring {
@@ -406,7 +409,7 @@ impl<'a> Supervisor<'a> {
             served,
             used,
             durable,
-            ceiling: limits.ceiling,
+            ceiling,
         };
         let proc = zygote::exec(spec, &wiring, self.wide)?;
         let idx = self.comps.len();
@@ -419,6 +422,7 @@ impl<'a> Supervisor<'a> {
                 .map(|s| (s.interface.clone(), s.edge.clone()))
                 .collect(),
             freezes,
+            usage,
         );
         listen(&self.epoll, &proc.pidfd, Source::Exit(proc.pid))?;
         listen(&self.epoll, &zygote_sock, Source::Zygote(idx))?;

@@ -14,14 +14,16 @@ use kintsugi_runtime::abi::fdpass;
 use kintsugi_runtime::priority::Priority;
 use kintsugi_system::VaultQuota;
 
-use crate::quota::{Entry, FdBudget, Records};
+use crate::quota::{Entry, FdBudget, Records, VaultUsage};
 use kintsugi_runtime::vault::{RecordHeader, VaultMessage, VaultReply, VaultRequest, LIST_PAGE};
 
 /// What a component's vault may hold, and the priority its requests may
 /// be served at.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Limits {
     pub quota: VaultQuota,
+    /// Where what it holds is published.
+    pub usage: Arc<VaultUsage>,
     /// The highest priority of the component and of its clients, direct
     /// or not: a request is served at the priority it carries, never above.
     pub ceiling: Priority,
@@ -135,10 +137,12 @@ impl VaultStore {
                 if let Err(e) = records.apply(ops, fds, &limits.quota, &self.budget) {
                     tracing::warn!("vault of {component}: posted request refused: {e}");
                 }
+                limits.usage.set(records);
                 return None;
             }
             VaultRequest::Apply { id, ops } => {
                 let error = records.apply(ops, fds, &limits.quota, &self.budget).err();
+                limits.usage.set(records);
                 (
                     VaultReply {
                         id,
@@ -393,6 +397,7 @@ mod tests {
         .unwrap();
         let limits = Limits {
             quota: VaultQuota::default(),
+            usage: Arc::default(),
             ceiling: Priority::nice(0),
         };
         store.serve("c".into(), b, Arc::default(), limits);

@@ -295,6 +295,20 @@ impl Drop for Peer {
     }
 }
 
+/// [`shm_round_trips`] without spinning, the calling thread and the server
+/// process (forked from it, so filtered too) under the seccomp filter
+/// every component runs under: what the filter costs on the invocation
+/// path's system calls (a futex wake and wait per call each way).
+fn filtered_round_trips(iterations: usize) -> anyhow::Result<Vec<f64>> {
+    std::thread::spawn(move || {
+        kintsugi_runtime::seccomp::install_on_this_thread()
+            .map_err(|e| anyhow::anyhow!("seccomp: {e}"))?;
+        shm_round_trips(iterations, Duration::ZERO)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the filtered client panicked"))?
+}
+
 fn shm_round_trips(iterations: usize, spin: Duration) -> anyhow::Result<Vec<f64>> {
     futex::set_spin_budget(spin);
     let edge = Arc::new(Edge::create("bench-ipc", 1)?);
@@ -368,6 +382,10 @@ fn ipc(iterations: usize) -> anyhow::Result<bool> {
             shm_round_trips(socket_n, Duration::ZERO)?,
         ),
         (
+            "… the same, both sides under the components' seccomp filter".to_string(),
+            filtered_round_trips(socket_n)?,
+        ),
+        (
             "Unix stream socket, 8-byte echo".to_string(),
             unix_round_trips(socket_n)?,
         ),
@@ -377,7 +395,7 @@ fn ipc(iterations: usize) -> anyhow::Result<bool> {
         ),
     ];
     futex::set_spin_budget(spin);
-    let unix = Summary::of(&rows[2].1).unwrap();
+    let unix = Summary::of(&rows[3].1).unwrap();
     println!("| transport | p50 µs | p99 µs | mean µs | p50 vs Unix socket |");
     println!("| --- | ---: | ---: | ---: | ---: |");
     for (label, samples) in &rows {

@@ -83,12 +83,18 @@ pub fn inject(args: InjectArgs) -> anyhow::Result<bool> {
             std::thread::sleep(Duration::from_millis(10));
             continue;
         };
-        anyhow::ensure!(
-            roster.owns(pid),
-            "{}: pid {pid} is not a process of supervisor {}; refusing to inject",
-            target.name,
-            roster.supervisor_pid
-        );
+        if !roster.owns(pid) {
+            // Gone since the supervisor answered (a crash, a reboot): ask again.
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            anyhow::bail!(
+                "{}: pid {pid} is not a process of supervisor {}; refusing to inject",
+                target.name,
+                roster.supervisor_pid
+            );
+        }
         let started = Instant::now();
         match injector.inject(pid, &fault) {
             Ok(Injection::Hang(mut held)) => {

@@ -67,6 +67,15 @@ pub fn program() -> Result<BpfProgram, seccompiler::Error> {
     filter.try_into().map_err(seccompiler::Error::Backend)
 }
 
+/// Installs the filter on the calling thread alone (and the threads it
+/// will create): for measuring what the filter costs beside threads
+/// without it (`kintsugi bench ipc`).
+pub fn install_on_this_thread() -> Result<(), seccompiler::Error> {
+    // Unprivileged, a filter needs no_new_privs (components have it from exec).
+    rustix::thread::set_no_new_privs(true).map_err(|e| seccompiler::Error::Seccomp(e.into()))?;
+    seccompiler::apply_filter(&program()?)
+}
+
 /// Installs the filter on every thread of this process.
 pub fn install() -> Result<(), seccompiler::Error> {
     seccompiler::apply_filter_all_threads(&program()?)

@@ -53,12 +53,9 @@ fn status_restart_and_stop_a_running_system() {
     let first = loop {
         if let (true, out, _) = cli(&tag, &dir, &["status", "demo", "--json"]) {
             let s: Value = serde_json::from_str(&out).unwrap();
-            if s["components"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|c| c["state"] == "live")
-            {
+            // Both registered (the roster fills as they boot) and live.
+            let comps = s["components"].as_array().unwrap();
+            if comps.len() == 2 && comps.iter().all(|c| c["state"] == "live") {
                 break s;
             }
         }

@@ -53,7 +53,7 @@ impl SystemStatus {
             .into_iter()
             .map(|m| {
                 let h = &m.health;
-                let p = |q| h.reboot_percentile(q);
+                let (p50, p99) = (h.reboot_percentile(50.0), h.reboot_percentile(99.0));
                 let vault = roster.vault_use(&m.name);
                 ComponentStatus {
                     vault_records: vault.records,
@@ -69,9 +69,9 @@ impl SystemStatus {
                         "" => exit.to_string(),
                         why => format!("{exit} ({why})"),
                     }),
-                    reboot_p50_us: p(50.0).map(|(v, _)| v),
-                    reboot_p99_us: p(99.0).map(|(v, _)| v),
-                    reboots_sampled: p(50.0).map_or(0, |(_, n)| n),
+                    reboot_p50_us: p50.map(|(v, _)| v),
+                    reboot_p99_us: p99.map(|(v, _)| v),
+                    reboots_sampled: p50.map_or(0, |(_, n)| n),
                     recovered: h.recovered,
                     hangs: h.hangs,
                     gave_up: h.gave_up.clone(),

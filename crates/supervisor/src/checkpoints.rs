@@ -299,6 +299,11 @@ pub(crate) struct Tracked {
     /// Its last checkpoint, kept from the incarnation that died, for the
     /// next one.
     last: Option<Image>,
+    /// A checkpoint-recovered component between the death of an
+    /// incarnation and the recovery of the next: the log belongs to the
+    /// state that died, so no checkpoint may be taken (it would cut the
+    /// log) until [`recover`] has restored that state and replayed it.
+    recovering: bool,
     incarnation: Holder,
     next_due: Option<Instant>,
     taken: u64,
@@ -352,11 +357,24 @@ impl Tracked {
             kept,
             journal,
             last: None,
+            recovering: false,
             incarnation: Holder::Down,
             next_due: None,
             taken: 0,
             skipped: 0,
             files: VecDeque::new(),
+        }
+    }
+
+    /// Refuses a checkpoint or a restore while a new incarnation waits for
+    /// its checkpoint recovery.
+    fn not_recovering(&self) -> Result<(), String> {
+        match self.recovering {
+            true => Err(format!(
+                "`{}` is being recovered from its last checkpoint and log",
+                self.name
+            )),
+            false => Ok(()),
         }
     }
 }
@@ -395,12 +413,15 @@ fn handle(comps: &mut [Tracked], cmd: Command) {
         Command::Live { name, pid } => {
             if let Ok(c) = find(comps, &name) {
                 c.incarnation = Holder::Live(pid);
-                c.next_due = c.policy.map(|p| Instant::now() + p.every);
+                if !c.recovering {
+                    c.next_due = c.policy.map(|p| Instant::now() + p.every);
+                }
             }
         }
         Command::Down { name } => {
             if let Ok(c) = find(comps, &name) {
                 let gone = std::mem::replace(&mut c.incarnation, Holder::Down);
+                c.recovering = c.journal.is_some();
                 if let (Holder::Attached(ckpt), Some(_)) = (gone, &c.journal) {
                     // Its last checkpoint (or the one it was restored
                     // from) is the next incarnation's.
@@ -540,6 +561,7 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
         .incarnation
         .pid()
         .ok_or("the component has no live incarnation")?;
+    c.not_recovering()?;
     c.incarnation.attached(&c.quiet.freezes)?;
     let (frozen, held, waited) = at_safe_point(&c.quiet, &c.name, pid, hold)?;
     if c.journal.as_ref().is_some_and(|j| j.replay_pending()) {
@@ -592,6 +614,7 @@ fn restore(c: &mut Tracked, from: Option<&Path>, force: bool) -> Result<Summary,
         .incarnation
         .pid()
         .ok_or("the component has no live incarnation")?;
+    c.not_recovering()?;
     let ckpt = c.incarnation.attached(&c.quiet.freezes)?;
     if let Some(image) = &image {
         if image.exe != ckpt.image().exe {
@@ -718,6 +741,10 @@ fn recover(c: &mut Tracked) -> Result<Summary, String> {
         Some(image) => restore_last(c, pid, image, started),
     };
     let mut done = outcome?;
+    // The state that died is back (its log is being replayed, which a
+    // checkpoint waits for): periodic checkpoints may go on.
+    c.recovering = false;
+    c.next_due = c.policy.map(|p| Instant::now() + p.every);
     let replay_started = Instant::now();
     for e in &c.quiet.served {
         e.hold_serving(false);

@@ -19,7 +19,22 @@ use std::time::Instant;
 use common::*;
 use serde_json::Value;
 
-fn kv_system(dir: &Path, seed: u64, watchdog: bool) -> PathBuf {
+/// How kv is checkpointed and how hard its clients drive it.
+struct Load {
+    /// kv's `checkpoint` and `journal_kib` keys.
+    kv: &'static str,
+    clients: &'static [&'static str],
+    think_us: u64,
+}
+
+/// Checkpoints every 20 ms; three clients pausing 100 µs between calls.
+const GENTLE: Load = Load {
+    kv: "checkpoint = { every_ms = 20 }",
+    clients: &["w1", "w2", "w3"],
+    think_us: 100,
+};
+
+fn kv_system(dir: &Path, seed: u64, watchdog: bool, load: &Load) -> PathBuf {
     let mut toml = String::from("[system]\nname = \"kv-test\"\n");
     if watchdog {
         toml += "\n[watchdog]\nperiod_us = 1000\nstuck_ms = 300\ndefault_bound_us = 100000\n";
@@ -30,10 +45,11 @@ name = "kv"
 binary = "kintsugi-kv"
 provides = ["kv"]
 recovery = "checkpoint"
-checkpoint = { every_ms = 20 }
 restart = { max = 100000, window_ms = 1000 }
 "#;
-    for (i, name) in ["w1", "w2", "w3"].iter().enumerate() {
+    toml += load.kv;
+    toml += "\n";
+    for (i, name) in load.clients.iter().enumerate() {
         toml += &format!(
             r#"
 [[component]]
@@ -45,9 +61,10 @@ seed = {}
 threads = 2
 ops = 0
 keys = 48
-think_us = 100
+think_us = {}
 "#,
-            seed + i as u64
+            seed + i as u64,
+            load.think_us
         );
     }
     write(dir, "kv.toml", &toml)
@@ -88,7 +105,7 @@ fn run(test: &str, system: &Path, chaos: &[&str], seed: u64) -> (String, String)
 
 /// Every workload's report: no error, no wrong answer, its counter equal
 /// to its increments, work done by both threads.
-fn reports_clean(stdout: &str) {
+fn reports_clean(stdout: &str, clients: &[&str]) {
     let reports: Vec<Value> = json_lines(stdout)
         .into_iter()
         .filter(|v| v.get("component").is_some())
@@ -98,7 +115,7 @@ fn reports_clean(stdout: &str) {
         .map(|r| r["component"].as_str().unwrap())
         .collect();
     names.sort_unstable();
-    assert_eq!(names, ["w1", "w2", "w3"], "one report per workload");
+    assert_eq!(names, clients, "one report per workload");
     for r in &reports {
         assert_eq!(r["errors"], 0, "{r}");
         assert_eq!(r["corrupt"], 0, "{r}");
@@ -135,7 +152,7 @@ fn replays(stdout: &str) -> Vec<(String, u64)> {
 fn kv_keeps_every_update_through_200_crashes() {
     let seed = seed("kv_crashes");
     let dir = scratch("kv-crashes");
-    let system = kv_system(&dir, seed, false);
+    let system = kv_system(&dir, seed, false, &GENTLE);
     let (stdout, _) = run(
         "kv_crashes",
         &system,
@@ -149,7 +166,7 @@ fn kv_keeps_every_update_through_200_crashes() {
         ],
         seed,
     );
-    reports_clean(&stdout);
+    reports_clean(&stdout, GENTLE.clients);
     let crashes = crashes(&stdout, "kv");
     let segv = crashes.iter().filter(|c| c.by(SIGSEGV)).count();
     let busy = crashes.iter().filter(|c| !c.in_flight.is_empty()).count();
@@ -193,7 +210,7 @@ fn kv_keeps_every_update_through_200_crashes() {
 fn a_hung_kv_is_rolled_back_in_place_and_replays_its_log() {
     let seed = seed("kv_hangs");
     let dir = scratch("kv-hangs");
-    let system = kv_system(&dir, seed, true);
+    let system = kv_system(&dir, seed, true, &GENTLE);
     // Well over a second apart (an interval runs from one injection to the
     // next, and finding a hang takes 300 ms): a hang within a second of a
     // rollback is the incarnation's own, and is answered by a reboot.
@@ -210,7 +227,7 @@ fn a_hung_kv_is_rolled_back_in_place_and_replays_its_log() {
         ],
         seed,
     );
-    reports_clean(&stdout);
+    reports_clean(&stdout, GENTLE.clients);
     let rolled: Vec<(u32, String)> = events(&stdout)
         .into_iter()
         .filter_map(|e| match e {
@@ -245,4 +262,49 @@ fn a_hung_kv_is_rolled_back_in_place_and_replays_its_log() {
     );
     assert_eq!(reboots(&stdout, "kv"), 0, "never rebooted:\n{stdout}");
     assert!(crashes(&stdout, "kv").is_empty());
+}
+
+/// Clients at full speed fill a small log (1 MiB) faster than the periodic
+/// checkpoints (every second) empty it, so that the log itself asks for
+/// checkpoints all the time, deaths included: a new incarnation must not
+/// be checkpointed (which cuts the log) before the state that died is
+/// restored and its log replayed (it was, once in CI, 2026-11-25, and the
+/// clients saw 15,000 operations undone).
+#[test]
+fn kv_killed_while_its_log_asks_for_checkpoints_loses_nothing() {
+    let seed = seed("kv_full_log");
+    let dir = scratch("kv-full-log");
+    let load = Load {
+        kv: "checkpoint = { every_ms = 1000 }\njournal_kib = 1024",
+        clients: &["w1", "w2"],
+        think_us: 0,
+    };
+    let system = kv_system(&dir, seed, false, &load);
+    let (stdout, _) = run(
+        "kv_full_log",
+        &system,
+        &[
+            "--signals",
+            "kill",
+            "--kills",
+            "40",
+            "--kill-every",
+            "20..60",
+        ],
+        seed,
+    );
+    reports_clean(&stdout, load.clients);
+    let replays = replays(&stdout);
+    let crashes = crashes(&stdout, "kv");
+    assert!(crashes.len() >= 37, "{} crashes of 40 kills", crashes.len());
+    assert_eq!(replays.len(), crashes.len(), "each crash recovered");
+    let restored = replays
+        .iter()
+        .filter(|(kind, _)| kind == "restore and replay")
+        .count();
+    eprintln!(
+        "kv_full_log: {} crashes, {restored} restored a checkpoint",
+        crashes.len()
+    );
+    assert!(restored > 0, "checkpoints the log asked for were restored");
 }

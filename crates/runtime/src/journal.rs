@@ -98,7 +98,8 @@ impl Journal {
     }
 
     /// Logs the request that slot `slot` of provided edge `edge` holds,
-    /// before it runs; returns where its reply goes. Called in turn.
+    /// before it runs; returns where its reply goes (None: the log is
+    /// closed, the request runs unlogged). Called in turn.
     pub fn accept(
         &self,
         edge: u32,
@@ -106,7 +107,10 @@ impl Journal {
         s: &SlotHeader,
         func: u32,
         request: &[u8],
-    ) -> Result<usize, Full> {
+    ) -> Result<Option<usize>, Full> {
+        if self.log.closed() {
+            return Ok(None);
+        }
         let h = self.log.header();
         let at = h.end.load(Ordering::SeqCst) as usize;
         let reply_at = at + ENTRY_HEAD + padded(request.len());
@@ -133,7 +137,7 @@ impl Journal {
         h.end.store(reply_at as u64, Ordering::SeqCst);
         h.count.fetch_add(1, Ordering::SeqCst);
         h.logged.fetch_add(1, Ordering::Relaxed);
-        Ok(at)
+        Ok(Some(at))
     }
 
     /// Records the reply (`status`, `code`, `bytes`) of the entry at `at`,
@@ -162,7 +166,7 @@ impl Journal {
     pub fn wait_for_room(&self) {
         let h = self.log.header();
         let cuts = h.cuts.load(Ordering::SeqCst);
-        if h.wanted.load(Ordering::SeqCst) != 0 {
+        if h.wanted.load(Ordering::SeqCst) != 0 && !self.log.closed() {
             futex::wait(&h.cuts, cuts, Some(std::time::Duration::from_millis(10)));
         }
     }

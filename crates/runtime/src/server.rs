@@ -233,7 +233,9 @@ impl SlotWorker {
                 Some((journal, edge)) => {
                     let at = journal.accept(*edge, self.slot, s, func, request)?;
                     let (st, code, n) = dispatch_raw(service, caller, func, request, response);
-                    journal.replied(at, st, code, &response[..n]);
+                    if let Some(at) = at {
+                        journal.replied(at, st, code, &response[..n]);
+                    }
                     Ok((st, code, n))
                 }
             },

@@ -88,9 +88,12 @@ impl Proc {
         self.try_reap()
     }
 
-    /// Stops the process: SIGTERM, then SIGKILL after `grace`; reaps it.
+    /// Stops the process: SIGTERM (and SIGCONT, for a stopped process
+    /// acts on no signal but SIGKILL, as systemd does), then SIGKILL after
+    /// `grace`; reaps it.
     pub fn stop(&self, grace: Duration) -> Exit {
         self.signal(Signal::TERM);
+        self.signal(Signal::CONT);
         if let Some(e) = self.wait_exit(grace) {
             return e;
         }

@@ -774,10 +774,18 @@ impl<'a> Supervisor<'a> {
         for id in self.signal_ids.drain(..) {
             signal_hook::low_level::unregister(id);
         }
-        // No checkpoint or restore runs while the components stop.
+        // No checkpoint or restore runs while the components stop, so no
+        // request log is cut again: requests run unlogged from now on
+        // (else a server with a full log would never answer the clients
+        // that finish their calls before they stop).
         self.roster.set_checkpoints(None);
         if let Some(t) = self.checkpoint_thread.take() {
             let _ = t.join();
+        }
+        for m in &self.comps {
+            if let Some(journal) = &m.wiring.durable.journal {
+                journal.close();
+            }
         }
         let grace = self.options.stop_grace;
         let mut exits = Vec::new();

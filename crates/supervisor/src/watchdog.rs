@@ -564,10 +564,16 @@ fn unserved(
             continue;
         };
         let w = &mut st.workers[i];
+        // In a freeze's shadow, the thread's movement is the freeze's:
+        // caught runnable (into or out of its ptrace-stop, which under
+        // load takes a while), it is not seen at all, lest the clock
+        // start again at every checkpoint; seen asleep, its times are the
+        // new baseline.
         if let Some(u) = w.unserved.as_mut().filter(|u| rebase && u.taken == taken) {
-            if !runnable(pid, tid) {
-                (u.cpu, u.waited) = (cpu, waited);
+            if runnable(pid, tid) {
+                continue;
             }
+            (u.cpu, u.waited) = (cpu, waited);
         }
         match w.unserved {
             // The worker neither ran nor waited to run since, and is not

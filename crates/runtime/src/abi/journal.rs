@@ -46,7 +46,9 @@ pub struct JournalHeader {
     /// 1 while the log is more than half full: the supervisor checkpoints
     /// (and so cuts) early.
     pub wanted: AtomicU32,
-    _pad: AtomicU32,
+    /// 1 once the system stops: no checkpoint will cut the log again, so
+    /// requests run unlogged (nothing will be recovered either).
+    pub closed: AtomicU32,
     /// Totals for the operator: requests logged, replays run, entries
     /// replayed, replies that differed from the logged ones, replies
     /// handed to a client that was still waiting, and the last replay's
@@ -181,6 +183,21 @@ impl JournalRegion {
     /// Whether a replay was asked for and is not done.
     pub fn replay_pending(&self) -> bool {
         self.header().replay.load(Ordering::SeqCst) != 0
+    }
+
+    /// Ends logging for good (the system stops and takes no more
+    /// checkpoints): requests run unlogged, and a server waiting for room
+    /// in a full log is woken to run its request.
+    pub fn close(&self) {
+        let h = self.header();
+        h.closed.store(1, Ordering::SeqCst);
+        h.cuts.fetch_add(1, Ordering::SeqCst);
+        futex::wake_all(&h.cuts);
+    }
+
+    /// Whether [`JournalRegion::close`] was called.
+    pub fn closed(&self) -> bool {
+        self.header().closed.load(Ordering::SeqCst) != 0
     }
 
     /// Whether the server asked for an early checkpoint.

@@ -159,11 +159,30 @@ impl Frozen {
 
 impl Drop for Frozen {
     fn drop(&mut self) {
-        let signals = std::mem::take(self.signals.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let mut signals =
+            std::mem::take(self.signals.get_mut().unwrap_or_else(|e| e.into_inner()));
         for &tid in &self.tids {
-            let detached = ptrace::detach(Pid::from_raw(tid as i32), None);
-            if detached == Err(Errno::ESRCH) && tid != self.pid {
-                reap_traced(self.pid, tid);
+            let t = Pid::from_raw(tid as i32);
+            if ptrace::detach(t, None) != Err(Errno::ESRCH) {
+                continue;
+            }
+            // Not in a stop: seized and interrupted, its stop not yet
+            // collected (a freeze that failed part way), or dead. Left
+            // so, it would stop later and stay stopped, traced from here
+            // (a hang), and its zombie would hold back its process's
+            // death report (a lost system): collect its stop and let it
+            // go, or collect its zombie.
+            match wait_stop(self.pid, tid) {
+                Ok(stop) => {
+                    if let WaitStatus::Stopped(_, sig) = stop {
+                        if sig != Signal::SIGTRAP {
+                            signals.insert(tid, sig);
+                        }
+                    }
+                    let _ = ptrace::detach(t, None);
+                }
+                Err(_) if tid != self.pid => reap_traced(self.pid, tid),
+                Err(_) => {}
             }
         }
         // Sent again rather than handed to the detach, which delivers a

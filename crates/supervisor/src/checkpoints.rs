@@ -207,6 +207,8 @@ pub(crate) enum Command {
     /// supervisor holds (see [`recover`]).
     Recover {
         name: String,
+        /// Drop the last checkpoint and the log instead (see `ladder.rs`).
+        fresh: bool,
         reply: Sender<Result<Summary, String>>,
     },
 }
@@ -432,8 +434,8 @@ fn handle(comps: &mut [Tracked], cmd: Command) {
                 c.next_due = None;
             }
         }
-        Command::Recover { name, reply } => {
-            let answer = find(comps, &name).and_then(recover);
+        Command::Recover { name, fresh, reply } => {
+            let answer = find(comps, &name).and_then(|c| recover(c, fresh));
             let _ = reply.send(answer);
         }
         Command::Take { name, out, reply } => {
@@ -720,7 +722,10 @@ fn wake_for_replay(c: &Tracked) {
 /// first: the new one starts where the log starts), it is asked to replay
 /// the log, and the supervisor's hold is let go. On failure the hold
 /// stays, for the incarnation is to be killed.
-fn recover(c: &mut Tracked) -> Result<Summary, String> {
+///
+/// `fresh` drops the last checkpoint and cuts the log instead: the new
+/// incarnation keeps its initial state (the state that died is lost).
+fn recover(c: &mut Tracked, fresh: bool) -> Result<Summary, String> {
     let started = Instant::now();
     let journal = c
         .journal
@@ -730,6 +735,18 @@ fn recover(c: &mut Tracked) -> Result<Summary, String> {
         .incarnation
         .pid()
         .ok_or("the component has no live incarnation")?;
+    if fresh {
+        c.last = None;
+        journal.cut();
+        c.recovering = false;
+        c.next_due = c.policy.map(|p| Instant::now() + p.every);
+        for e in &c.quiet.served {
+            e.hold_serving(false);
+        }
+        let mut done = summary(c, FRESH, Stats::default(), Duration::ZERO, started, None);
+        done.pid = pid;
+        return Ok(done);
+    }
     let outcome = match c.last.take() {
         None => {
             journal.ask_replay();
@@ -757,6 +774,9 @@ fn recover(c: &mut Tracked) -> Result<Summary, String> {
     done.total_us = started.elapsed().as_micros() as u64;
     Ok(done)
 }
+
+/// The kind of a recovery that dropped the state (see `ladder.rs`).
+pub(crate) const FRESH: &str = "fresh start (checkpoint and log dropped)";
 
 /// How long a recovery waits for the replay it asked for: a longer one
 /// goes on after the reboot is reported.

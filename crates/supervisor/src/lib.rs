@@ -11,6 +11,7 @@ mod chaos;
 mod checkpoints;
 pub mod events;
 pub mod health;
+mod ladder;
 mod managed;
 mod options;
 mod policy;

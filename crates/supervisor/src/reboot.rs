@@ -300,8 +300,10 @@ impl Supervisor<'_> {
             return Ok(());
         }
         let name = m.spec.name.clone();
-        match self.roster.recover(&name) {
+        let fresh = self.ladder.take_fresh(&name);
+        match self.roster.recover(&name, fresh) {
             Ok(done) => {
+                self.ladder.recovered(&name, done.pid);
                 pending.push(Event::Replayed {
                     component: name,
                     pid: done.pid,

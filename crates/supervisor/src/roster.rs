@@ -324,11 +324,12 @@ impl Roster {
     }
 
     /// Checkpoint recovery of `component`'s new incarnation (see
-    /// `checkpoints.rs`): its last checkpoint restored, its log replayed.
-    pub(crate) fn recover(&self, component: &str) -> Result<Summary, String> {
+    /// `checkpoints.rs`): its last checkpoint restored, its log replayed;
+    /// or, `fresh`, both dropped (see `ladder.rs`).
+    pub(crate) fn recover(&self, component: &str, fresh: bool) -> Result<Summary, String> {
         let (reply, answer) = std::sync::mpsc::channel();
         let name = component.to_string();
-        self.ask(Command::Recover { name, reply }, answer)
+        self.ask(Command::Recover { name, fresh, reply }, answer)
     }
 
     fn ask(

@@ -21,6 +21,7 @@ use kintsugi_system::{
     ComponentSpec, HangAction, RebootMode, RestartGroup, RestartType, SpinPolicy, System,
 };
 
+use crate::ladder::{HangAnswer, Ladder};
 use crate::managed::SystemWide;
 use rustix::event::epoll;
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
@@ -51,9 +52,6 @@ use std::path::PathBuf;
 /// part) took 130–300 µs p50 with the supervisor at nice 0 and 91–129 µs at
 /// nice -10 (docs/benchmarks.md).
 const SUPERVISOR_NICE: i32 = -10;
-
-/// A hang within this long of a rollback on a hang reboots instead.
-const ROLLBACK_AGAIN: Duration = Duration::from_secs(1);
 
 /// The calling thread at [`SUPERVISOR_NICE`] while it lives (where the
 /// kernel permits: without `CAP_SYS_NICE` it stays as it was), then back.
@@ -158,9 +156,9 @@ pub(crate) struct Supervisor<'a> {
     /// Images to restore at boot (`Options::restores`), read and checked
     /// before anything starts.
     restores: HashMap<String, (PathBuf, Image)>,
-    /// Which incarnation of each component was last rolled back on a
-    /// hang, and when.
-    rolled_back: HashMap<String, (u32, Instant)>,
+    /// Each component's last restore after a failure, which decides how
+    /// its next hang is answered.
+    pub(crate) ladder: Ladder,
     /// Restarts put off by the restart policy's backoff: when, and which
     /// component.
     pub(crate) deferred: Vec<(Instant, usize)>,
@@ -217,7 +215,7 @@ impl<'a> Supervisor<'a> {
             checkpoint_commands: Some(checkpoint_commands),
             checkpoint_thread: None,
             restores: HashMap::new(),
-            rolled_back: HashMap::new(),
+            ladder: Ladder::default(),
             deferred: Vec::new(),
             groups: Vec::new(),
         })
@@ -566,13 +564,30 @@ impl<'a> Supervisor<'a> {
             let Some(m) = self.comps.iter().find(|m| m.spec.name == report.component) else {
                 continue;
             };
-            let Some(live) = m.live().filter(|l| l.proc.pid == report.pid) else {
-                continue;
-            };
-            if report.hang && self.may_roll_back(&m.spec, report.pid) {
-                self.roll_back(report);
+            if m.live().is_none_or(|l| l.proc.pid != report.pid) {
                 continue;
             }
+            if report.hang {
+                let rollback = m
+                    .spec
+                    .checkpoint
+                    .is_some_and(|p| p.on_hang == HangAction::Rollback);
+                match self.ladder.answer(&report.component, report.pid, rollback) {
+                    HangAnswer::RollBack => {
+                        self.roll_back(report);
+                        continue;
+                    }
+                    HangAnswer::RebootFresh => tracing::warn!(
+                        "{}: hung again within {} ms of its checkpoint recovery: it starts afresh, its checkpoint and request log dropped (its state is lost)",
+                        report.component,
+                        crate::ladder::AGAIN.as_millis()
+                    ),
+                    HangAnswer::Reboot => {}
+                }
+            }
+            let Some(live) = self.live_of(&report.component, report.pid) else {
+                continue;
+            };
             live.proc.signal(Signal::KILL);
             self.emit(Event::FaultReported {
                 component: report.component,
@@ -605,25 +620,20 @@ impl<'a> Supervisor<'a> {
         }
     }
 
-    /// Whether a hang of `spec`'s live incarnation `pid` is to be answered
-    /// by a rollback: its policy says so, and it did not hang again within
-    /// a second of its last rollback (a hang the rollback brings back is
-    /// the incarnation's own: it is rebooted).
-    fn may_roll_back(&self, spec: &ComponentSpec, pid: u32) -> bool {
-        spec.checkpoint
-            .is_some_and(|p| p.on_hang == HangAction::Rollback)
-            && self
-                .rolled_back
-                .get(&spec.name)
-                .is_none_or(|&(last, t)| last != pid || t.elapsed() >= ROLLBACK_AGAIN)
+    /// The live incarnation of `component`, if it is `pid`.
+    fn live_of(&self, component: &str, pid: u32) -> Option<&crate::managed::Incarnation> {
+        self.comps
+            .iter()
+            .find(|m| m.spec.name == component)?
+            .live()
+            .filter(|l| l.proc.pid == pid)
     }
 
     /// Rolls the hung incarnation back in place, off the event loop (the
     /// checkpoint thread answers); the outcome comes back through the
     /// roster, a failure as a fault report that reboots it.
     fn roll_back(&mut self, report: FaultReport) {
-        self.rolled_back
-            .insert(report.component.clone(), (report.pid, Instant::now()));
+        self.ladder.rolled_back(&report.component, report.pid);
         let roster = self.roster.clone();
         let spawned = std::thread::Builder::new()
             .name("rollback".into())

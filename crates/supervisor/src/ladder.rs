@@ -1,0 +1,112 @@
+//! What a hang of a checkpointed component is answered with, escalating
+//! as a restored state fails again: TAC's rollback in place first
+//! (`seeds/001_68a97066b3f6a3ed.txt` §6); a new incarnation from the last
+//! checkpoint if the incarnation hangs again within a second of its
+//! rollback; and, for a checkpoint-recovered component whose recovered
+//! incarnation hangs within a second too, a fresh start, its checkpoint
+//! and request log dropped. The last step is OTP's escalation to a restart
+//! from the initial state: a fault can reach a checkpoint before it shows
+//! (a flipped register in an idle worker, captured at the next safe
+//! point), and a state that brings its hang back with every restore would
+//! otherwise be restored for ever. The state is lost then, and the event
+//! log says so.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+/// A hang within this long of a restore is taken for the restored state's.
+pub(crate) const AGAIN: Duration = Duration::from_secs(1);
+
+/// How a component's state was last put back after a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// Rolled back in place on a hang.
+    RolledBack,
+    /// Restored into a new incarnation (checkpoint recovery).
+    Recovered,
+}
+
+/// The answer to a hang.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HangAnswer {
+    RollBack,
+    /// Kill it; the reboot restores the last checkpoint as usual.
+    Reboot,
+    /// Kill it; the reboot starts from the initial state.
+    RebootFresh,
+}
+
+/// The restores of every component, as the ladder needs them.
+#[derive(Debug, Default)]
+pub(crate) struct Ladder {
+    last: HashMap<String, (u32, Instant, How)>,
+    /// Components whose next recovery is to start fresh.
+    fresh: HashSet<String>,
+}
+
+impl Ladder {
+    /// The answer to a hang of `component`'s incarnation `pid`;
+    /// `rollback` says whether its policy rolls hangs back at all.
+    pub fn answer(&mut self, component: &str, pid: u32, rollback: bool) -> HangAnswer {
+        let recent = self
+            .last
+            .get(component)
+            .filter(|(last, at, _)| *last == pid && at.elapsed() < AGAIN)
+            .map(|(_, _, how)| *how);
+        let answer = match (rollback, recent) {
+            (false, _) => HangAnswer::Reboot,
+            (true, None) => HangAnswer::RollBack,
+            (true, Some(How::RolledBack)) => HangAnswer::Reboot,
+            (true, Some(How::Recovered)) => HangAnswer::RebootFresh,
+        };
+        if answer == HangAnswer::RebootFresh {
+            self.fresh.insert(component.to_string());
+        }
+        answer
+    }
+
+    pub fn rolled_back(&mut self, component: &str, pid: u32) {
+        self.note(component, pid, How::RolledBack);
+    }
+
+    pub fn recovered(&mut self, component: &str, pid: u32) {
+        self.note(component, pid, How::Recovered);
+    }
+
+    fn note(&mut self, component: &str, pid: u32, how: How) {
+        self.last
+            .insert(component.to_string(), (pid, Instant::now(), how));
+    }
+
+    /// Whether `component`'s next recovery is to start fresh (asked once).
+    pub fn take_fresh(&mut self, component: &str) -> bool {
+        self.fresh.remove(component)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hang_climbs_from_rollback_to_reboot_to_a_fresh_start() {
+        let mut l = Ladder::default();
+        assert_eq!(l.answer("kv", 10, true), HangAnswer::RollBack);
+        l.rolled_back("kv", 10);
+        assert_eq!(l.answer("kv", 10, true), HangAnswer::Reboot);
+        assert!(!l.take_fresh("kv"));
+        l.recovered("kv", 11);
+        assert_eq!(l.answer("kv", 11, true), HangAnswer::RebootFresh);
+        assert!(l.take_fresh("kv"));
+        assert!(!l.take_fresh("kv"), "asked once");
+    }
+
+    #[test]
+    fn another_incarnation_or_a_policy_without_rollback_starts_at_the_bottom() {
+        let mut l = Ladder::default();
+        l.recovered("kv", 11);
+        assert_eq!(l.answer("kv", 12, true), HangAnswer::RollBack);
+        assert_eq!(l.answer("kv", 11, false), HangAnswer::Reboot);
+        assert_eq!(l.answer("lock", 11, true), HangAnswer::RollBack);
+    }
+}

@@ -159,8 +159,7 @@ impl Frozen {
 
 impl Drop for Frozen {
     fn drop(&mut self) {
-        let mut signals =
-            std::mem::take(self.signals.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let mut signals = std::mem::take(self.signals.get_mut().unwrap_or_else(|e| e.into_inner()));
         for &tid in &self.tids {
             let t = Pid::from_raw(tid as i32);
             if ptrace::detach(t, None) != Err(Errno::ESRCH) {

@@ -308,3 +308,58 @@ fn kv_killed_while_its_log_asks_for_checkpoints_loses_nothing() {
     );
     assert!(restored > 0, "checkpoints the log asked for were restored");
 }
+
+/// A hang that comes back with every restore climbs the ladder: rolled
+/// back in place; hung again within a second, rebooted from the last
+/// checkpoint; hung again within a second of that recovery, started
+/// afresh with its checkpoint and log dropped (the state is lost, as the
+/// clients then see). SIGSTOPs 500 ms apart stand for a fault the
+/// checkpoints captured; the watchdog finds each in about 300 ms.
+#[test]
+fn a_hang_that_every_restore_brings_back_ends_in_a_fresh_start() {
+    let seed = seed("kv_ladder");
+    let dir = scratch("kv-ladder");
+    let system = kv_system(&dir, seed, true, &GENTLE);
+    let tag = unique_tag("kv_ladder");
+    let out = run_system(&tag, &system)
+        .env("XDG_RUNTIME_DIR", scratch("kv_ladder-run"))
+        .args([
+            "--kill",
+            "kv",
+            "--seed",
+            &seed.to_string(),
+            "--stop-after-kills",
+        ])
+        .args([
+            "--signals",
+            "stop",
+            "--kills",
+            "3",
+            "--kill-every",
+            "500..500",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(leftovers(&tag).is_empty(), "processes left behind");
+    let steps: Vec<String> = events(&stdout)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::RolledBack { component, .. } if component == "kv" => Some("rollback".into()),
+            Event::Replayed {
+                component, kind, ..
+            } if component == "kv" => Some(kind),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "rollback",
+            "restore and replay",
+            "fresh start (checkpoint and log dropped)"
+        ],
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stderr.contains("starts afresh"), "{stderr}");
+}

@@ -184,7 +184,9 @@ pub enum Event {
     },
     /// A checkpoint-recovered component's new incarnation got the last
     /// checkpoint (`kind`: "restore and replay", or "replay" if there was
-    /// none yet) and replays the `entries` requests logged since.
+    /// none yet) and replays the `entries` requests logged since; or
+    /// drops both ("fresh start (checkpoint and log dropped)") when the
+    /// last recovery hung again at once (`ladder.rs`).
     Replayed {
         component: String,
         pid: u32,

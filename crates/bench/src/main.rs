@@ -168,11 +168,12 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("KINTSUGI_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Logs to stderr: stdout carries the tables.
+    // Logs to stderr: stdout carries the tables (colour as `kintsugi
+    // --color` says).
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(kintsugi_runtime::logging::ansi_wanted())
         .with_target(false)
         .without_time()
         .init();

@@ -21,8 +21,30 @@ use clap::{Parser, Subcommand};
     about = "A self-healing component runtime for Linux"
 )]
 struct Cli {
+    /// Log lines (stderr) as text or as JSON objects, one a line; the
+    /// components started inherit it (as KINTSUGI_LOG_FORMAT).
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<LogFormat>,
+    /// Colour in log lines: on a terminal only (and without NO_COLOR),
+    /// always or never; the components started inherit it (as
+    /// KINTSUGI_COLOR).
+    #[arg(long, global = true, value_enum)]
+    color: Option<Color>,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Color {
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Subcommand)]
@@ -75,11 +97,27 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Set before any thread starts; components inherit the environment.
+    if let Some(format) = cli.log_format {
+        let value = match format {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        };
+        std::env::set_var("KINTSUGI_LOG_FORMAT", value);
+    }
+    if let Some(color) = cli.color {
+        let value = match color {
+            Color::Auto => "auto",
+            Color::Always => "always",
+            Color::Never => "never",
+        };
+        std::env::set_var("KINTSUGI_COLOR", value);
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("KINTSUGI_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Logs go to stderr (stdout carries the event log, tables and JSON),
-    // in colour only on a terminal, or as JSON lines with
-    // KINTSUGI_LOG_FORMAT=json (which components inherit).
+    // in colour as --color says, or as JSON lines with --log-format json
+    // (both passed on to the components through the environment).
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -88,7 +126,7 @@ fn main() -> std::process::ExitCode {
         // One JSON object per line, with its wall-clock time.
         logs.json().init();
     } else {
-        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        logs.with_ansi(kintsugi_runtime::logging::ansi_wanted())
             .without_time()
             .init();
     }

@@ -431,7 +431,7 @@ fn json_logs_name_their_component_and_carry_the_time() {
     let out = kintsugi(&tag)
         .env("XDG_RUNTIME_DIR", &dir)
         .env("KINTSUGI_LOG", "info")
-        .env("KINTSUGI_LOG_FORMAT", "json")
+        .args(["--log-format", "json"])
         .args(["run", "--events", "json", "--duration", "1"])
         .args([
             "--kill",
@@ -487,4 +487,48 @@ fn json_logs_name_their_component_and_carry_the_time() {
         assert!(at <= now_ms && at + 60_000 > now_ms, "{e}");
     }
     assert!(leftovers(&tag).is_empty());
+}
+
+/// `--color always` colours the supervisor's log lines and its
+/// components' (which inherit the choice); without it, stderr being a
+/// pipe, no line has an escape sequence.
+#[test]
+fn color_is_chosen_once_for_the_supervisor_and_its_components() {
+    let system = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../systems/demo.toml");
+    let run = |color: Option<&str>| {
+        let tag = unique_tag("color");
+        let mut cmd = kintsugi(&tag);
+        cmd.env("XDG_RUNTIME_DIR", scratch("color"))
+            .env("KINTSUGI_LOG", "info")
+            .env_remove("NO_COLOR");
+        if let Some(c) = color {
+            cmd.args(["--color", c]);
+        }
+        let out = cmd
+            .args(["run", "--duration", "1"])
+            .arg(&system)
+            .output()
+            .unwrap();
+        let (_, stderr) = text(&out);
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    let escaped = |line: &&str| line.contains("\u{1b}[");
+    let coloured = run(Some("always"));
+    let lines: Vec<&str> = coloured.lines().collect();
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.contains("roster published"))
+            .all(|l| escaped(l)),
+        "{coloured}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("workload:") && escaped(l)),
+        "a component's line coloured too: {coloured}"
+    );
+    let plain = run(None);
+    assert!(!plain.contains('\u{1b}'), "{plain}");
 }

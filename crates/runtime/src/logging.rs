@@ -1,5 +1,5 @@
 //! Logging for component processes: `tracing` to stderr, filtered by
-//! `KINTSUGI_LOG` (default `info`), in colour only on a terminal, each
+//! `KINTSUGI_LOG` (default `info`), in colour as [`ansi_wanted`] says, each
 //! line naming the component (its processes share the supervisor's stderr
 //! with every other component): `ramfs: INFO …` as text, or with
 //! `KINTSUGI_LOG_FORMAT=json` one JSON object per line whose first field is
@@ -16,6 +16,21 @@ use tracing_subscriber::EnvFilter;
 /// Whether logs are to be JSON lines (`KINTSUGI_LOG_FORMAT=json`).
 pub fn json_requested() -> bool {
     std::env::var("KINTSUGI_LOG_FORMAT").is_ok_and(|v| v == "json")
+}
+
+/// Whether log lines get ANSI colours: `KINTSUGI_COLOR=always` or
+/// `never` (what `kintsugi --color` sets, for the supervisor and every
+/// component it starts), else (`auto`) only on a terminal and without
+/// `NO_COLOR` (no-color.org).
+pub fn ansi_wanted() -> bool {
+    match std::env::var("KINTSUGI_COLOR").as_deref() {
+        Ok("always") => true,
+        Ok("never") => false,
+        _ => {
+            std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+                && std::io::IsTerminal::is_terminal(&std::io::stderr())
+        }
+    }
 }
 
 /// A format that names the component first.
@@ -64,7 +79,7 @@ where
 
 pub fn init(component: &str) {
     let filter = EnvFilter::try_from_env("KINTSUGI_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let ansi = ansi_wanted();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -520,7 +520,7 @@ fn color_is_chosen_once_for_the_supervisor_and_its_components() {
         lines
             .iter()
             .filter(|l| l.contains("roster published"))
-            .all(|l| escaped(l)),
+            .all(&escaped),
         "{coloured}"
     );
     assert!(

@@ -349,6 +349,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
         interfaces: interfaces(),
         lifelines: !args.no_lifelines,
         restores: args.restores,
+        sockets: kintsugi_supervisor::Activated::claim()?,
         ..Options::default()
     };
     execute(&system, options, args.quiet, args.events, args.metrics)

@@ -769,3 +769,67 @@ fn bench_web_runs_briefly() {
     assert!(left.is_empty(), "servers left running: {left:?}");
     assert!(leftovers(&tag).is_empty());
 }
+
+/// Socket activation: the listener a service manager opened (here the
+/// test, passing it at fd 3 with `LISTEN_FDS`, `LISTEN_PID` and
+/// `LISTEN_FDNAMES` as systemd sets them) is netd's from the start: a
+/// request sent before the system ran waits in the kernel's backlog and is
+/// answered, and the port in netd's config is never bound.
+#[test]
+fn netd_serves_the_listener_a_service_manager_passed() {
+    let tag = unique_tag("web-activation");
+    let dir = scratch("web-activation");
+    let root = dir.join("root");
+    let files = docroot(&root, 11);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let configured = free_port();
+    let mut early = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    early
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        early,
+        "GET /page.html HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let inner = run_system(&tag, &system());
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg("-c")
+        .arg(r#"exec 3<&0 0</dev/null; LISTEN_PID=$$ LISTEN_FDS=1 LISTEN_FDNAMES=http exec "$@""#)
+        .arg("bash")
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .arg("--set")
+        .arg(format!(
+            "httpd.docroot={}",
+            root.canonicalize().unwrap().display()
+        ))
+        .arg("--set")
+        .arg(format!("netd.port={configured}"))
+        .env("XDG_RUNTIME_DIR", &dir)
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(listener)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let child = cmd.spawn().unwrap();
+    let answer = read_response(&mut early, false);
+    let refused = TcpStream::connect(("127.0.0.1", configured)).is_err();
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    );
+    let out = child.wait_with_output().unwrap();
+    let (_, stderr) = text(&out);
+    let answer = answer.unwrap_or_else(|e| panic!("{e}\n{stderr}"));
+    let page = &files.iter().find(|(p, _)| p == "/page.html").unwrap().1;
+    assert_eq!(answer.status, 200, "{stderr}");
+    assert!(answer.body == *page, "the page, byte for byte");
+    assert!(refused, "netd.port was bound too");
+    assert!(leftovers(&tag).is_empty(), "processes left behind");
+}

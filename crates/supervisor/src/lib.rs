@@ -20,6 +20,8 @@ mod process;
 pub mod quota;
 mod reboot;
 pub mod roster;
+#[allow(unsafe_code)] // one block, with its SAFETY comment (README: unsafe)
+mod sockets;
 mod source;
 pub mod stats;
 mod supervisor;
@@ -36,5 +38,6 @@ pub use options::{Options, Report, StopReason, SupervisorError};
 pub use policy::GiveUpReason;
 pub use quota::VaultUse;
 pub use roster::{FaultReport, Member, Roster};
+pub use sockets::Activated;
 pub use supervisor::run;
 pub use watchdog::{Detection, HangKind};

@@ -11,6 +11,7 @@ use thiserror::Error;
 
 use crate::events::Exit;
 use crate::roster::Roster;
+use crate::sockets::Activated;
 
 #[derive(Debug, Error)]
 pub enum SupervisorError {
@@ -72,6 +73,9 @@ pub struct Options {
     /// [`Roster::loop_turns`], so that an observer can tell a live loop
     /// from a hung one (a service manager's watchdog).
     pub heartbeat: Option<Duration>,
+    /// Sockets a service manager passed (socket activation), for the
+    /// components whose `sockets` name them.
+    pub sockets: Activated,
 }
 
 impl Default for Options {
@@ -89,6 +93,7 @@ impl Default for Options {
             checkpoint_dir: None,
             restores: Vec::new(),
             heartbeat: None,
+            sockets: Activated::default(),
         }
     }
 }

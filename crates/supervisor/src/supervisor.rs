@@ -234,6 +234,7 @@ impl<'a> Supervisor<'a> {
             }
         }
         self.read_restores(system)?;
+        self.hand_sockets(system);
         self.groups = system.groups.clone();
         let mut durable = system
             .components
@@ -617,6 +618,31 @@ impl<'a> Supervisor<'a> {
                     hang: false,
                 }),
             }
+        }
+    }
+
+    /// Puts each socket a service manager passed in the vault of the
+    /// component that asks for it by name (see `sockets.rs`).
+    fn hand_sockets(&mut self, system: &System) {
+        let mut passed = std::mem::take(&mut self.options.sockets);
+        for c in &system.components {
+            for (key, name) in &c.sockets {
+                match passed.take(name) {
+                    Some(fd) => {
+                        tracing::info!("socket activation: {name} is {}'s {key}", c.name);
+                        self.vault.put_socket(&c.name, key, fd);
+                    }
+                    None => tracing::info!(
+                        "socket activation: no socket named {name} was passed; {} makes its own {key}",
+                        c.name
+                    ),
+                }
+            }
+        }
+        for name in passed.unclaimed() {
+            tracing::warn!(
+                "socket activation: no component takes the socket named {name}; it is closed"
+            );
         }
     }
 

@@ -261,6 +261,14 @@ impl VaultStore {
         Ok(())
     }
 
+    /// Puts `fd` in `component`'s vault as record `key` (no value), before
+    /// its first incarnation: a socket passed by a service manager.
+    pub(crate) fn put_socket(&self, component: &str, key: &str, fd: OwnedFd) {
+        let mut all = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = all.entry(component.to_string()).or_default();
+        kept.insert(key.to_string(), serde_json::Value::Null, Some(fd));
+    }
+
     /// Number of records kept for `component`.
     #[cfg(test)]
     pub fn len(&self, component: &str) -> usize {

@@ -30,6 +30,7 @@
 //! journal_kib = 16384       # recovery = "checkpoint" only: the request log's durable memory
 //! capabilities = []         # kept (default: none); every other one is dropped, and no_new_privs set
 //! vault_quota = { records = 100000, kib = 65536, fds = 4096 }  # the defaults; past them a vault request is refused
+//! sockets = { listen = "http" }  # socket activation: the socket named http (LISTEN_FDNAMES) put in its vault as `listen`
 //! start_timeout_ms = 10000  # an incarnation not ready by then failed (default 10 s)
 //! stop_timeout_ms = 20000   # after SIGTERM, killed after this long (default 20 s)
 //!
@@ -231,6 +232,11 @@ pub struct ComponentSpec {
     pub capabilities: Vec<Capability>,
     /// What its vault may hold (`vault_quota = { … }`).
     pub vault_quota: VaultQuota,
+    /// Sockets a service manager passes (socket activation), put in its
+    /// vault before its first incarnation: vault key → the socket's name
+    /// (`LISTEN_FDNAMES`, systemd's `FileDescriptorName=`), from
+    /// `sockets = { listen = "http" }`.
+    pub sockets: BTreeMap<String, String>,
     /// How long an incarnation may take to initialize, and to stop after
     /// SIGTERM before it is killed (`start_timeout_ms`, `stop_timeout_ms`;
     /// None: the supervisor's defaults, 10 s and 20 s).

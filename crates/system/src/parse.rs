@@ -79,6 +79,7 @@ struct RawComponent {
     journal_kib: Option<Spanned<i64>>,
     capabilities: Option<Vec<Capability>>,
     vault_quota: Option<RawVaultQuota>,
+    sockets: Option<BTreeMap<String, Spanned<String>>>,
     start_timeout_ms: Option<Spanned<i64>>,
     stop_timeout_ms: Option<Spanned<i64>>,
     checkpoint: Option<Spanned<RawCheckpoint>>,
@@ -464,6 +465,32 @@ fn join_list(items: &[String], conj: &str) -> String {
     }
 }
 
+/// A component's `sockets = { KEY = "NAME", … }`: each NAME as systemd
+/// allows a `FileDescriptorName=` (1 to 255 printable ASCII characters, no
+/// `:`), each KEY a non-empty vault key.
+fn sockets(
+    cx: &Ctx<'_>,
+    owner: &str,
+    raw: Option<&BTreeMap<String, Spanned<String>>>,
+) -> Result<BTreeMap<String, String>, SystemError> {
+    let mut out = BTreeMap::new();
+    for (key, name) in raw.into_iter().flatten() {
+        let n = name.get_ref();
+        let valid = (1..=255).contains(&n.len())
+            && n.bytes().all(|b| b.is_ascii_graphic() && b != b':')
+            && !key.is_empty();
+        if !valid {
+            return Err(cx.err(
+                &name.span(),
+                ErrorKind::InvalidConfig,
+                format!("{owner}: sockets.{key} = {n:?}: a socket's name is 1 to 255 printable ASCII characters without `:` (systemd's FileDescriptorName=), under a non-empty vault key"),
+            ));
+        }
+        out.insert(key.clone(), n.clone());
+    }
+    Ok(out)
+}
+
 /// A component's `vault_quota = { … }` table.
 fn vault_quota(cx: &Ctx<'_>, owner: &str, q: &RawVaultQuota) -> Result<VaultQuota, SystemError> {
     let d = VaultQuota::default();
@@ -730,6 +757,7 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
                 .capabilities
                 .clone()
                 .unwrap_or_else(|| Capability::DEFAULT.to_vec()),
+            sockets: sockets(cx, &owner, rc.sockets.as_ref())?,
             config,
         },
         name_span: rc.name.span(),

@@ -383,6 +383,22 @@ fn capabilities_are_named_and_replace_the_default() {
     );
     assert!(msg.starts_with("sys.toml:7:"), "{msg}");
     assert!(msg.contains("unknown variant `sys_admin`"), "{msg}");
+    let s = parse(
+        Path::new("x.toml"),
+        &format!("{HEAD}[[component]]\nname = \"n\"\nbinary = \"n\"\nsockets = {{ listen = \"http\" }}\n"),
+    )
+    .unwrap();
+    assert_eq!(
+        s.component("n").unwrap().sockets,
+        [("listen".to_string(), "http".to_string())].into()
+    );
+    let (msg, _) = err_with_head(
+        "[[component]]\nname = \"a\"\nbinary = \"a\"\nsockets = { listen = \"a:b\" }\n",
+    );
+    assert!(
+        msg.starts_with("sys.toml:7:22: component `a`: sockets.listen = \"a:b\""),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -470,8 +486,8 @@ fn unknown_key() {
         msg,
         "sys.toml:7:1: unknown field `foo`, expected one of `name`, `binary`, `provides`, `uses`, \
          `priority`, `realtime`, `recovery`, `reboot`, `restart`, `slots`, `arena_kib`, \
-         `pool_kib`, `journal_kib`, `capabilities`, `vault_quota`, `start_timeout_ms`, \
-         `stop_timeout_ms`, `checkpoint`, `config`"
+         `pool_kib`, `journal_kib`, `capabilities`, `vault_quota`, `sockets`, \
+         `start_timeout_ms`, `stop_timeout_ms`, `checkpoint`, `config`"
     );
     let (msg, _) = err_with_head(
         "[[component]]\nname = \"a\"\nbinary = \"a\"\nrestart = { max = 1, window = 3 }\n",

@@ -363,3 +363,50 @@ fn a_hang_that_every_restore_brings_back_ends_in_a_fresh_start() {
     );
     assert!(stderr.contains("starts afresh"), "{stderr}");
 }
+
+/// A component's own `watchdog = { … }`: with the system's `[watchdog]`
+/// off, `enabled = true` watches kv alone, and its SIGSTOP is found and
+/// rolled back; with the system's on, `enabled = false` exempts kv, and the
+/// same SIGSTOP is never found (the run then continues kv as it stops).
+#[test]
+fn a_components_own_watchdog_settings_watch_or_exempt_it() {
+    let seed = seed("kv_own_watchdog");
+    let run_with = |kv: &'static str, system_watchdog: bool| {
+        let dir = scratch("kv-own-watchdog");
+        let load = Load { kv, ..GENTLE };
+        let system = kv_system(&dir, seed, system_watchdog, &load);
+        let tag = unique_tag("kv_own_watchdog");
+        let out = run_system(&tag, &system)
+            .env("XDG_RUNTIME_DIR", scratch("kv_own_watchdog-run"))
+            .args(["--kill", "kv", "--seed", &seed.to_string()])
+            .args([
+                "--signals",
+                "stop",
+                "--kills",
+                "1",
+                "--kill-every",
+                "200..200",
+            ])
+            .args(["--duration", "1.5"])
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stderr}");
+        assert!(leftovers(&tag).is_empty(), "processes left behind");
+        let rolled = events(&stdout)
+            .into_iter()
+            .filter(|e| matches!(e, Event::RolledBack { component, .. } if component == "kv"))
+            .count();
+        (rolled, stdout)
+    };
+    let (rolled, stdout) = run_with(
+        "checkpoint = { every_ms = 20 }\nwatchdog = { enabled = true, stuck_ms = 300 }",
+        false,
+    );
+    assert_eq!(rolled, 1, "watched alone:\n{stdout}");
+    let (rolled, stdout) = run_with(
+        "checkpoint = { every_ms = 20 }\nwatchdog = { enabled = false }",
+        true,
+    );
+    assert_eq!(rolled, 0, "exempt:\n{stdout}");
+}

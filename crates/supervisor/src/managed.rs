@@ -268,7 +268,7 @@ impl Wiring {
             arena_fd: raw_fd(self.durable.arena.as_ref()),
             pool_fd: raw_fd(self.durable.pool.as_deref()),
             journal_fd: raw_fd(self.durable.journal.as_deref().map(JournalRegion::region)),
-            watchdog: wide.watchdog,
+            watchdog: spec.watchdog.as_ref().map_or(wide.watchdog, |w| w.enabled),
             spin: wide.spin,
         };
         let mut pass = vec![boot.control_fd, boot.zygote_fd, boot.vault_fd];
@@ -288,7 +288,8 @@ impl Wiring {
 /// What every component of a system is told at boot.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct SystemWide {
-    /// Whether components publish stretches for the watchdog.
+    /// Whether components publish stretches for the watchdog (the
+    /// system's `[watchdog]`; a component's own `watchdog` decides for it).
     pub watchdog: bool,
     /// When their waiters spin before they sleep.
     pub spin: kintsugi_runtime::futex::Spin,

@@ -106,10 +106,15 @@ pub fn run(
     };
     let result = sup.start(system).and_then(|()| {
         // Stopped (dropped) before the components are.
-        let _monitor = match system.watchdog.enabled {
+        let _monitor = match system.watched() {
             true => Some(Monitor::start(
                 sup.roster.clone(),
                 system.watchdog.clone(),
+                system
+                    .components
+                    .iter()
+                    .map(|c| (c.name.clone(), system.watchdog_of(&c.name).clone()))
+                    .collect(),
                 sup.options.interfaces.clone(),
             )?),
             false => None,
@@ -826,8 +831,11 @@ impl<'a> Supervisor<'a> {
         let grace = self.options.stop_grace;
         let mut exits = Vec::new();
         for m in &mut self.comps {
-            if let Phase::Live { watch, .. } = &mut m.phase {
+            if let Phase::Live { watch, inc } = &mut m.phase {
                 *watch = None;
+                // A stopped server would hold its clients' last calls, and
+                // so their stop, for the whole grace.
+                inc.proc.signal(Signal::CONT);
             }
         }
         for m in self.comps.iter_mut().rev() {

@@ -170,9 +170,12 @@ pub struct Monitor {
 }
 
 impl Monitor {
+    /// Samples every `settings.period` the components that `per` (their
+    /// own settings, by name) says are watched.
     pub fn start(
         roster: Arc<Roster>,
         settings: WatchdogSettings,
+        per: HashMap<String, WatchdogSettings>,
         interfaces: Vec<&'static InterfaceInfo>,
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -182,6 +185,7 @@ impl Monitor {
             .spawn(move || {
                 let mut m = Sampler {
                     settings,
+                    per,
                     interfaces,
                     comps: HashMap::new(),
                 };
@@ -277,7 +281,10 @@ struct CompState {
 const FREEZE_SHADOW: Duration = Duration::from_millis(20);
 
 struct Sampler {
+    /// The system's (its period is the sampling period).
     settings: WatchdogSettings,
+    /// Each component's own.
+    per: HashMap<String, WatchdogSettings>,
     interfaces: Vec<&'static InterfaceInfo>,
     comps: HashMap<String, CompState>,
 }
@@ -288,6 +295,10 @@ impl Sampler {
             let (Some(pid), Some(control)) = (member.pid, roster.control(&member.name)) else {
                 continue;
             };
+            let settings = self.per.get(&member.name).unwrap_or(&self.settings);
+            if !settings.enabled {
+                continue;
+            }
             let ctl: &ControlBlock = control.at(0);
             let st = self.comps.entry(member.name.clone()).or_default();
             if st.pid != pid || st.rollbacks != member.rollbacks {
@@ -318,8 +329,8 @@ impl Sampler {
             let served = roster.served(&member.name);
             let edges: Vec<Arc<Edge>> = served.iter().map(|(_, e)| e.clone()).collect();
             let found = suspected(&self.interfaces, &edges).or_else(|| {
-                check(&self.settings, &ctl.watch, pid, st, rebase)
-                    .or_else(|| unserved(&self.settings, &ctl.watch, &edges, pid, st, rebase))
+                check(settings, &ctl.watch, pid, st, rebase)
+                    .or_else(|| unserved(settings, &ctl.watch, &edges, pid, st, rebase))
                     .map(|d| name_call(&self.interfaces, &served, d).to_string())
             });
             if let Some(detail) = found {

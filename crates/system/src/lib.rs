@@ -30,6 +30,7 @@
 //! journal_kib = 16384       # recovery = "checkpoint" only: the request log's durable memory
 //! capabilities = []         # kept (default: none); every other one is dropped, and no_new_privs set
 //! vault_quota = { records = 100000, kib = 65536, fds = 4096 }  # the defaults; past them a vault request is refused
+//! watchdog = { stuck_ms = 1000 }  # its own hang detection: the [watchdog] fields written replaced (not period_us)
 //! sockets = { listen = "http" }  # socket activation: the socket named http (LISTEN_FDNAMES) put in its vault as `listen`
 //! start_timeout_ms = 10000  # an incarnation not ready by then failed (default 10 s)
 //! stop_timeout_ms = 20000   # after SIGTERM, killed after this long (default 20 s)
@@ -237,6 +238,11 @@ pub struct ComponentSpec {
     /// (`LISTEN_FDNAMES`, systemd's `FileDescriptorName=`), from
     /// `sockets = { listen = "http" }`.
     pub sockets: BTreeMap<String, String>,
+    /// Its own hang detection settings (`watchdog = { … }`: the system's
+    /// `[watchdog]` with the fields written replaced; `enabled = false`
+    /// exempts it, `enabled = true` watches it with the system's off);
+    /// None: the system's.
+    pub watchdog: Option<WatchdogSettings>,
     /// How long an incarnation may take to initialize, and to stop after
     /// SIGTERM before it is killed (`start_timeout_ms`, `stop_timeout_ms`;
     /// None: the supervisor's defaults, 10 s and 20 s).
@@ -589,6 +595,21 @@ impl System {
     /// The component called `name`.
     pub fn component(&self, name: &str) -> Option<&ComponentSpec> {
         self.components.iter().find(|c| c.name == name)
+    }
+
+    /// The hang detection settings of component `name`: its own, else the
+    /// system's.
+    pub fn watchdog_of(&self, name: &str) -> &WatchdogSettings {
+        self.component(name)
+            .and_then(|c| c.watchdog.as_ref())
+            .unwrap_or(&self.watchdog)
+    }
+
+    /// Whether any component is watched for hangs.
+    pub fn watched(&self) -> bool {
+        self.components
+            .iter()
+            .any(|c| self.watchdog_of(&c.name).enabled)
     }
 
     /// The component called `name`, mutably (to override its config or restart policy).

@@ -80,6 +80,7 @@ struct RawComponent {
     capabilities: Option<Vec<Capability>>,
     vault_quota: Option<RawVaultQuota>,
     sockets: Option<BTreeMap<String, Spanned<String>>>,
+    watchdog: Option<RawWatchdog>,
     start_timeout_ms: Option<Spanned<i64>>,
     stop_timeout_ms: Option<Spanned<i64>>,
     checkpoint: Option<Spanned<RawCheckpoint>>,
@@ -248,10 +249,15 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<System, SystemError> {
         ));
     }
 
+    let watchdog = match &raw.watchdog {
+        Some(w) => watchdog(&cx, w, &WatchdogSettings::default(), None)?,
+        None => WatchdogSettings::default(),
+    };
+
     let mut pending: Vec<Pending> = Vec::with_capacity(raw.component.len());
     let mut by_name: HashMap<String, usize> = HashMap::new();
     for (i, rc) in raw.component.into_iter().enumerate() {
-        let p = component(&cx, i, rc)?;
+        let p = component(&cx, i, rc, &watchdog)?;
         if by_name.contains_key(&p.spec.name) {
             return Err(cx.err(
                 &p.name_span,
@@ -371,11 +377,6 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<System, SystemError> {
         binary_locations.insert(spec.name.clone(), cx.loc(&p.binary_span));
         components.push(spec);
     }
-
-    let watchdog = match &raw.watchdog {
-        Some(w) => watchdog(&cx, w)?,
-        None => WatchdogSettings::default(),
-    };
 
     let groups = groups(&cx, &raw.group, &components)?;
 
@@ -560,7 +561,12 @@ fn restart_policy(cx: &Ctx<'_>, owner: &str, r: &RawRestart) -> Result<RestartPo
 }
 
 /// Validates one `[[component]]` table (everything that does not need the others).
-fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, SystemError> {
+fn component(
+    cx: &Ctx<'_>,
+    index: usize,
+    rc: RawComponent,
+    system_watchdog: &WatchdogSettings,
+) -> Result<Pending, SystemError> {
     cx.check_name("component", &rc.name)?;
     let name = rc.name.get_ref().clone();
 
@@ -758,6 +764,11 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
                 .clone()
                 .unwrap_or_else(|| Capability::DEFAULT.to_vec()),
             sockets: sockets(cx, &owner, rc.sockets.as_ref())?,
+            watchdog: rc
+                .watchdog
+                .as_ref()
+                .map(|w| watchdog(cx, w, system_watchdog, Some(&owner)))
+                .transpose()?,
             config,
         },
         name_span: rc.name.span(),
@@ -766,10 +777,32 @@ fn component(cx: &Ctx<'_>, index: usize, rc: RawComponent) -> Result<Pending, Sy
     })
 }
 
-/// Validates the `[watchdog]` table.
-fn watchdog(cx: &Ctx<'_>, w: &RawWatchdog) -> Result<WatchdogSettings, SystemError> {
-    let d = WatchdogSettings::default();
-    let n = "[watchdog]";
+/// Validates the `[watchdog]` table (`component` None), whose absent
+/// fields take the defaults, or a component's `watchdog = { … }`, whose
+/// absent fields take the system's (`base`) and which may not set the
+/// monitor's sampling period.
+fn watchdog(
+    cx: &Ctx<'_>,
+    w: &RawWatchdog,
+    base: &WatchdogSettings,
+    component: Option<&str>,
+) -> Result<WatchdogSettings, SystemError> {
+    let d = base;
+    let owned;
+    let n = match component {
+        None => "[watchdog]",
+        Some(owner) => {
+            owned = format!("{owner}: watchdog");
+            if let Some(p) = &w.period_us {
+                return Err(cx.err(
+                    &p.span(),
+                    ErrorKind::InvalidConfig,
+                    format!("{owned}: period_us is the monitor's, one for the system: set it in [watchdog]"),
+                ));
+            }
+            owned.as_str()
+        }
+    };
     let us =
         |field: &str, v: &Option<Spanned<i64>>, range: RangeInclusive<u64>, default: Duration| {
             cx.ranged(n, field, v, range, "")
@@ -788,7 +821,7 @@ fn watchdog(cx: &Ctx<'_>, w: &RawWatchdog) -> Result<WatchdogSettings, SystemErr
                     &m.span(),
                     ErrorKind::OutOfRange,
                     format!(
-                        "[watchdog]: margin must be a number from 1 to 1000, not {}",
+                        "{n}: margin must be a number from 1 to 1000, not {}",
                         m.get_ref()
                     ),
                 ));
@@ -797,7 +830,8 @@ fn watchdog(cx: &Ctx<'_>, w: &RawWatchdog) -> Result<WatchdogSettings, SystemErr
         }
     };
     Ok(WatchdogSettings {
-        enabled: w.enabled.unwrap_or(true),
+        // The table turns the watchdog on; a component's inherits.
+        enabled: w.enabled.unwrap_or(component.is_none() || base.enabled),
         period: us("period_us", &w.period_us, 100..=1_000_000, d.period)?,
         window: cx
             .ranged(n, "window", &w.window, 1..=MAX_WATCH_WINDOW, "")?

@@ -487,7 +487,7 @@ fn unknown_key() {
         "sys.toml:7:1: unknown field `foo`, expected one of `name`, `binary`, `provides`, `uses`, \
          `priority`, `realtime`, `recovery`, `reboot`, `restart`, `slots`, `arena_kib`, \
          `pool_kib`, `journal_kib`, `capabilities`, `vault_quota`, `sockets`, \
-         `start_timeout_ms`, `stop_timeout_ms`, `checkpoint`, `config`"
+         `watchdog`, `start_timeout_ms`, `stop_timeout_ms`, `checkpoint`, `config`"
     );
     let (msg, _) = err_with_head(
         "[[component]]\nname = \"a\"\nbinary = \"a\"\nrestart = { max = 1, window = 3 }\n",
@@ -813,6 +813,37 @@ fn watchdog_is_off_without_its_table_and_on_with_it() {
     assert_eq!((w.window, w.margin), (20, 3.0));
     assert_eq!(w.stuck, Duration::from_millis(200));
     assert_eq!(w.floor, Duration::from_millis(20), "defaults fill the rest");
+}
+
+#[test]
+fn a_components_watchdog_replaces_the_fields_it_writes() {
+    let text = format!(
+        "{HEAD}[watchdog]\nstuck_ms = 200\nmargin = 3\n\n\
+         [[component]]\nname = \"a\"\nbinary = \"a\"\nwatchdog = {{ stuck_ms = 900 }}\n\
+         [[component]]\nname = \"b\"\nbinary = \"b\"\nwatchdog = {{ enabled = false }}\n\
+         [[component]]\nname = \"c\"\nbinary = \"c\"\n"
+    );
+    let s = parse(Path::new("sys.toml"), &text).unwrap();
+    let a = s.watchdog_of("a");
+    assert!(a.enabled);
+    assert_eq!((a.stuck, a.margin), (Duration::from_millis(900), 3.0));
+    assert!(!s.watchdog_of("b").enabled);
+    assert_eq!(s.watchdog_of("c"), &s.watchdog);
+    assert!(s.watched());
+    // The system's off: a component's own table watches it alone.
+    let text = format!(
+        "{HEAD}[[component]]\nname = \"a\"\nbinary = \"a\"\nwatchdog = {{ enabled = true }}\n\
+         [[component]]\nname = \"b\"\nbinary = \"b\"\nwatchdog = {{ stuck_ms = 9 }}\n"
+    );
+    let s = parse(Path::new("sys.toml"), &text).unwrap();
+    assert!(s.watchdog_of("a").enabled && !s.watchdog_of("b").enabled);
+    let (msg, _) = err_with_head(
+        "[[component]]\nname = \"a\"\nbinary = \"a\"\nwatchdog = { period_us = 100 }\n",
+    );
+    assert_eq!(
+        msg,
+        "sys.toml:7:26: component `a`: watchdog: period_us is the monitor's, one for the system: set it in [watchdog]"
+    );
 }
 
 #[test]

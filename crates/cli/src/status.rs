@@ -34,6 +34,9 @@ pub struct ComponentStatus {
     pub vault_bytes: u64,
     pub vault_fds: u64,
     pub counters: Vec<(String, u64)>,
+    /// Its last lines on stderr (log lines, panic messages), oldest first.
+    #[serde(default)]
+    pub last_lines: Vec<String>,
 }
 
 /// A running system, as `kintsugi status` shows it.
@@ -60,6 +63,7 @@ impl SystemStatus {
                     vault_bytes: vault.bytes,
                     vault_fds: vault.fds,
                     counters: roster.counters(&m.name),
+                    last_lines: roster.last_lines(&m.name),
                     state: h.state,
                     pid: m.pid,
                     epoch: m.epoch,
@@ -149,9 +153,20 @@ impl SystemStatus {
                 out.push_str(&format!("  {}: {}\n", c.name, notes.join("; ")));
             }
         }
+        for c in self.components.iter().filter(|c| !c.last_lines.is_empty()) {
+            let skip = c.last_lines.len().saturating_sub(SHOWN_LINES);
+            out.push_str(&format!("\n{} (last lines):\n", c.name));
+            for line in &c.last_lines[skip..] {
+                out.push_str(&format!("  {line}\n"));
+            }
+        }
         out
     }
 }
+
+/// How many of each component's last lines the text form shows (`--json`
+/// has all that the supervisor keeps).
+const SHOWN_LINES: usize = 5;
 
 fn row(c: &ComponentStatus) -> [String; 9] {
     let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());

@@ -344,6 +344,14 @@ crash_after_ms = 5
         "{crashes} crashes\n{stdout}"
     );
     assert!(crashes < 40, "{crashes} crashes\n{stdout}");
+    // Its panic messages, which its logger does not write, are named by
+    // the supervisor's relay of its stderr.
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("fragile: thread") && l.contains("panicked")),
+        "{stderr}"
+    );
     assert!(leftovers(&tag).is_empty());
 }
 

@@ -43,9 +43,11 @@ fn status_restart_and_stop_a_running_system() {
     let system = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../systems/demo.toml");
     let mut child = kintsugi(&tag)
         .env("XDG_RUNTIME_DIR", &dir)
+        .env("KINTSUGI_LOG", "info")
         .args(["run", "--duration", "120"])
         .arg(&system)
         .stdout(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     // Once both are live.
@@ -70,6 +72,23 @@ fn status_restart_and_stop_a_running_system() {
         (Some(1), Some(0))
     );
     let old_pid = ramfs["pid"].as_u64().unwrap();
+    // Each component's last lines on stderr, named.
+    let until = Instant::now() + Duration::from_secs(10);
+    let lines = loop {
+        let s = status(&tag, &dir);
+        let lines = component(&s, "workload")["last_lines"].clone();
+        if lines.as_array().is_some_and(|l| !l.is_empty()) {
+            break lines;
+        }
+        assert!(Instant::now() < until, "no last lines: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        lines.as_array().unwrap().iter().any(|l| l
+            .as_str()
+            .is_some_and(|l| l.starts_with("workload:") && l.contains("fs-workload starting"))),
+        "{lines}"
+    );
 
     // The text form: a header and one line per component.
     let (ok, text_out, err) = cli(&tag, &dir, &["status"]);
@@ -83,6 +102,10 @@ fn status_restart_and_stop_a_running_system() {
         text_out
             .lines()
             .any(|l| l.starts_with("ramfs ") && l.contains(" live ")),
+        "{text_out}"
+    );
+    assert!(
+        text_out.contains("workload (last lines):\n  workload:"),
         "{text_out}"
     );
 

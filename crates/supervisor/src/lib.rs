@@ -14,6 +14,7 @@ pub mod health;
 mod ladder;
 mod managed;
 mod options;
+mod output;
 mod policy;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod process;

@@ -216,6 +216,8 @@ pub(crate) struct Wiring {
     pub served: Vec<Served>,
     pub used: Vec<Used>,
     pub durable: Durable,
+    /// Its zygotes' (and so its incarnations') stdout and stderr.
+    pub output: crate::output::Pipes,
     /// The highest priority its processes may take (see
     /// [`crate::process::Confinement::ceiling`]).
     pub ceiling: kintsugi_runtime::priority::Priority,

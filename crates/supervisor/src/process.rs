@@ -188,8 +188,9 @@ pub struct Confinement {
 }
 
 /// Execs `binary` as a component: `boot_json` in its environment, `pass` the
-/// only inherited descriptors besides stdio, its own process group (so a
-/// terminal's Ctrl-C reaches the supervisor alone), confined as `how` says.
+/// only inherited descriptors besides stdio (stdout and stderr: `output`'s
+/// pipes), its own process group (so a terminal's Ctrl-C reaches the
+/// supervisor alone), confined as `how` says.
 ///
 /// Least privilege: every other descriptor is closed at exec
 /// (`close_range(CLOEXEC)`: the supervisor's own and any its parent left
@@ -200,6 +201,7 @@ pub fn spawn_component(
     binary: &Path,
     boot_json: &str,
     pass: &[RawFd],
+    output: &crate::output::Pipes,
     how: Confinement,
 ) -> std::io::Result<Proc> {
     let Confinement {
@@ -241,8 +243,17 @@ pub fn spawn_component(
     ] {
         cmd.env_remove(var);
     }
+    // Its stderr is a pipe to the supervisor: it colours its lines as the
+    // supervisor's own stderr would be.
+    let colour = match kintsugi_runtime::logging::ansi_wanted() {
+        true => "always",
+        false => "never",
+    };
+    cmd.env("KINTSUGI_COLOR", colour);
     cmd.env(kintsugi_runtime::abi::boot::BOOT_ENV, boot_json)
         .stdin(Stdio::null())
+        .stdout(output.stdout.try_clone()?)
+        .stderr(output.stderr.try_clone()?)
         .process_group(0);
     // SAFETY: the closure runs in the forked child before exec and calls only
     // async-signal-safe functions (close_range, fcntl, prctl, setrlimit,

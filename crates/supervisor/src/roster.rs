@@ -17,6 +17,7 @@ use kintsugi_runtime::InterfaceInfo;
 use crate::checkpoints::{Command, Summary};
 use crate::events::Event;
 use crate::health::{component_of, Health};
+use crate::output::Tails;
 use crate::quota::{VaultUsage, VaultUse};
 
 /// One component as the roster sees it.
@@ -84,6 +85,8 @@ pub struct Roster {
     checkpoints: Mutex<Option<Sender<Command>>>,
     /// Turns of the supervisor's event loop.
     turns: AtomicU64,
+    /// Each component's last stderr lines (`output.rs`).
+    tails: Mutex<Tails>,
 }
 
 impl Roster {
@@ -94,6 +97,22 @@ impl Roster {
     /// Every component, in start order.
     pub fn members(&self) -> Vec<Member> {
         self.lock().iter().map(|e| e.member.clone()).collect()
+    }
+
+    /// The last lines component `name` wrote to its stderr (at most
+    /// [`crate::output::TAIL`]), oldest first.
+    pub fn last_lines(&self, name: &str) -> Vec<String> {
+        self.tails
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .of(name)
+    }
+
+    pub(crate) fn note_line(&self, name: &str, line: &str) {
+        self.tails
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(name, line);
     }
 
     pub fn member(&self, name: &str) -> Option<Member> {

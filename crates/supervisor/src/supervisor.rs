@@ -23,6 +23,7 @@ use kintsugi_system::{
 
 use crate::ladder::{HangAnswer, Ladder};
 use crate::managed::SystemWide;
+use crate::output::Relay;
 use rustix::event::epoll;
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 use rustix::process::Signal;
@@ -169,6 +170,8 @@ pub(crate) struct Supervisor<'a> {
     pub(crate) deferred: Vec<(Instant, usize)>,
     /// Components restarted together (`[[group]]`).
     pub(crate) groups: Vec<RestartGroup>,
+    /// Relays what the components print.
+    output: Relay,
 }
 
 impl<'a> Supervisor<'a> {
@@ -198,6 +201,7 @@ impl<'a> Supervisor<'a> {
             rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
         )?;
         roster.set_notify(fault_notify);
+        let output = Relay::start(roster.clone())?;
         let (commands, checkpoint_commands) = std::sync::mpsc::channel();
         roster.set_checkpoints(Some(commands));
         listen(&epoll, &fault_pipe, Source::Fault)?;
@@ -223,6 +227,7 @@ impl<'a> Supervisor<'a> {
             ladder: Ladder::default(),
             deferred: Vec::new(),
             groups: Vec::new(),
+            output,
         })
     }
 
@@ -413,6 +418,7 @@ impl<'a> Supervisor<'a> {
             served,
             used,
             durable,
+            output: self.output.pipes(&spec.name)?,
             ceiling,
         };
         let proc = zygote::exec(spec, &wiring, self.wide)?;
@@ -865,6 +871,9 @@ impl<'a> Supervisor<'a> {
                 m.zygote.proc.kill();
             }
         }
+        // Every process that wrote to the output pipes is gone: what
+        // they wrote is relayed before the run returns.
+        self.output.finish();
         exits.reverse();
         exits
     }

@@ -37,10 +37,12 @@ pub(crate) fn exec(
             .fold(0u64, |mask, c| mask | 1 << c.number()),
         ceiling: wiring.ceiling,
     };
-    spawn_component(&spec.binary, &json, &pass, how).map_err(|source| SupervisorError::Spawn {
-        component: spec.name.clone(),
-        binary: spec.binary.display().to_string(),
-        source,
+    spawn_component(&spec.binary, &json, &pass, &wiring.output, how).map_err(|source| {
+        SupervisorError::Spawn {
+            component: spec.name.clone(),
+            binary: spec.binary.display().to_string(),
+            source,
+        }
     })
 }
 

@@ -1,0 +1,233 @@
+//! What components print (issue 18): each component's stdout and stderr
+//! are pipes that its zygote, and so every incarnation, inherits, and that
+//! one relay thread of the supervisor reads. A line of stderr that does not
+//! already name its component (a panic message, a raw `eprintln!`) is
+//! prefixed with `name: `, as the runtime's log lines are; stdout lines
+//! (reports, data) pass as they are. The last lines of each component's
+//! stderr stay in the roster, for `kintsugi status`. A component no longer
+//! writes to whatever the supervisor's output is: when that goes away (a
+//! reader that closed the pipe), its lines are dropped, and it does not
+//! die of `EPIPE`.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
+use rustix::event::epoll;
+use rustix::pipe::{pipe_with, PipeFlags};
+
+use crate::roster::Roster;
+
+/// The longest line relayed whole; longer ones are cut there.
+const MAX_LINE: usize = 16 * 1024;
+
+/// A component's ends of its output pipes, handed to each of its zygotes.
+#[derive(Debug)]
+pub(crate) struct Pipes {
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// One pipe's read end and the part of a line read so far.
+struct Reader {
+    component: String,
+    stream: Stream,
+    fd: OwnedFd,
+    partial: Vec<u8>,
+}
+
+/// The relay thread, and how to end it.
+pub(crate) struct Relay {
+    epoll: Arc<OwnedFd>,
+    readers: Arc<Mutex<Vec<Reader>>>,
+    /// Written to end the thread.
+    stop: OwnedFd,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The token of the stop pipe in the epoll set.
+const STOP: u64 = u64::MAX;
+
+impl Relay {
+    pub fn start(roster: Arc<Roster>) -> std::io::Result<Self> {
+        let epoll = Arc::new(epoll::create(epoll::CreateFlags::CLOEXEC)?);
+        let (stop_r, stop) = pipe_with(PipeFlags::CLOEXEC)?;
+        epoll::add(
+            &epoll,
+            &stop_r,
+            epoll::EventData::new_u64(STOP),
+            epoll::EventFlags::IN,
+        )?;
+        let readers: Arc<Mutex<Vec<Reader>>> = Arc::default();
+        let thread = {
+            let (epoll, readers) = (epoll.clone(), readers.clone());
+            std::thread::Builder::new()
+                .name("output".into())
+                .spawn(move || relay(&epoll, &readers, &roster, stop_r))?
+        };
+        Ok(Self {
+            epoll,
+            readers,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// New pipes for `component`, whose read ends this relay reads.
+    pub fn pipes(&self, component: &str) -> std::io::Result<Pipes> {
+        let mut ends = Vec::new();
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let (r, w) = pipe_with(PipeFlags::CLOEXEC)?;
+            rustix::fs::fcntl_setfl(&r, rustix::fs::OFlags::NONBLOCK)?;
+            let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+            epoll::add(
+                &*self.epoll,
+                &r,
+                epoll::EventData::new_u64(readers.len() as u64),
+                epoll::EventFlags::IN,
+            )?;
+            readers.push(Reader {
+                component: component.to_string(),
+                stream,
+                fd: r,
+                partial: Vec::new(),
+            });
+            ends.push(w);
+        }
+        let stderr = ends.pop().expect("two");
+        let stdout = ends.pop().expect("two");
+        Ok(Pipes { stdout, stderr })
+    }
+
+    /// Relays what is left in every pipe and ends the thread: called once
+    /// every process that could write is gone.
+    pub fn finish(&mut self) {
+        let _ = rustix::io::write(&self.stop, b"x");
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// The relay thread: lines as they come, then, once stopped, what is left.
+fn relay(epoll: &OwnedFd, readers: &Mutex<Vec<Reader>>, roster: &Roster, _stop: OwnedFd) {
+    let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 16];
+    loop {
+        let Ok((events, _)) = epoll::wait(epoll, &mut buf, None) else {
+            continue; // EINTR
+        };
+        let mut readers = readers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut stopping = false;
+        for e in events.iter() {
+            match e.data.u64() {
+                STOP => stopping = true,
+                i => {
+                    if let Some(r) = readers.get_mut(i as usize) {
+                        drain(r, roster);
+                    }
+                }
+            }
+        }
+        if stopping {
+            for r in readers.iter_mut() {
+                drain(r, roster);
+                if !r.partial.is_empty() {
+                    let line = std::mem::take(&mut r.partial);
+                    emit(r, &line, roster);
+                }
+            }
+            return;
+        }
+    }
+}
+
+/// Reads what `r`'s pipe holds, relaying each whole line.
+fn drain(r: &mut Reader, roster: &Roster) {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = match rustix::io::read(&r.fd, &mut buf) {
+            Ok(0) | Err(_) => return, // end of stream, or nothing more now
+            Ok(n) => n,
+        };
+        r.partial.extend_from_slice(&buf[..n]);
+        while let Some(at) = r.partial.iter().position(|&b| b == b'\n') {
+            let rest = r.partial.split_off(at + 1);
+            let mut line = std::mem::replace(&mut r.partial, rest);
+            line.pop();
+            emit(r, &line, roster);
+        }
+        if r.partial.len() > MAX_LINE {
+            let line = std::mem::take(&mut r.partial);
+            emit(r, &line, roster);
+        }
+    }
+}
+
+/// Writes one line to the supervisor's own stream (dropped if that is
+/// gone), and keeps a stderr line in the roster.
+fn emit(r: &Reader, line: &[u8], roster: &Roster) {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim_end_matches('\r');
+    let named = r.stream == Stream::Stdout
+        || text.starts_with('{')
+        || text
+            .strip_prefix(r.component.as_str())
+            .is_some_and(|rest| rest.starts_with(':'));
+    let out = match named {
+        true => format!("{text}\n"),
+        false => format!("{}: {text}\n", r.component),
+    };
+    let _ = match r.stream {
+        Stream::Stdout => std::io::stdout().lock().write_all(out.as_bytes()),
+        Stream::Stderr => std::io::stderr().lock().write_all(out.as_bytes()),
+    };
+    if r.stream == Stream::Stderr && !text.trim().is_empty() {
+        roster.note_line(&r.component, out.trim_end());
+    }
+}
+
+/// How many lines of each component's stderr the roster keeps.
+pub const TAIL: usize = 20;
+
+/// Each component's last stderr lines.
+#[derive(Debug, Default)]
+pub(crate) struct Tails(HashMap<String, std::collections::VecDeque<String>>);
+
+impl Tails {
+    pub fn push(&mut self, component: &str, line: &str) {
+        let tail = self.0.entry(component.to_string()).or_default();
+        if tail.len() == TAIL {
+            tail.pop_front();
+        }
+        let mut line = line.to_string();
+        if line.len() > 500 {
+            let cut = (0..=500)
+                .rev()
+                .find(|&i| line.is_char_boundary(i))
+                .unwrap_or(0);
+            line.truncate(cut);
+            line.push('…');
+        }
+        tail.push_back(line);
+    }
+
+    pub fn of(&self, component: &str) -> Vec<String> {
+        self.0
+            .get(component)
+            .map(|t| t.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}

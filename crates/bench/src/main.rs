@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod checkpoint;
+mod json;
 mod kv;
 mod load;
 mod recovery;
@@ -40,6 +41,10 @@ const RECOVERY_SYSTEM: &str = include_str!("../../../systems/bench-recovery.toml
     about = "kintsugi's benchmarks (build with --release)"
 )]
 struct Cli {
+    /// Print each table as one JSON object a line (columns, and rows keyed
+    /// by column; numbers as numbers) instead of markdown.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     bench: Bench,
 }
@@ -177,7 +182,14 @@ fn main() -> std::process::ExitCode {
         .with_target(false)
         .without_time()
         .init();
-    match run(cli.bench) {
+    let result = match cli.json {
+        true => {
+            let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--json").collect();
+            json::run(&args)
+        }
+        false => run(cli.bench),
+    };
+    match result {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::FAILURE,
         Err(e) => {

@@ -209,3 +209,30 @@ fn bench_kv_prints_throughput_and_recovery_tables() {
     assert!(lengths.len() >= 2, "{stdout}");
     assert!(lengths.iter().all(|&n| n > 0.0), "{lengths:?}");
 }
+
+/// `--json`: the same benchmark, each table one JSON object a line, with
+/// its columns and rows keyed by column, numbers as numbers.
+#[test]
+fn bench_json_prints_each_table_as_an_object() {
+    let tag = unique_tag("bench-json");
+    let stdout = run(&tag, &["bench", "--json", "ipc", "--iterations", "2000"]);
+    let tables: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(tables.len(), 1, "{stdout}");
+    let t = &tables[0];
+    assert!(
+        t["title"]
+            .as_str()
+            .unwrap()
+            .starts_with("kintsugi bench ipc"),
+        "{t}"
+    );
+    let rows = t["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 5, "{t}");
+    for r in rows {
+        assert!(r["transport"].is_string(), "{r}");
+        assert!(r["p50 µs"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+    }
+}

@@ -491,9 +491,17 @@ fn json_logs_name_their_component_and_carry_the_time() {
         .find(|l| l["component"] == "workload")
         .unwrap_or_else(|| panic!("no workload line in {stderr}"));
     assert!(
-        stderr.contains("{\"component\":\"workload\","),
+        stderr.contains("{\"component\":\"workload\",\"pid\":"),
         "{workload}"
     );
+    // Its process and epoch: the incarnation's that the event log names.
+    let started = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["event"] == "started" && e["component"] == "workload")
+        .unwrap_or_else(|| panic!("no start of the workload in {stdout}"));
+    assert_eq!(workload["pid"], started["pid"], "{workload}");
+    assert_eq!(workload["epoch"], 1, "{workload}");
     // And every event carries the wall clock.
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -468,6 +468,7 @@ impl Boot {
         let gate = start_workers(&info, &provided, &control, bank, journal.as_ref());
         let epoch = ctl.wait_activation(generation);
         let woke = std::time::Instant::now();
+        crate::logging::set_epoch(epoch);
         // The control block is mapped for the rest of this process's life.
         let forever: &'static Region = Box::leak(Box::new(control.clone()));
         let forever: &'static ControlBlock = forever.at(0);

@@ -2,10 +2,12 @@
 //! `KINTSUGI_LOG` (default `info`), in colour as [`ansi_wanted`] says, each
 //! line naming the component (its processes share the supervisor's stderr
 //! with every other component): `ramfs: INFO …` as text, or with
-//! `KINTSUGI_LOG_FORMAT=json` one JSON object per line whose first field is
-//! `"component"`.
+//! `KINTSUGI_LOG_FORMAT=json` one JSON object per line whose first fields
+//! are `"component"`, `"pid"` and `"epoch"` (0 in the zygote, which forks
+//! the incarnations and never serves).
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::{DefaultFields, Format, Full, Json, JsonFields, Writer};
@@ -31,6 +33,14 @@ pub fn ansi_wanted() -> bool {
                 && std::io::IsTerminal::is_terminal(&std::io::stderr())
         }
     }
+}
+
+/// This incarnation's epoch, for its JSON log lines (0 until it is woken).
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// Records the epoch this process serves in (its log lines carry it).
+pub fn set_epoch(epoch: u64) {
+    EPOCH.store(epoch, Ordering::Relaxed);
 }
 
 /// A format that names the component first.
@@ -71,7 +81,13 @@ where
             .format_event(ctx, Writer::new(&mut line), event)?;
         // Names are [a-z0-9_-]: they need no escaping.
         match line.strip_prefix('{') {
-            Some(rest) => write!(writer, "{{\"component\":\"{}\",{rest}", self.component),
+            Some(rest) => write!(
+                writer,
+                "{{\"component\":\"{}\",\"pid\":{},\"epoch\":{},{rest}",
+                self.component,
+                std::process::id(),
+                EPOCH.load(Ordering::Relaxed)
+            ),
             None => writer.write_str(&line),
         }
     }

@@ -738,11 +738,7 @@ fn recover(c: &mut Tracked, fresh: bool) -> Result<Summary, String> {
     if fresh {
         c.last = None;
         journal.cut();
-        c.recovering = false;
-        c.next_due = c.policy.map(|p| Instant::now() + p.every);
-        for e in &c.quiet.served {
-            e.hold_serving(false);
-        }
+        recovered(c);
         let mut done = summary(c, FRESH, Stats::default(), Duration::ZERO, started, None);
         done.pid = pid;
         return Ok(done);
@@ -758,14 +754,8 @@ fn recover(c: &mut Tracked, fresh: bool) -> Result<Summary, String> {
         Some(image) => restore_last(c, pid, image, started),
     };
     let mut done = outcome?;
-    // The state that died is back (its log is being replayed, which a
-    // checkpoint waits for): periodic checkpoints may go on.
-    c.recovering = false;
-    c.next_due = c.policy.map(|p| Instant::now() + p.every);
     let replay_started = Instant::now();
-    for e in &c.quiet.served {
-        e.hold_serving(false);
-    }
+    recovered(c);
     wake_for_replay(c);
     if wait_replayed(&journal, pid) {
         done.replay_us = replay_started.elapsed().as_micros() as u64;
@@ -773,6 +763,17 @@ fn recover(c: &mut Tracked, fresh: bool) -> Result<Summary, String> {
     }
     done.total_us = started.elapsed().as_micros() as u64;
     Ok(done)
+}
+
+/// The recovery's state is in place (restored with its log to replay,
+/// which a checkpoint waits for, or dropped): periodic checkpoints go on,
+/// and the supervisor's hold on the calls to it is let go.
+fn recovered(c: &mut Tracked) {
+    c.recovering = false;
+    c.next_due = c.policy.map(|p| Instant::now() + p.every);
+    for e in &c.quiet.served {
+        e.hold_serving(false);
+    }
 }
 
 /// The kind of a recovery that dropped the state (see `ladder.rs`).

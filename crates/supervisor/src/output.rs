@@ -82,28 +82,30 @@ impl Relay {
 
     /// New pipes for `component`, whose read ends this relay reads.
     pub fn pipes(&self, component: &str) -> std::io::Result<Pipes> {
-        let mut ends = Vec::new();
-        for stream in [Stream::Stdout, Stream::Stderr] {
-            let (r, w) = pipe_with(PipeFlags::CLOEXEC)?;
-            rustix::fs::fcntl_setfl(&r, rustix::fs::OFlags::NONBLOCK)?;
-            let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
-            epoll::add(
-                &*self.epoll,
-                &r,
-                epoll::EventData::new_u64(readers.len() as u64),
-                epoll::EventFlags::IN,
-            )?;
-            readers.push(Reader {
-                component: component.to_string(),
-                stream,
-                fd: r,
-                partial: Vec::new(),
-            });
-            ends.push(w);
-        }
-        let stderr = ends.pop().expect("two");
-        let stdout = ends.pop().expect("two");
-        Ok(Pipes { stdout, stderr })
+        Ok(Pipes {
+            stdout: self.pipe(component, Stream::Stdout)?,
+            stderr: self.pipe(component, Stream::Stderr)?,
+        })
+    }
+
+    /// One pipe whose read end this relay reads; returns its write end.
+    fn pipe(&self, component: &str, stream: Stream) -> std::io::Result<OwnedFd> {
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC)?;
+        rustix::fs::fcntl_setfl(&r, rustix::fs::OFlags::NONBLOCK)?;
+        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        epoll::add(
+            &*self.epoll,
+            &r,
+            epoll::EventData::new_u64(readers.len() as u64),
+            epoll::EventFlags::IN,
+        )?;
+        readers.push(Reader {
+            component: component.to_string(),
+            stream,
+            fd: r,
+            partial: Vec::new(),
+        });
+        Ok(w)
     }
 
     /// Relays what is left in every pipe and ends the thread: called once

@@ -318,6 +318,11 @@ pub fn run<F>(init: F) -> !
 where
     F: FnOnce(&Arc<Runtime>) -> anyhow::Result<Incarnation>,
 {
+    // First: from exec until this call, a process of the same user may
+    // open this one's descriptors through /proc (exec makes it dumpable).
+    if let Err(e) = process::private_memory() {
+        fatal(&format!("PR_SET_DUMPABLE: {e}"));
+    }
     process::abort_on_panic();
     let boot = match std::env::var(BOOT_ENV) {
         Ok(json) => match serde_json::from_str::<BootInfo>(&json) {
@@ -363,7 +368,6 @@ impl Boot {
             .unwrap_or(0);
         process::die_with_parent(supervisor)?;
         process::disable_core_dumps()?;
-        process::private_memory()?;
         crate::seccomp::install().map_err(|e| anyhow::anyhow!("seccomp filter: {e}"))?;
         process::default_fault_signals()?;
         crate::futex::set_spin_policy(info.spin);

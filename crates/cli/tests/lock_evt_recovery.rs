@@ -27,6 +27,8 @@ struct Contender {
     rounds: u64,
     busy_us: u64,
     think_us: u64,
+    /// Takes the lock by lease (`lock_lease`) rather than by calls.
+    lease: bool,
 }
 
 fn lock_system(dir: &Path, seed: u64, contenders: &[Contender]) -> PathBuf {
@@ -58,6 +60,7 @@ rounds = {}
 lock = 7
 busy_us = {}
 think_us = {}
+lease = {}
 sections = "{}"
 "#,
             c.name,
@@ -65,6 +68,7 @@ sections = "{}"
             c.rounds,
             c.busy_us,
             c.think_us,
+            c.lease,
             dir.join(format!("{}.json", c.name)).display()
         );
     }
@@ -189,24 +193,40 @@ fn mutual_exclusion(
 
 #[test]
 fn locks_stay_exclusive_through_hundreds_of_lock_server_crashes() {
-    let seed = seed("lock_crashes");
-    let dir = scratch("lock-crashes");
+    lock_server_crashes("lock_crashes", [false; 3]);
+}
+
+/// Two components take the lock by lease, the third by calls: the lease
+/// goes back and forth, and is asked back across the server's crashes.
+#[test]
+fn leased_locks_stay_exclusive_through_hundreds_of_lock_server_crashes() {
+    let reports = lock_server_crashes("leased_lock_crashes", [true, true, false]);
+    for (name, r) in &reports {
+        let given_back = r["given_back"].as_u64().unwrap();
+        eprintln!("{name} gave its lease back {given_back} times when asked");
+        if name != "lock-workload-c" {
+            assert!(given_back > 10, "{name}: its lease was asked back");
+        }
+    }
+}
+
+/// Three lock-workload components contend while the lock server is killed
+/// 200 times; `leases`: which of them take the lock by lease. Their reports.
+fn lock_server_crashes(test: &str, leases: [bool; 3]) -> BTreeMap<String, Value> {
+    let seed = seed(test);
+    let dir = scratch(test);
     let rounds = 1500;
-    let contenders =
-        ["lock-workload-a", "lock-workload-b", "lock-workload-c"].map(|name| Contender {
-            name,
-            rounds,
-            busy_us: 20,
-            think_us: 300,
-        });
+    let names = ["lock-workload-a", "lock-workload-b", "lock-workload-c"];
+    let contenders = std::array::from_fn::<_, 3, _>(|i| Contender {
+        name: names[i],
+        rounds,
+        busy_us: 20,
+        think_us: 300,
+        lease: leases[i],
+    });
     let system = lock_system(&dir, seed, &contenders);
     let kills = 200;
-    let (stdout, _) = run(
-        "lock_crashes",
-        &system,
-        &chaos("lock", kills, "1..6", seed),
-        "warn",
-    );
+    let (stdout, _) = run(test, &system, &chaos("lock", kills, "1..6", seed), "warn");
 
     let (crashed, segv, busy) = crash_counts(&stdout, "lock");
     let reboots = reboots(&stdout, "lock");
@@ -238,11 +258,11 @@ fn locks_stay_exclusive_through_hundreds_of_lock_server_crashes() {
         "crashes hit takes ({takes}) and releases ({releases})"
     );
 
-    let names = contenders.map(|c| c.name);
     let reports = reports(&stdout, &names);
     let (sections, min_gap) = mutual_exclusion(&dir, &reports, |_| rounds);
     eprintln!("{sections} critical sections of 6 threads in 3 components, none overlapping (closest {min_gap} ns apart)");
     let _ = std::fs::remove_dir_all(dir);
+    reports
 }
 
 #[test]
@@ -350,8 +370,20 @@ restart = { max = 100000, window_ms = 1000 }
 
 #[test]
 fn a_lock_held_by_a_killed_client_is_released_and_the_others_finish() {
-    let seed = seed("lock_holder_killed");
-    let dir = scratch("lock-holder");
+    holder_killed("lock_holder_killed", false);
+}
+
+/// The victim holds the lock by lease, the others take it by calls.
+#[test]
+fn a_lease_held_by_a_killed_client_is_released_and_the_others_finish() {
+    holder_killed("lease_holder_killed", true);
+}
+
+/// A lock-workload component that holds the lock most of the time is killed
+/// 10 times; `lease`: it takes the lock by lease.
+fn holder_killed(test: &str, lease: bool) {
+    let seed = seed(test);
+    let dir = scratch(test);
     // The victim holds the lock most of the time (long sections, no pause),
     // and each of its incarnations outlives the longest gap between kills.
     let contenders = [
@@ -360,24 +392,27 @@ fn a_lock_held_by_a_killed_client_is_released_and_the_others_finish() {
             rounds: 400,
             busy_us: 20,
             think_us: 200,
+            lease: false,
         },
         Contender {
             name: "lock-workload-b",
             rounds: 300,
             busy_us: 2000,
             think_us: 0,
+            lease,
         },
         Contender {
             name: "lock-workload-c",
             rounds: 400,
             busy_us: 20,
             think_us: 200,
+            lease: false,
         },
     ];
     let system = lock_system(&dir, seed, &contenders);
     let kills = 10;
     let (stdout, stderr) = run(
-        "lock_holder_killed",
+        test,
         &system,
         &chaos("lock-workload-b", kills, "50..150", seed),
         "info",

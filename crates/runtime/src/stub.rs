@@ -45,6 +45,11 @@ impl Callers {
             .iter()
             .any(|&(component, slots)| component == caller.component && caller.slot < slots)
     }
+
+    /// Whether `component` is a client of this component.
+    pub fn has_component(&self, component: u32) -> bool {
+        self.0.iter().any(|&(c, _)| c == component)
+    }
 }
 
 /// Why a server stub refused an invocation without running it.

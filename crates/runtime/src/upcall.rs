@@ -39,6 +39,9 @@ use crate::server::RecoveryGate;
 pub const RECOVER: u32 = 1;
 /// Reserved for the mm service: unmap pages from the client.
 pub const UNMAP: u32 = 2;
+/// Reserved for the lock service: another component waits for lock
+/// `args[0]`, which the client holds by lease; give it back.
+pub const LEASE_WANTED: u32 = 3;
 
 /// How an upcall ended, in `upcall_status`.
 pub mod status {

@@ -4,7 +4,8 @@
 //! and `finish` for the last bytes of a response that closes the
 //! connection: the connection itself), ramfs (`stat`, and open/read/close when a
 //! file is not cached), lock (the file cache is shared by the workers under
-//! a lock of the lock server), mm (cached files lie in pages granted by mm
+//! a lock of the lock server, which httpd holds by lease: its workers pass
+//! it among themselves without a call until another component wants it), mm (cached files lie in pages granted by mm
 //! and mapped here), evt (the access log: a worker that queues the first
 //! line of a batch triggers an event the log writer waits on, which appends
 //! the batch to a log file in ramfs, at most every `log_every_ms`) and timer (a periodic timer drives the
@@ -33,6 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use kintsugi_interfaces::lock_lease::{Leased, Leases};
 use kintsugi_interfaces::mm_map::Mapper;
 use kintsugi_interfaces::{evt, fs, fs_flags, lock, mm, net, timer};
 use kintsugi_runtime::{CallError, Incarnation, Runtime};
@@ -130,8 +132,8 @@ struct Httpd {
     rt: Arc<Runtime>,
     net: net::Client,
     fs: fs::Client,
-    lock: lock::Client,
-    cache_lock: lock::Lock,
+    /// The file cache's lock in the lock server, by lease.
+    cache_lock: Leased,
     /// Files by ramfs path; filled and read under `cache_lock`.
     cache: Mutex<HashMap<String, Cached>>,
     mm: &'static mm::Client,
@@ -343,7 +345,7 @@ impl Httpd {
                 Err(e) => return Err(e.into()),
             };
         }
-        self.lock.take(self.cache_lock)?;
+        let held = self.cache_lock.take()?;
         let hit = self.cache.lock().unwrap().get(&at).copied();
         let data = match hit {
             Some(c) if c.len == stat.size => {
@@ -352,7 +354,7 @@ impl Httpd {
             }
             _ => None,
         };
-        self.lock.release(self.cache_lock)?;
+        drop(held);
         if let Some(data) = data {
             return Ok(Some((at, data)));
         }
@@ -361,9 +363,9 @@ impl Httpd {
             Err(CallError::Server(fs::Error::NotFound)) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        self.lock.take(self.cache_lock)?;
+        let held = self.cache_lock.take()?;
         let cached = self.cache(&at, &data, hit);
-        self.lock.release(self.cache_lock)?;
+        drop(held);
         if let Err(e) = cached {
             tracing::debug!("not cached: {at}: {e}");
         }
@@ -622,8 +624,8 @@ fn main() {
                     tracing::info!("loaded {n} files from {dir} into ramfs");
                 }
             }
-            let lockc = lock::Client::connect(&rt)?;
-            let cache_lock = lockc.alloc(config.cache_lock)?;
+            let leases = Leases::new(lock::Client::connect(&rt)?)?;
+            let cache_lock = leases.lease(leases.client().alloc(config.cache_lock)?);
             // One mm client for the incarnation's life, which its mapper borrows.
             let mm: &'static mm::Client = Box::leak(Box::new(mm::Client::connect(&rt)?));
             let pool = rt
@@ -634,7 +636,6 @@ fn main() {
             let httpd = Arc::new(Httpd {
                 net: net::Client::connect(&rt)?,
                 fs: fsc,
-                lock: lockc,
                 cache_lock,
                 cache: Mutex::new(HashMap::new()),
                 mm,

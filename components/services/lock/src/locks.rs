@@ -21,6 +21,15 @@
 //!   the same thread is harmless too; any other release by a non-owner is
 //!   refused with `NotOwner`.
 //!
+//! - A lease names the client component as a whole: its owner code has the
+//!   channel slot [`LEASE_SLOT`], which no thread has. Its threads pass the
+//!   lock among themselves without calling (the client's `lock_lease`); a
+//!   `take` or `lease` of anyone else finds the lease and asks the holder to
+//!   give it back ([`AskBack`], the `LEASE_WANTED` upcall), then waits as
+//!   for any owner, asking again at every wake-up and owner check. Lease
+//!   and unlease re-issued after a reboot find the lease already taken or
+//!   already given back, and succeed.
+//!
 //! The arena outlives every incarnation, so a faulty one (a flipped bit in
 //! a register that held an owner code) can leave an owner that no thread
 //! is: every reboot would inherit the lock held for ever. An owner code
@@ -59,6 +68,11 @@ const OWNER_CHECK: Duration = Duration::from_millis(50);
 pub const CLIENTS: usize = 256;
 /// Channel slots per client: the system description allows at most 64.
 const THREADS: usize = 64;
+/// The channel slot of a lease's owner code: a whole component, no thread.
+const LEASE_SLOT: u32 = 0xff;
+
+/// Asks client component `holder` to give back its lease of lock `l`.
+pub type AskBack = Box<dyn Fn(u32, u64) + Send + Sync>;
 /// Bytes of release records at the end of the arena.
 pub const RECORD_BYTES: usize = CLIENTS * THREADS * 8;
 
@@ -69,6 +83,7 @@ pub struct Locks<A> {
     deaths: Deaths,
     /// Every client thread that could own a lock.
     callers: Callers,
+    ask_back: AskBack,
 }
 
 /// The caller's owner code and its release record's index.
@@ -78,6 +93,13 @@ struct Owner {
 }
 
 impl Owner {
+    /// The component a lease's owner code names.
+    fn leaseholder(code: u32) -> Option<u32> {
+        (code & 0xff == LEASE_SLOT)
+            .then(|| (code >> 8).checked_sub(1))
+            .flatten()
+    }
+
     /// The client thread an owner code names.
     fn caller(code: u32) -> Option<Caller> {
         let component = (code >> 8).checked_sub(1)?;
@@ -102,12 +124,18 @@ impl Owner {
             record: component * THREADS + slot,
         })
     }
+
+    /// The owner code of a lease to the caller's component.
+    fn lease_of(caller: &Caller) -> Result<u32, Error> {
+        Self::of(caller).map(|me| me.code | LEASE_SLOT)
+    }
 }
 
 impl<A: Deref<Target = Region>> Locks<A> {
     /// The lock table in `arena` (zero at first boot), whose locks only
     /// `callers` can own; owners that name none of them are cleared.
-    pub fn new(arena: A, callers: Callers) -> anyhow::Result<Self> {
+    /// Leaseholders are asked to give leases back through `ask_back`.
+    pub fn new(arena: A, callers: Callers, ask_back: AskBack) -> anyhow::Result<Self> {
         let len = arena.len();
         anyhow::ensure!(
             len >= RECORD_BYTES + 16 * SLOT_BYTES,
@@ -120,6 +148,7 @@ impl<A: Deref<Target = Region>> Locks<A> {
             records,
             deaths: Deaths::default(),
             callers,
+            ask_back,
         };
         for slot in locks.slots.live() {
             locks.clear_impossible_owner(&slot);
@@ -130,7 +159,10 @@ impl<A: Deref<Target = Region>> Locks<A> {
     /// Frees `slot` if its owner code names no client thread; true if it did.
     fn clear_impossible_owner(&self, slot: &Slot<'_>) -> bool {
         let held = slot.u32(OWNER).load(SeqCst);
-        let possible = Owner::caller(held).is_some_and(|c| self.callers.contains(c));
+        let possible = match Owner::leaseholder(held) {
+            Some(component) => self.callers.has_component(component),
+            None => Owner::caller(held).is_some_and(|c| self.callers.contains(c)),
+        };
         if held == 0 || possible {
             return false;
         }
@@ -139,6 +171,58 @@ impl<A: Deref<Target = Region>> Locks<A> {
             "cleared a lock owner that is no client thread"
         );
         self.unlock(slot, held)
+    }
+
+    /// Waits until lock `l` is free and makes `code` (the caller's thread's,
+    /// or its component's lease) its owner; clears the release record
+    /// `record` of a thread that takes it. Asks a leaseholder in the way to
+    /// give the lock back.
+    fn acquire(
+        &self,
+        caller: &Caller,
+        l: u64,
+        code: u32,
+        record: Option<usize>,
+    ) -> Result<(), Error> {
+        let slot = self.lock(l)?;
+        let (owner, seq) = (slot.u32(OWNER), slot.u32(SEQ));
+        let deaths = self.deaths.of(caller.component);
+        loop {
+            let rung = seq.load(SeqCst);
+            if self.slots.get(l).is_none() {
+                return Err(Error::NotFound); // freed meanwhile
+            }
+            if self.deaths.of(caller.component) != deaths {
+                tracing::info!(
+                    client = caller.component,
+                    lock = l,
+                    "gave up a take for a dead client"
+                );
+                return Err(Error::NotOwner);
+            }
+            match owner.compare_exchange(0, code, SeqCst, SeqCst) {
+                Ok(_) => {
+                    if let Some(r) = record {
+                        let _ = self.record(r).compare_exchange(l, 0, SeqCst, SeqCst);
+                    }
+                    if self.deaths.of(caller.component) != deaths {
+                        // Its client died as it took the lock, perhaps after
+                        // client_died looked: put it back.
+                        self.unlock(&slot, code);
+                        return Err(Error::NotOwner);
+                    }
+                    return Ok(());
+                }
+                Err(held) if held == code => return Ok(()),
+                Err(_) if self.clear_impossible_owner(&slot) => {}
+                Err(held) => {
+                    if let Some(holder) = Owner::leaseholder(held) {
+                        (self.ask_back)(holder, l);
+                    }
+                    watchdog::blocking(|| futex::wait(seq, rung, Some(OWNER_CHECK)))
+                }
+            }
+        }
     }
 
     /// Release record `index` (a client thread's, see [`Owner`]).
@@ -181,40 +265,7 @@ impl<A: Deref<Target = Region> + Send + Sync + 'static> Server for Locks<A> {
 
     fn take(&self, caller: &Caller, l: u64) -> Result<(), Error> {
         let me = Owner::of(caller)?;
-        let slot = self.lock(l)?;
-        let (owner, seq) = (slot.u32(OWNER), slot.u32(SEQ));
-        let deaths = self.deaths.of(caller.component);
-        loop {
-            let rung = seq.load(SeqCst);
-            if self.slots.get(l).is_none() {
-                return Err(Error::NotFound); // freed meanwhile
-            }
-            if self.deaths.of(caller.component) != deaths {
-                tracing::info!(
-                    client = caller.component,
-                    lock = l,
-                    "gave up a take for a dead client"
-                );
-                return Err(Error::NotOwner);
-            }
-            match owner.compare_exchange(0, me.code, SeqCst, SeqCst) {
-                Ok(_) => {
-                    let _ = self
-                        .record(me.record)
-                        .compare_exchange(l, 0, SeqCst, SeqCst);
-                    if self.deaths.of(caller.component) != deaths {
-                        // Its client died as it took the lock, perhaps after
-                        // client_died looked: put it back.
-                        self.unlock(&slot, me.code);
-                        return Err(Error::NotOwner);
-                    }
-                    return Ok(());
-                }
-                Err(held) if held == me.code => return Ok(()),
-                Err(_) if self.clear_impossible_owner(&slot) => {}
-                Err(_) => watchdog::blocking(|| futex::wait(seq, rung, Some(OWNER_CHECK))),
-            }
-        }
+        self.acquire(caller, l, me.code, Some(me.record))
     }
 
     fn release(&self, caller: &Caller, l: u64) -> Result<(), Error> {
@@ -233,6 +284,17 @@ impl<A: Deref<Target = Region> + Send + Sync + 'static> Server for Locks<A> {
         // held, and the re-issued release then frees it.
         record.store(l, SeqCst);
         self.unlock(&slot, me.code);
+        Ok(())
+    }
+
+    fn lease(&self, caller: &Caller, l: u64) -> Result<(), Error> {
+        self.acquire(caller, l, Owner::lease_of(caller)?, None)
+    }
+
+    fn unlease(&self, caller: &Caller, l: u64) -> Result<(), Error> {
+        let code = Owner::lease_of(caller)?;
+        // Not held: given back by a first attempt re-issued after a reboot.
+        self.unlock(&self.lock(l)?, code);
         Ok(())
     }
 
@@ -295,7 +357,19 @@ mod tests {
     }
 
     fn boot(arena: &Arc<Region>) -> Arc<Locks<Arc<Region>>> {
-        Arc::new(Locks::new(arena.clone(), callers()).unwrap())
+        Arc::new(Locks::new(arena.clone(), callers(), Box::new(|_, _| {})).unwrap())
+    }
+
+    /// Requests to give a lease back: (leaseholder, lock).
+    type Asked = std::sync::mpsc::Receiver<(u32, u64)>;
+
+    /// A lock table whose requests to give leases back arrive on the receiver.
+    fn boot_asking(arena: &Arc<Region>) -> (Arc<Locks<Arc<Region>>>, Asked) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tx = std::sync::Mutex::new(tx);
+        let ask_back = Box::new(move |holder, l| tx.lock().unwrap().send((holder, l)).unwrap());
+        let locks = Locks::new(arena.clone(), callers(), ask_back).unwrap();
+        (Arc::new(locks), rx)
     }
 
     /// Runs `take` for `who` on a thread; the receiver hears its result.
@@ -414,6 +488,57 @@ mod tests {
         locks.take(&B, again).unwrap();
     }
 
+    #[test]
+    fn a_lease_is_asked_back_by_anyone_else_and_given_back_once() {
+        let arena = arena();
+        let (locks, asked) = boot_asking(&arena);
+        let l = locks.alloc(&A, None, 7).unwrap();
+        locks.lease(&A, l).unwrap();
+        // Any thread of A's component: the lease is the component's.
+        let a1 = Caller { slot: 1, ..A };
+        assert_eq!(locks.lease(&a1, l), Ok(()), "a re-issued lease");
+        let b = take_async(&locks, B, l);
+        assert_eq!(asked.recv_timeout(SOON).unwrap(), (A.component, l));
+        assert!(b.recv_timeout(BLOCKED).is_err(), "B waits for the lease");
+        assert_eq!(
+            locks.release(&A, l),
+            Err(Error::NotOwner),
+            "no thread owns it"
+        );
+        locks.unlease(&a1, l).unwrap();
+        assert_eq!(b.recv_timeout(SOON).unwrap(), Ok(()));
+        // A re-issued unlease finds B the owner and leaves it so.
+        assert_eq!(locks.unlease(&A, l), Ok(()));
+        let a = std::thread::spawn({
+            let locks = locks.clone();
+            move || locks.lease(&A, l)
+        });
+        std::thread::sleep(BLOCKED);
+        assert!(!a.is_finished(), "B's take is no lease: nobody is asked");
+        assert!(asked.try_recv().is_err());
+        locks.release(&B, l).unwrap();
+        assert_eq!(a.join().unwrap(), Ok(()));
+    }
+
+    #[test]
+    fn a_lease_survives_a_reboot_and_a_dead_holders_lease_is_released() {
+        let arena = arena();
+        let (first, _) = boot_asking(&arena);
+        let l = first.alloc(&A, None, 7).unwrap();
+        first.lease(&A, l).unwrap();
+        drop(first);
+        let (second, asked) = boot_asking(&arena);
+        assert_eq!(second.alloc(&B, Some(l), 7).unwrap(), l);
+        let b = take_async(&second, B, l);
+        assert_eq!(asked.recv_timeout(SOON).unwrap(), (A.component, l));
+        assert!(
+            b.recv_timeout(BLOCKED).is_err(),
+            "the lease survived the reboot"
+        );
+        second.client_died(A.component);
+        assert_eq!(b.recv_timeout(SOON).unwrap(), Ok(()));
+    }
+
     /// Writes an owner code into lock `l`, as a faulty incarnation could.
     fn corrupt_owner(locks: &Locks<Arc<Region>>, l: u64, code: u32) {
         locks.slots.get(l).unwrap().u32(OWNER).store(code, SeqCst);
@@ -448,6 +573,14 @@ mod tests {
         // Written under its owner: the owner's release frees it.
         corrupt_owner(&locks, l, 0x0100_0000 | (3 << 8));
         assert_eq!(locks.release(&B, l), Ok(()));
+        locks.take(&A, l).unwrap();
+
+        // A lease to a client component is possible; to another, it is not.
+        locks.release(&A, l).unwrap();
+        corrupt_owner(&locks, l, (2 << 8) | LEASE_SLOT);
+        assert!(!locks.clear_impossible_owner(&locks.slots.get(l).unwrap()));
+        corrupt_owner(&locks, l, (10 << 8) | LEASE_SLOT);
+        assert!(locks.clear_impossible_owner(&locks.slots.get(l).unwrap()));
         locks.take(&A, l).unwrap();
 
         // A possible owner is left alone: another client thread may hold it.

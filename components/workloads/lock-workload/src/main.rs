@@ -11,7 +11,9 @@
 //! critical section to the file `sections` names, if any (a checker merging
 //! the files of all components finds any two sections that overlapped: a
 //! file, because several components' reports that large would interleave on
-//! a shared stdout), and prints a JSON report of its counts.
+//! a shared stdout), and prints a JSON report of its counts. With `lease`
+//! its threads take the lock by lease (`kintsugi_interfaces::lock_lease`):
+//! among themselves without calls, while no other component wants it.
 
 #![forbid(unsafe_code)]
 
@@ -20,6 +22,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use kintsugi_interfaces::lock;
+use kintsugi_interfaces::lock_lease::{Leased, Leases};
 use kintsugi_runtime::counters::{Failures, WorkloadCounters};
 use kintsugi_runtime::Incarnation;
 use rand::rngs::StdRng;
@@ -43,6 +46,8 @@ pub struct Config {
     /// Where to write the critical sections, as a JSON array of
     /// `[enter_ns, exit_ns]` (replaced atomically at the end of a run).
     pub sections: Option<PathBuf>,
+    /// Take the lock by lease rather than by a call per take and release.
+    pub lease: bool,
 }
 
 impl Default for Config {
@@ -55,6 +60,7 @@ impl Default for Config {
             busy_us: 20,
             think_us: 200,
             sections: None,
+            lease: false,
         }
     }
 }
@@ -73,6 +79,8 @@ struct Report {
     failures: Failures,
     /// Critical sections, all threads together.
     sections: usize,
+    /// With `lease`: how often the lock server asked for the lease back.
+    given_back: u64,
 }
 
 /// What one thread did.
@@ -97,7 +105,34 @@ struct Shared<'a> {
     stop: &'a (dyn Fn() -> bool + Sync),
 }
 
-fn contend(client: &lock::Client, config: &Config, thread: usize, shared: &Shared) -> Run {
+/// How the threads take the lock.
+#[derive(Clone, Copy)]
+enum Taking<'a> {
+    /// A call to take, a call to release.
+    Calls(&'a lock::Client, lock::Lock),
+    Lease(&'a Leased),
+}
+
+impl Taking<'_> {
+    /// Runs `section` holding the lock.
+    fn holding(self, section: impl FnOnce()) -> Result<(), String> {
+        match self {
+            Taking::Calls(client, l) => {
+                client.take(l).map_err(|e| format!("take: {e}"))?;
+                section();
+                client.release(l).map_err(|e| format!("release: {e}"))
+            }
+            Taking::Lease(leased) => {
+                let held = leased.take().map_err(|e| format!("lease: {e}"))?;
+                section();
+                drop(held);
+                Ok(())
+            }
+        }
+    }
+}
+
+fn contend(taking: Taking<'_>, config: &Config, thread: usize, shared: &Shared) -> Run {
     let mut rng = StdRng::seed_from_u64(
         config
             .seed
@@ -105,44 +140,35 @@ fn contend(client: &lock::Client, config: &Config, thread: usize, shared: &Share
             .wrapping_add(thread as u64),
     );
     let mut run = Run::default();
-    let l = match client.alloc(config.lock) {
-        Ok(l) => l,
-        Err(e) => {
-            run.failures
-                .error(format!("thread {thread}: alloc({}): {e}", config.lock));
-            return run;
-        }
-    };
     let mut seen = [0; 2];
     let mut round = 0;
     while round < config.rounds || (config.rounds == 0 && !(shared.stop)()) {
         round += 1;
         shared.counters.publish(&mut seen, &run.failures);
-        if let Err(e) = client.take(l) {
-            run.failures
-                .error(format!("thread {thread} round {round}: take: {e}"));
-            continue;
-        }
-        if shared.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+        let mut corrupt = false;
+        let done = taking.holding(|| {
+            corrupt = shared.inside.fetch_add(1, Ordering::SeqCst) != 0;
+            let enter = now_ns();
+            let until = enter + rng.gen_range(0..=config.busy_us) * 1000;
+            while now_ns() < until {
+                std::hint::spin_loop();
+            }
+            run.sections.push([enter, now_ns()]);
+            shared.inside.fetch_sub(1, Ordering::SeqCst);
+        });
+        if corrupt {
             run.failures.corrupt(format!(
                 "thread {thread} round {round}: took the lock while another thread held it"
             ));
         }
-        let enter = now_ns();
-        let until = enter + rng.gen_range(0..=config.busy_us) * 1000;
-        while now_ns() < until {
-            std::hint::spin_loop();
-        }
-        run.sections.push([enter, now_ns()]);
-        shared.inside.fetch_sub(1, Ordering::SeqCst);
-        match client.release(l) {
+        match done {
             Ok(()) => {
                 run.completed += 1;
                 shared.counters.op();
             }
             Err(e) => run
                 .failures
-                .error(format!("thread {thread} round {round}: release: {e}")),
+                .error(format!("thread {thread} round {round}: {e}")),
         }
         if config.think_us > 0 {
             std::thread::sleep(Duration::from_micros(rng.gen_range(0..=config.think_us)));
@@ -181,11 +207,20 @@ fn main() {
                 rounds = config.rounds,
                 "lock-workload starting"
             );
+            let l = client.alloc(config.lock)?;
+            let (leases, leased);
+            let taking = if config.lease {
+                leases = Leases::new(lock::Client::from_connection(client.connection().clone()))?;
+                leased = leases.lease(l);
+                Taking::Lease(&leased)
+            } else {
+                Taking::Calls(&client, l)
+            };
             let runs: Vec<Run> = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..threads)
                     .map(|t| {
-                        let (client, config, shared) = (&client, &config, &shared);
-                        s.spawn(move || contend(client, config, t, shared))
+                        let (config, shared) = (&config, &shared);
+                        s.spawn(move || contend(taking, config, t, shared))
                     })
                     .collect();
                 handles
@@ -207,6 +242,9 @@ fn main() {
                 sections.extend(run.sections);
             }
             report.sections = sections.len();
+            if let Taking::Lease(leased) = taking {
+                report.given_back = leased.given_back();
+            }
             if let Some(path) = &config.sections {
                 write_sections(path, &sections)?;
             }

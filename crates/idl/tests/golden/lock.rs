@@ -3,13 +3,15 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `lock`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "lock",
-    hash: 0xc245676971de48b0,
-    functions: &["alloc", "take", "release", "free"],
+    hash: 0xefa1d1c7b6546b8e,
+    functions: &["alloc", "take", "release", "free", "lease", "unlease"],
 };
 pub const FN_ALLOC: u32 = 0;
 pub const FN_TAKE: u32 = 1;
 pub const FN_RELEASE: u32 = 2;
 pub const FN_FREE: u32 = 3;
+pub const FN_LEASE: u32 = 4;
+pub const FN_UNLEASE: u32 = 5;
 kintsugi_runtime::interface_errors!(
     "lock" { NotFound = "not found", NotOwner = "not owner" }
 );
@@ -31,6 +33,8 @@ pub trait Server: rt::Send + rt::Sync + 'static {
     fn take(&self, caller: &rt::Caller, l: u64) -> rt::Result<(), Error>;
     fn release(&self, caller: &rt::Caller, l: u64) -> rt::Result<(), Error>;
     fn free(&self, caller: &rt::Caller, l: u64) -> rt::Result<(), Error>;
+    fn lease(&self, caller: &rt::Caller, l: u64) -> rt::Result<(), Error>;
+    fn unlease(&self, caller: &rt::Caller, l: u64) -> rt::Result<(), Error>;
     /// Client component `client` died: release what it held.
     fn client_died(&self, client: u32) {
         let _ = client;
@@ -105,6 +109,18 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     self.globals.closed("Lock", &gone).map_err(rt::records_unavailable)?;
                     rt::Ok(())
                 }
+                FN_LEASE => {
+                    let l = r.u64().map_err(rt::malformed)?;
+                    r.finish().map_err(rt::malformed)?;
+                    self.ensure_lock(l)?;
+                    S::lease(&self.server, caller, l).map_err(rt::app_error)
+                }
+                FN_UNLEASE => {
+                    let l = r.u64().map_err(rt::malformed)?;
+                    r.finish().map_err(rt::malformed)?;
+                    self.ensure_lock(l)?;
+                    S::unlease(&self.server, caller, l).map_err(rt::app_error)
+                }
                 _ => rt::Err(rt::Dispatched::Refused(rt::Refusal::UnknownFunction(func))),
             },
         )
@@ -177,6 +193,14 @@ impl Client {
             |e| matches!(e, rt::CallError::Fault(rt::Fault::NoDescriptor(_))),
         )
     }
+    /// Invokes `lease`. May block; re-issued if the server reboots meanwhile.
+    pub fn lease(&self, l: Lock) -> rt::Result<(), rt::CallError<Error>> {
+        rt::retry(|| self.0.raw_lease(rt::None, l.0))
+    }
+    /// Invokes `unlease`.
+    pub fn unlease(&self, l: Lock) -> rt::Result<(), rt::CallError<Error>> {
+        rt::retry(|| self.0.raw_unlease(rt::None, l.0))
+    }
 }
 impl Inner {
     fn raw_alloc(
@@ -206,5 +230,19 @@ impl Inner {
         l: u64,
     ) -> rt::Result<(), rt::CallError<Error>> {
         self.conn.invoke(FN_FREE, epoch, |w| w.u64(l), |_| rt::Ok(()))
+    }
+    fn raw_lease(
+        &self,
+        epoch: rt::Option<u64>,
+        l: u64,
+    ) -> rt::Result<(), rt::CallError<Error>> {
+        self.conn.invoke(FN_LEASE, epoch, |w| w.u64(l), |_| rt::Ok(()))
+    }
+    fn raw_unlease(
+        &self,
+        epoch: rt::Option<u64>,
+        l: u64,
+    ) -> rt::Result<(), rt::CallError<Error>> {
+        self.conn.invoke(FN_UNLEASE, epoch, |w| w.u64(l), |_| rt::Ok(()))
     }
 }

@@ -133,7 +133,7 @@ fn generated_fs_has_the_key_items() {
         "pub const FN_READDIR: u32 = 10;",
         "kintsugi_runtime::interface_errors!(\"fs\" { NotFound = \"not found\",",
         "BadFd = \"bad fd\" });",
-        "#[derive(Debug, Clone, PartialEq, Eq, Default)]\npub struct Stat {\n    pub size: u64,\n    pub is_dir: bool,\n}",
+        "#[derive(Debug, Clone, PartialEq, Eq, Default)]\npub struct Stat {\n    pub size: u64,\n    pub is_dir: bool,\n    pub counter: u32,\n}",
         "#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]\npub struct File(pub u32);",
         "pub struct FileRecord {",
         "pub trait Server: rt::Send + rt::Sync + 'static {",

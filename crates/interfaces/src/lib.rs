@@ -63,6 +63,15 @@ pub mod fs_flags {
     pub const TRUNCATE: u32 = 2;
 }
 
+/// Change counters ramfs publishes on its `fs` edges (see
+/// `kintsugi_runtime::client::Changes`).
+pub mod fs_changes {
+    /// Counts changes of names: files and directories created, removed, renamed.
+    pub const NAMES: usize = 0;
+    /// Counters of files' contents, `Stat::counter`, lie in `FIRST_FILE..64`.
+    pub const FIRST_FILE: usize = 1;
+}
+
 /// Every interface this crate knows, for naming functions in event logs.
 pub static ALL: &[&kintsugi_runtime::InterfaceInfo] = &[
     &fs::INFO,

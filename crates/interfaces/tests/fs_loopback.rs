@@ -141,10 +141,12 @@ impl fs::Server for RamFs {
             Some(data) => Ok(Stat {
                 size: data.len() as u64,
                 is_dir: false,
+                counter: 0,
             }),
             None if is_dir => Ok(Stat {
                 size: 0,
                 is_dir: true,
+                counter: 0,
             }),
             None => Err(Error::NotFound),
         }
@@ -247,7 +249,8 @@ fn descriptors_survive_reboots() {
         c.stat("/a").unwrap(),
         Stat {
             size: 14,
-            is_dir: false
+            is_dir: false,
+            counter: 0
         }
     );
 }
@@ -308,7 +311,8 @@ fn interface_errors_reach_the_caller() {
         c.stat("/d").unwrap(),
         Stat {
             size: 0,
-            is_dir: true
+            is_dir: true,
+            counter: 0
         }
     );
     c.rename("/d/x", "/d/z").unwrap();

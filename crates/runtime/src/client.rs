@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::abi::channel::{flags, liveness, state, status, Edge, SlotHeader};
+use crate::abi::channel::{flags, liveness, state, status, Edge, SlotHeader, CHANGE_COUNTERS};
 use crate::futex;
 use crate::priority;
 use crate::stub::{CallError, Fault, InterfaceError, InterfaceInfo, Refusal, ReplyStatus};
@@ -41,6 +41,17 @@ pub const SUSPICION_HOLDOFF: Duration = Duration::from_secs(1);
 thread_local! {
     /// When this thread's last suspicion had its server rebooted.
     static LAST_SUSPICION: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// A server's epoch and change counters as a client saw them
+/// ([`Connection::changes`]): a reply obtained after they were taken stays
+/// true while [`Connection::unchanged`] says so for the counters it depends
+/// on. The counters live in the edge, which the server may write: a faulty
+/// server can make its client keep a stale reply, as it could send one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Changes {
+    epoch: u64,
+    counts: [u64; CHANGE_COUNTERS],
 }
 
 /// A client's connection to one interface of one server component.
@@ -101,6 +112,29 @@ impl Connection {
     /// The server's current epoch (incarnation number).
     pub fn epoch(&self) -> u64 {
         self.inner.edge.header().epoch.load(Ordering::SeqCst)
+    }
+
+    /// The server's epoch and change counters now: what a reply about to
+    /// be asked for depends on (take it before the call).
+    pub fn changes(&self) -> Changes {
+        let h = self.inner.edge.header();
+        Changes {
+            epoch: h.epoch.load(Ordering::Acquire),
+            counts: std::array::from_fn(|i| h.changes[i].load(Ordering::Acquire)),
+        }
+    }
+
+    /// Whether the server has published no change of `counters` (nor
+    /// rebooted) since `then` was taken. A counter that does not exist
+    /// (named by a faulty server's reply) has always changed.
+    pub fn unchanged(&self, then: &Changes, counters: &[usize]) -> bool {
+        let h = self.inner.edge.header();
+        counters.iter().all(|&i| {
+            h.changes
+                .get(i)
+                .zip(then.counts.get(i))
+                .is_some_and(|(now, &was)| now.load(Ordering::Acquire) == was)
+        }) && h.epoch.load(Ordering::Acquire) == then.epoch
     }
 
     /// Counts descriptors this client rebuilt (shown in the event log).

@@ -195,6 +195,17 @@ impl Runtime {
         )
     }
 
+    /// Raises change counter `counter` on every edge of `interface` this
+    /// component serves, after the change it counts (see
+    /// [`crate::client::Changes`]).
+    pub fn publish_change(&self, interface: &str, counter: usize) {
+        for (p, mailbox) in self.boot.provides.iter().zip(&self.provided) {
+            if p.interface == interface {
+                mailbox.edge().header().changes[counter].fetch_add(1, Ordering::Release);
+            }
+        }
+    }
+
     /// The counter called `name`, which the supervisor and tools watching
     /// the system can read; it keeps its value across reboots.
     pub fn counter(&self, name: &str) -> Result<&Counter, CounterError> {

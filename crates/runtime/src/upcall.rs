@@ -249,6 +249,11 @@ impl Mailbox {
         }
     }
 
+    /// The edge.
+    pub fn edge(&self) -> &Edge {
+        &self.edge
+    }
+
     /// The edge's channel slots: one per thread of the client.
     pub fn slot_count(&self) -> u32 {
         self.edge.slot_count()

@@ -3,7 +3,9 @@
 //! Every request crosses several of them: netd (accept, adopt, recv, send,
 //! and `finish` for the last bytes of a response that closes the
 //! connection: the connection itself), ramfs (`stat`, and open/read/close when a
-//! file is not cached), lock (the file cache is shared by the workers under
+//! file is not cached; a stat and a cached file are kept while the change
+//! counters ramfs publishes say they are current, so a cached file costs no
+//! call), lock (the file cache is shared by the workers under
 //! a lock of the lock server, which httpd holds by lease: its workers pass
 //! it among themselves without a call until another component wants it), mm (cached files lie in pages granted by mm
 //! and mapped here), evt (the access log: a worker that queues the first
@@ -37,6 +39,8 @@ use anyhow::Context;
 use kintsugi_interfaces::lock_lease::{Leased, Leases};
 use kintsugi_interfaces::mm_map::Mapper;
 use kintsugi_interfaces::{evt, fs, fs_flags, lock, mm, net, timer};
+use kintsugi_interfaces::fs_changes::NAMES;
+use kintsugi_runtime::client::Changes;
 use kintsugi_runtime::{CallError, Incarnation, Runtime};
 use serde::Deserialize;
 
@@ -105,12 +109,24 @@ fn log_event() -> u64 {
     0x0068_7474_706c_6f67
 }
 
-/// A cached file: in a page granted by mm and mapped here.
+/// A cached file: in a page granted by mm and mapped here; current while
+/// ramfs publishes no change of its name or contents since `when`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Cached {
     page: mm::Page,
     len: u64,
+    when: Changes,
 }
+
+/// A stat of ramfs, current while ramfs publishes no change of the path's
+/// names or of the file's contents since `when`.
+struct Known {
+    stat: fs::Stat,
+    when: Changes,
+}
+
+/// Stats kept; all are forgotten when there would be more.
+const KNOWN_MAX: usize = 4096;
 
 /// The connection a worker is sending to, and since when.
 type Waiting = Mutex<Option<(net::Conn, Instant)>>;
@@ -132,6 +148,8 @@ struct Httpd {
     rt: Arc<Runtime>,
     net: net::Client,
     fs: fs::Client,
+    /// Stats by ramfs path, which spare a call to ramfs while current.
+    known: Mutex<HashMap<String, Known>>,
     /// The file cache's lock in the lock server, by lease.
     cache_lock: Leased,
     /// Files by ramfs path; filled and read under `cache_lock`.
@@ -332,14 +350,14 @@ impl Httpd {
         if at.ends_with('/') {
             at.push_str("index.html");
         }
-        let mut stat = match self.fs.stat(&at) {
+        let mut stat = match self.stat(&at) {
             Ok(s) => s,
             Err(CallError::Server(fs::Error::NotFound | fs::Error::NotDir)) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
         if stat.is_dir {
             at.push_str("/index.html");
-            stat = match self.fs.stat(&at) {
+            stat = match self.stat(&at) {
                 Ok(s) if !s.is_dir => s,
                 Ok(_) | Err(CallError::Server(fs::Error::NotFound)) => return Ok(None),
                 Err(e) => return Err(e.into()),
@@ -348,7 +366,7 @@ impl Httpd {
         let held = self.cache_lock.take()?;
         let hit = self.cache.lock().unwrap().get(&at).copied();
         let data = match hit {
-            Some(c) if c.len == stat.size => {
+            Some(c) if c.len == stat.size && self.current(&c.when, &stat) => {
                 let mut data = vec![0; c.len as usize];
                 self.pages.read(c.page, 0, &mut data).map(|()| data).ok()
             }
@@ -358,13 +376,14 @@ impl Httpd {
         if let Some(data) = data {
             return Ok(Some((at, data)));
         }
+        let when = self.fs.connection().changes();
         let data = match self.read(&at) {
             Ok(d) => d,
             Err(CallError::Server(fs::Error::NotFound)) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
         let held = self.cache_lock.take()?;
-        let cached = self.cache(&at, &data, hit);
+        let cached = self.cache(&at, &data, hit, when);
         drop(held);
         if let Err(e) = cached {
             tracing::debug!("not cached: {at}: {e}");
@@ -374,7 +393,13 @@ impl Httpd {
 
     /// Puts `data` in a page of its own from mm, in place of `stale`.
     /// Called under `cache_lock`.
-    fn cache(&self, at: &str, data: &[u8], stale: Option<Cached>) -> anyhow::Result<()> {
+    fn cache(
+        &self,
+        at: &str,
+        data: &[u8],
+        stale: Option<Cached>,
+        when: Changes,
+    ) -> anyhow::Result<()> {
         if self.cache.lock().unwrap().get(at).copied() != stale {
             return Ok(()); // another worker cached it meanwhile
         }
@@ -392,8 +417,36 @@ impl Httpd {
         self.cache
             .lock()
             .unwrap()
-            .insert(at.to_string(), Cached { page, len });
+            .insert(at.to_string(), Cached { page, len, when });
         Ok(())
+    }
+
+    /// Whether ramfs has published no change since `when` of what `stat`
+    /// depends on: the names, and the contents of the file it describes.
+    fn current(&self, when: &Changes, stat: &fs::Stat) -> bool {
+        let counters = [NAMES, stat.counter as usize];
+        self.fs.connection().unchanged(when, &counters)
+    }
+
+    /// Stats `path` in ramfs, or answers from a stat still current.
+    fn stat(&self, path: &str) -> Result<fs::Stat, CallError<fs::Error>> {
+        if let Some(k) = self.known.lock().unwrap().get(path) {
+            if self.current(&k.when, &k.stat) {
+                return Ok(k.stat.clone());
+            }
+        }
+        let when = self.fs.connection().changes();
+        let stat = self.fs.stat(path)?;
+        let mut known = self.known.lock().unwrap();
+        if known.len() >= KNOWN_MAX {
+            known.clear();
+        }
+        let k = Known {
+            stat: stat.clone(),
+            when,
+        };
+        known.insert(path.to_string(), k);
+        Ok(stat)
     }
 
     /// Queues an access log line; the first line of a batch wakes the
@@ -636,6 +689,7 @@ fn main() {
             let httpd = Arc::new(Httpd {
                 net: net::Client::connect(&rt)?,
                 fs: fsc,
+                known: Mutex::new(HashMap::new()),
                 cache_lock,
                 cache: Mutex::new(HashMap::new()),
                 mm,

@@ -7,6 +7,8 @@ use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
 use kintsugi_interfaces::fs::{self, Error, Stat};
+use kintsugi_interfaces::fs_changes::{FIRST_FILE, NAMES};
+use kintsugi_runtime::abi::channel::CHANGE_COUNTERS;
 use kintsugi_runtime::vault::{VaultOp, VaultRecord};
 use kintsugi_runtime::{Caller, Runtime};
 use serde::{Deserialize, Serialize};
@@ -35,6 +37,7 @@ struct Node {
 }
 
 struct OpenFile {
+    ino: u64,
     data: Arc<File>,
     offset: u64,
 }
@@ -51,6 +54,11 @@ struct State {
 pub struct RamFs {
     rt: Arc<Runtime>,
     state: Mutex<State>,
+}
+
+/// The change counter of file `ino`'s contents (`Stat::counter`).
+fn counter_of(ino: u64) -> usize {
+    FIRST_FILE + (ino % (CHANGE_COUNTERS - FIRST_FILE) as u64) as usize
 }
 
 fn io_err(e: std::io::Error) -> Error {
@@ -144,6 +152,12 @@ fn quarantine(rt: &Runtime, rec: VaultRecord, why: &str) {
 }
 
 impl RamFs {
+    /// Tells the clients that what `counter` counts has changed; after the
+    /// change, so that a stat taken before it is seen as stale.
+    fn changed(&self, counter: usize) {
+        self.rt.publish_change(fs::INFO.name, counter);
+    }
+
     /// Records a new node in the vault (with its memfd, for a file), then
     /// links it into the tree: a crash in between leaves it in the vault
     /// only, and the next incarnation links it.
@@ -233,9 +247,9 @@ const TRUNCATE: u32 = kintsugi_interfaces::fs_flags::TRUNCATE;
 impl fs::Server for RamFs {
     fn open(&self, caller: &Caller, path: &str, flags: u32) -> Result<u64, Error> {
         let mut st = self.state.lock().unwrap();
-        let data = match st.lookup(path) {
+        let (ino, data) = match st.lookup(path) {
             Ok(ino) => match &st.nodes[&ino].kind {
-                Kind::File(data) => data.clone(),
+                Kind::File(data) => (ino, data.clone()),
                 Kind::Dir(_) => return Err(Error::IsDir),
             },
             Err(Error::NotFound) if flags & CREATE != 0 => {
@@ -246,18 +260,25 @@ impl fs::Server for RamFs {
                 )
                 .map_err(|e| io_err(e.into()))?;
                 let data = Arc::new(File::from(memfd));
+                let ino = st.next_ino;
                 self.create(&mut st, parent, name, Kind::File(data.clone()))?;
-                data
+                self.changed(NAMES);
+                (ino, data)
             }
             Err(e) => return Err(e),
         };
         if flags & TRUNCATE != 0 {
             data.set_len(0).map_err(io_err)?;
+            self.changed(counter_of(ino));
         }
         let fd = st.next_fd;
         st.next_fd += 1;
-        st.open
-            .insert((caller.component, fd), OpenFile { data, offset: 0 });
+        let file = OpenFile {
+            ino,
+            data,
+            offset: 0,
+        };
+        st.open.insert((caller.component, fd), file);
         Ok(fd)
     }
 
@@ -284,12 +305,13 @@ impl fs::Server for RamFs {
     }
 
     fn write(&self, caller: &Caller, fd: u64, data: &[u8]) -> Result<u32, Error> {
-        let (file, offset) = {
+        let (file, offset, ino) = {
             let mut st = self.state.lock().unwrap();
             let f = st.open_file(caller, fd)?;
-            (f.data.clone(), f.offset)
+            (f.data.clone(), f.offset, f.ino)
         };
         file.write_all_at(data, offset).map_err(io_err)?;
+        self.changed(counter_of(ino));
         let mut st = self.state.lock().unwrap();
         st.open_file(caller, fd)?.offset = offset + data.len() as u64;
         Ok(data.len() as u32)
@@ -303,7 +325,10 @@ impl fs::Server for RamFs {
 
     fn truncate(&self, caller: &Caller, fd: u64, len: u64) -> Result<(), Error> {
         let mut st = self.state.lock().unwrap();
-        st.open_file(caller, fd)?.data.set_len(len).map_err(io_err)
+        let f = st.open_file(caller, fd)?;
+        f.data.set_len(len).map_err(io_err)?;
+        self.changed(counter_of(f.ino));
+        Ok(())
     }
 
     fn close(&self, caller: &Caller, fd: u64) -> Result<(), Error> {
@@ -321,10 +346,12 @@ impl fs::Server for RamFs {
             Kind::Dir(children) => Stat {
                 size: children.len() as u64,
                 is_dir: true,
+                counter: NAMES as u32,
             },
             Kind::File(data) => Stat {
                 size: data.metadata().map_err(io_err)?.len(),
                 is_dir: false,
+                counter: counter_of(ino) as u32,
             },
         })
     }
@@ -346,6 +373,7 @@ impl fs::Server for RamFs {
             .map_err(|e| io_err(std::io::Error::other(e)))?;
         let node = st.nodes.remove(&ino).expect("looked up");
         st.children_mut(node.parent).remove(&node.name);
+        self.changed(NAMES);
         Ok(())
     }
 
@@ -355,7 +383,9 @@ impl fs::Server for RamFs {
         if st.child(parent, name).is_some() {
             return Err(Error::Exists);
         }
-        self.create(&mut st, parent, name, Kind::Dir(BTreeMap::new()))
+        self.create(&mut st, parent, name, Kind::Dir(BTreeMap::new()))?;
+        self.changed(NAMES);
+        Ok(())
     }
 
     fn rename(&self, _caller: &Caller, from: &str, to: &str) -> Result<(), Error> {
@@ -409,6 +439,7 @@ impl fs::Server for RamFs {
         node.parent = to_parent;
         st.children_mut(old_parent).remove(&old_name);
         st.children_mut(to_parent).insert(to_name.to_string(), ino);
+        self.changed(NAMES);
         Ok(())
     }
 

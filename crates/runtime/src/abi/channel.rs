@@ -33,6 +33,8 @@ pub const MAX_PAYLOAD: usize = 64 * 1024;
 pub const BUFFER_SIZE: usize = MAX_PAYLOAD + 4096;
 /// Most slots an edge can have.
 pub const MAX_SLOTS: u32 = 64;
+/// Change counters in an edge's header ([`EdgeHeader::changes`]).
+pub const CHANGE_COUNTERS: usize = 64;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"kintsug1");
 const HEADER_SIZE: usize = 4096;
@@ -124,6 +126,13 @@ pub struct EdgeHeader {
     /// checkpoint of the client (a futex).
     pub client_hold: AtomicU32,
     _pad: AtomicU32,
+    /// Change counters the server publishes to its client, each raised
+    /// after a change of what some calls return (what each one counts is
+    /// the interface's to say). A client may keep a reply instead of
+    /// calling again while the counters it depends on and `epoch` stay the
+    /// same: a server that crashed between a change and its count comes
+    /// back with another epoch. See [`crate::client::Changes`].
+    pub changes: [AtomicU64; CHANGE_COUNTERS],
     /// The interface's function names by id, written by the first stub
     /// (server or client) to use the edge, so that the supervisor can name
     /// calls of interfaces it was not built with. Untrusted: read through

@@ -109,6 +109,13 @@ threads = 3
     let report = workload_report(&stdout);
     eprintln!("workload report: {report}");
     assert_eq!(report["errors"], 0, "the workload saw errors: {report}");
+    assert_eq!(report["corrupt"], 0, "ramfs answered wrongly: {report}");
+    // Each a stat after a change of the file's size, whose change counters
+    // (which httpd trusts to skip calls) must have moved.
+    assert!(
+        report["changes_checked"].as_u64().unwrap() > 0,
+        "change counters were checked: {report}"
+    );
     assert_eq!(
         report["threads"], 3,
         "three client threads, each on its own channel slot: {report}"
@@ -178,4 +185,62 @@ fn a_dead_clients_descriptors_are_released_by_its_server() {
     let report = workload_report(&stdout);
     assert_eq!(report["errors"], 0, "{report}");
     assert!(leftovers(&tag).is_empty());
+}
+
+/// ramfs publishes change counters that let a client keep a stat (httpd
+/// answers from them without calling): without crashes, whose new epochs
+/// would hide a missing count, every change of a file's size that a stat
+/// sees must have moved the file's counter (or, for a file created,
+/// unlinked or renamed, the names' counter).
+#[test]
+fn ramfs_counts_every_change_a_kept_stat_depends_on() {
+    let seed = seed("fs_changes");
+    let dir = scratch("fs-changes");
+    let system = write(
+        &dir,
+        "changes.toml",
+        &format!(
+            r#"
+[system]
+name = "fs-changes"
+
+[[component]]
+name = "ramfs"
+binary = "kintsugi-ramfs"
+provides = ["fs"]
+slots = 4
+
+[[component]]
+name = "workload"
+binary = "kintsugi-fs-workload"
+uses = ["fs"]
+[component.config]
+seed = {seed}
+files = 8
+dirs = 3
+max_write = 4096
+threads = 3
+ops = 20000
+"#
+        ),
+    );
+    let tag = unique_tag("fs-changes");
+    let out = run_system(&tag, &system)
+        .args(["--until-finished", "workload"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "kintsugi run failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let report = workload_report(&stdout);
+    eprintln!("workload report: {report}");
+    assert_eq!(report["errors"], 0, "the workload saw errors: {report}");
+    assert_eq!(report["corrupt"], 0, "a change went uncounted: {report}");
+    assert!(
+        report["changes_checked"].as_u64().unwrap() > 100,
+        "stats after changes were checked: {report}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

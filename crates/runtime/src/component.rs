@@ -201,7 +201,7 @@ impl Runtime {
     pub fn publish_change(&self, interface: &str, counter: usize) {
         for (p, mailbox) in self.boot.provides.iter().zip(&self.provided) {
             if p.interface == interface {
-                mailbox.edge().header().changes[counter].fetch_add(1, Ordering::Release);
+                mailbox.edge().publish_change(counter);
             }
         }
     }

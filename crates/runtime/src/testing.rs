@@ -111,6 +111,12 @@ impl Loopback {
         *current = Self::start(&self.edge, fresh, epoch);
     }
 
+    /// Raises a change counter, as the server would
+    /// ([`crate::Runtime::publish_change`]).
+    pub fn publish_change(&self, counter: usize) {
+        self.edge.publish_change(counter);
+    }
+
     /// The server's current epoch.
     pub fn epoch(&self) -> u64 {
         self.current.lock().unwrap().epoch

@@ -8,12 +8,39 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::{echo, EchoService, ECHO};
-use kintsugi_runtime::abi::channel::Edge;
+use kintsugi_runtime::abi::channel::{Edge, CHANGE_COUNTERS};
 use kintsugi_runtime::priority::{self, Priority};
 use kintsugi_runtime::server::SlotWorker;
 use kintsugi_runtime::stub::{Fault, ReplyStatus};
 use kintsugi_runtime::testing::Loopback;
 use kintsugi_runtime::Connection;
+
+/// A reply kept by a client stays current until the server publishes a
+/// change of a counter it depends on, or reboots.
+#[test]
+fn change_counters_tell_a_kept_reply_from_a_stale_one() {
+    let lb = Loopback::new(Arc::new(EchoService::default()));
+    let conn = lb.connection();
+    let then = conn.changes();
+    assert!(conn.unchanged(&then, &[0, 5]));
+    lb.publish_change(7);
+    assert!(conn.unchanged(&then, &[0, 5]), "another counter moved");
+    assert!(!conn.unchanged(&then, &[5, 7]), "counter 7 moved");
+    let then = conn.changes();
+    assert!(conn.unchanged(&then, &[5, 7]));
+    lb.reboot(Arc::new(EchoService::default()));
+    assert!(
+        !conn.unchanged(&then, &[5]),
+        "a reboot makes every reply stale"
+    );
+    let now = conn.changes();
+    assert!(
+        !conn.unchanged(&now, &[CHANGE_COUNTERS]),
+        "a counter that does not exist (a faulty reply) has always changed"
+    );
+    lb.publish_change(CHANGE_COUNTERS); // ignored
+    assert!(conn.unchanged(&now, &[0, CHANGE_COUNTERS - 1]));
+}
 
 #[test]
 fn loopback_round_trip_and_refusal() {

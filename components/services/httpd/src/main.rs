@@ -36,10 +36,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use kintsugi_interfaces::fs_changes::NAMES;
 use kintsugi_interfaces::lock_lease::{Leased, Leases};
 use kintsugi_interfaces::mm_map::Mapper;
 use kintsugi_interfaces::{evt, fs, fs_flags, lock, mm, net, timer};
-use kintsugi_interfaces::fs_changes::NAMES;
 use kintsugi_runtime::client::Changes;
 use kintsugi_runtime::{CallError, Incarnation, Runtime};
 use serde::Deserialize;

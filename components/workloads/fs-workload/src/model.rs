@@ -1,15 +1,24 @@
 //! The workload's operations and the model they are checked against.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use kintsugi_interfaces::fs::{self, Client, File};
+use kintsugi_interfaces::fs_changes::NAMES;
 use kintsugi_interfaces::fs_flags::CREATE;
+use kintsugi_runtime::client::Changes;
 use kintsugi_runtime::counters::Failures;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::Config;
+
+/// A stat's answer, with ramfs's change counters taken before it.
+struct Known {
+    size: u64,
+    counter: u32,
+    when: Changes,
+}
 
 struct Handle {
     path: String,
@@ -30,6 +39,9 @@ pub struct Report {
     pub verified_files: u64,
     pub verified_bytes: u64,
     pub descriptors_open_at_end: usize,
+    /// Stats of a file whose size had changed since its last stat: each
+    /// time, ramfs's change counters must have moved too.
+    pub changes_checked: u64,
 }
 
 pub struct Workload<'a> {
@@ -42,6 +54,10 @@ pub struct Workload<'a> {
     max_write: usize,
     max_open: usize,
     report: Report,
+    /// The last stat of each path.
+    known: HashMap<String, Known>,
+    /// Paths created, unlinked or renamed (from or to) since their last stat.
+    renamed: HashSet<String>,
 }
 
 impl<'a> Workload<'a> {
@@ -66,6 +82,8 @@ impl<'a> Workload<'a> {
             names,
             max_write: config.max_write.clamp(1, 65536),
             max_open: config.max_open.max(1),
+            known: HashMap::new(),
+            renamed: HashSet::new(),
             report: Report {
                 seed: config.seed,
                 ..Default::default()
@@ -116,6 +134,9 @@ impl<'a> Workload<'a> {
         let path = self.names[self.rng.gen_range(0..self.names.len())].clone();
         match self.fs.open(&path, CREATE) {
             Ok(fd) => {
+                if !self.files.contains_key(&path) {
+                    self.renamed.insert(path.clone());
+                }
                 self.files.entry(path.clone()).or_default();
                 self.open.push(Handle {
                     path,
@@ -220,8 +241,32 @@ impl<'a> Workload<'a> {
     fn stat(&mut self) {
         let Some(path) = self.pick_file() else { return };
         let size = self.files[&path].len() as u64;
+        let conn = self.fs.connection();
+        // A new file at the path moves the names' counter; new contents, the file's.
+        let renamed = self.renamed.remove(&path);
+        if let Some(k) = self.known.get(&path).filter(|k| k.size != size) {
+            self.report.changes_checked += 1;
+            let counter = if renamed { NAMES } else { k.counter as usize };
+            if conn.unchanged(&k.when, &[counter]) {
+                let was = k.size;
+                self.corrupt(format!(
+                    "stat {path}: its size went from {was} to {size}, but ramfs's change counters stayed"
+                ));
+            }
+        }
+        let when = conn.changes();
         match self.fs.stat(&path) {
-            Ok(s) if s.size == size && !s.is_dir => {}
+            Ok(s) if s.size == size && !s.is_dir => {
+                let counter = s.counter;
+                self.known.insert(
+                    path,
+                    Known {
+                        size,
+                        counter,
+                        when,
+                    },
+                );
+            }
             Ok(s) => self.corrupt(format!("stat {path}: {s:?}, expected size {size}")),
             Err(e) => self.fail(format!("stat {path}: {e}")),
         }
@@ -258,6 +303,7 @@ impl<'a> Workload<'a> {
         match self.fs.unlink(&path) {
             Ok(()) => {
                 self.files.remove(&path);
+                self.renamed.insert(path);
             }
             Err(e) => self.fail(format!("unlink {path}: {e}")),
         }
@@ -272,7 +318,8 @@ impl<'a> Workload<'a> {
         match self.fs.rename(&from, &to) {
             Ok(()) => {
                 let data = self.files.remove(&from).unwrap();
-                self.files.insert(to, data);
+                self.files.insert(to.clone(), data);
+                self.renamed.extend([from, to]);
             }
             Err(e) => self.fail(format!("rename {from} -> {to}: {e}")),
         }
@@ -335,6 +382,7 @@ impl Report {
         self.bytes_read += other.bytes_read;
         self.verified_files += other.verified_files;
         self.verified_bytes += other.verified_bytes;
+        self.changes_checked += other.changes_checked;
     }
 }
 

@@ -3,7 +3,7 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `fs`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "fs",
-    hash: 0xf6fe707c39f958a0,
+    hash: 0x687bea3d3f2daa3c,
     functions: &[
         "open",
         "read",
@@ -39,17 +39,20 @@ kintsugi_runtime::interface_errors!(
 pub struct Stat {
     pub size: u64,
     pub is_dir: bool,
+    pub counter: u32,
 }
 impl Stat {
     fn encode(&self, w: &mut rt::Writer<'_>) -> rt::Result<(), rt::WireError> {
         w.u64(self.size)?;
         w.bool(self.is_dir)?;
+        w.u32(self.counter)?;
         rt::Ok(())
     }
     fn decode(r: &mut rt::Reader<'_>) -> rt::Result<Self, rt::WireError> {
         rt::Ok(Stat {
             size: r.u64()?,
             is_dir: r.bool()?,
+            counter: r.u32()?,
         })
     }
 }

@@ -351,6 +351,14 @@ impl Edge {
         in_flight
     }
 
+    /// Raises change counter `counter` (see [`EdgeHeader::changes`]); a
+    /// counter that does not exist is left alone.
+    pub fn publish_change(&self, counter: usize) {
+        if let Some(c) = self.header().changes.get(counter) {
+            c.fetch_add(1, Ordering::Release);
+        }
+    }
+
     /// A new incarnation with `epoch` serves this edge from `pid`.
     pub fn server_live(&self, epoch: u64, pid: u32) {
         let h = self.header();

@@ -13,7 +13,7 @@ use crate::events::{Event, Exit};
 use crate::managed::Phase;
 use crate::options::{StopReason, SupervisorError};
 use crate::policy::GiveUpReason;
-use crate::supervisor::Supervisor;
+use crate::supervisor::{Deferred, Supervisor};
 use crate::watch::Watch;
 
 impl Supervisor<'_> {
@@ -76,7 +76,11 @@ impl Supervisor<'_> {
                 failures,
                 delay,
             });
-            self.deferred.push((detected + delay, idx));
+            self.deferred.push(Deferred {
+                due: detected + delay,
+                detected,
+                idx,
+            });
             pending.into_iter().for_each(|e| self.emit(e));
         }
         self.restart_group_of(idx)

@@ -165,9 +165,8 @@ pub(crate) struct Supervisor<'a> {
     /// Each component's last restore after a failure, which decides how
     /// its next hang is answered.
     pub(crate) ladder: Ladder,
-    /// Restarts put off by the restart policy's backoff: when, and which
-    /// component.
-    pub(crate) deferred: Vec<(Instant, usize)>,
+    /// Restarts put off by the restart policy's backoff.
+    pub(crate) deferred: Vec<Deferred>,
     /// Components restarted together (`[[group]]`).
     pub(crate) groups: Vec<RestartGroup>,
     /// Relays what the components print.
@@ -512,7 +511,7 @@ impl<'a> Supervisor<'a> {
             if let Some(reason) = self.check_starting()? {
                 return Ok(reason);
             }
-            let due = self.deferred.iter().map(|(at, _)| *at).min();
+            let due = self.deferred.iter().map(|d| d.due).min();
             let beat = self.options.heartbeat.map(|h| Instant::now() + h);
             for due in [due, self.starting_wake(Instant::now()), beat]
                 .into_iter()
@@ -557,9 +556,11 @@ impl<'a> Supervisor<'a> {
 
     /// Restarts the components whose backoff delay is over at `now`.
     fn restart_due(&mut self, now: Instant) -> Result<Option<StopReason>, SupervisorError> {
-        while let Some(i) = self.deferred.iter().position(|(at, _)| *at <= now) {
-            let (at, idx) = self.deferred.swap_remove(i);
-            if let Some(reason) = self.restart(idx, Attempt::new(at, Vec::new()))? {
+        while let Some(i) = self.deferred.iter().position(|d| d.due <= now) {
+            let d = self.deferred.swap_remove(i);
+            // Timed from the death's detection, as every reboot: its
+            // clients waited out the delay too.
+            if let Some(reason) = self.restart(d.idx, Attempt::new(d.detected, Vec::new()))? {
                 return Ok(Some(reason));
             }
         }
@@ -877,4 +878,14 @@ impl<'a> Supervisor<'a> {
         exits.reverse();
         exits
     }
+}
+
+/// A restart put off by the restart policy's backoff.
+pub(crate) struct Deferred {
+    /// When it is due.
+    pub(crate) due: Instant,
+    /// When the death it answers was detected.
+    pub(crate) detected: Instant,
+    /// The component.
+    pub(crate) idx: usize,
 }

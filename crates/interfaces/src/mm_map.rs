@@ -10,15 +10,17 @@
 //! mm being alive: they outlive its crashes untouched.
 //!
 //! The bytes are read and written through the mapper while the table is
-//! locked, so an unmap never races an access: a page revoked meanwhile is
-//! simply no longer mapped ([`MapError::NotMapped`]). Only [`Mapper::map`]
+//! locked for reading (threads copy at once; a whole word at a time, with
+//! volatile accesses, since mm's other holders share the bytes), so an
+//! unmap, which locks it for writing, never races an access: a page revoked
+//! meanwhile is simply no longer mapped ([`MapError::NotMapped`]). Only [`Mapper::map`]
 //! holds the table across a call to mm (`locate`), so that an `UNMAP` of
 //! the page it maps waits until the mapping is in the table, then drops it;
 //! mm serves `locate` while its revoke waits for that `UNMAP`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use kintsugi_runtime::abi::shm::{Mapping, Region};
 use kintsugi_runtime::{upcall, CallError};
@@ -85,11 +87,17 @@ impl Table {
 pub struct Mapper<'c> {
     client: &'c mm::Client,
     pool: Arc<Region>,
-    table: Arc<Mutex<Table>>,
+    table: Arc<RwLock<Table>>,
 }
 
-fn lock(table: &Mutex<Table>) -> MutexGuard<'_, Table> {
-    table.lock().unwrap_or_else(|e| e.into_inner())
+/// The table, to change it: no read or write of a page meanwhile.
+fn lock(table: &RwLock<Table>) -> RwLockWriteGuard<'_, Table> {
+    table.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The table, to use its mappings: others may too, none is unmapped meanwhile.
+fn shared(table: &RwLock<Table>) -> RwLockReadGuard<'_, Table> {
+    table.read().unwrap_or_else(|e| e.into_inner())
 }
 
 impl<'c> Mapper<'c> {
@@ -98,7 +106,7 @@ impl<'c> Mapper<'c> {
     /// connection unmap what it mapped. One mapper per connection: a second
     /// would take over the upcalls.
     pub fn new(client: &'c mm::Client, pool: Arc<Region>) -> Self {
-        let table: Arc<Mutex<Table>> = Arc::default();
+        let table: Arc<RwLock<Table>> = Arc::default();
         let handler = table.clone();
         client.connection().on_upcall(
             upcall::UNMAP,
@@ -145,17 +153,17 @@ impl<'c> Mapper<'c> {
 
     /// True while `page` is mapped in this process.
     pub fn is_mapped(&self, page: Page) -> bool {
-        lock(&self.table).by_page.contains_key(&page.0)
+        shared(&self.table).by_page.contains_key(&page.0)
     }
 
     /// Mappings that `UNMAP` upcalls have dropped so far.
     pub fn unmapped_by_upcall(&self) -> u64 {
-        lock(&self.table).unmapped
+        shared(&self.table).unmapped
     }
 
     /// Runs `f` on the mapping of `page`, which stays mapped meanwhile.
     fn with<T>(&self, page: Page, f: impl FnOnce(&Mapping) -> T) -> Result<T, MapError> {
-        let table = lock(&self.table);
+        let table = shared(&self.table);
         let k = table
             .by_page
             .get(&page.0)
@@ -179,9 +187,7 @@ impl<'c> Mapper<'c> {
     pub fn write(&self, page: Page, at: usize, data: &[u8]) -> Result<(), MapError> {
         self.with(page, |m| {
             Self::check(page, m, at, data.len())?;
-            for (dst, &b) in m.bytes(at, data.len()).iter().zip(data) {
-                dst.store(b, Ordering::Relaxed);
-            }
+            m.copy_in(at, data);
             Ok(())
         })?
     }
@@ -190,10 +196,7 @@ impl<'c> Mapper<'c> {
     pub fn read(&self, page: Page, at: usize, buf: &mut [u8]) -> Result<(), MapError> {
         self.with(page, |m| {
             Self::check(page, m, at, buf.len())?;
-            let len = buf.len();
-            for (dst, src) in buf.iter_mut().zip(m.bytes(at, len)) {
-                *dst = src.load(Ordering::Relaxed);
-            }
+            m.copy_out(at, buf);
             Ok(())
         })?
     }

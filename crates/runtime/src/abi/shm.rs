@@ -167,8 +167,8 @@ impl Mapping {
     }
 }
 
-impl Region {
-    /// Copies `dst.len()` bytes at `offset` out of the region with volatile
+impl Mapping {
+    /// Copies `dst.len()` bytes at `offset` out of the mapping with volatile
     /// reads. Bytes that a peer process may be writing (a faulty peer, out
     /// of turn) are read this way, never through a Rust reference: what it
     /// writes meanwhile lands as garbage in `dst` (which the stubs then
@@ -178,7 +178,7 @@ impl Region {
             offset + dst.len() <= self.len(),
             "shared bytes out of bounds"
         );
-        let src = self.map.as_ptr().wrapping_add(offset);
+        let src = self.as_ptr().wrapping_add(offset);
         let head = src.align_offset(8).min(dst.len());
         let words = (dst.len() - head) / 8;
         for (i, b) in dst[..head].iter_mut().enumerate() {
@@ -198,7 +198,7 @@ impl Region {
         }
     }
 
-    /// Copies `src` into the region at `offset` with volatile writes: for
+    /// Copies `src` into the mapping at `offset` with volatile writes: for
     /// bytes a peer may read at any time (a request log that the next
     /// incarnation replays), written without a Rust reference to them.
     pub fn copy_in(&self, offset: usize, src: &[u8]) {
@@ -206,7 +206,7 @@ impl Region {
             offset + src.len() <= self.len(),
             "shared bytes out of bounds"
         );
-        let dst = self.map.as_ptr().wrapping_add(offset);
+        let dst = self.as_ptr().wrapping_add(offset);
         let head = dst.align_offset(8).min(src.len());
         let words = (src.len() - head) / 8;
         for (i, b) in src[..head].iter().enumerate() {

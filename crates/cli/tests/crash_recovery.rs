@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
+
 use common::*;
 
 #[test]
@@ -40,37 +42,42 @@ fn eager_ramfs_survives_hundreds_of_kills_with_no_error_and_no_lost_byte() {
 
 /// Kills ramfs (`recovery` mode) `kills` times under a three-thread
 /// workload and checks every outcome; returns the event log.
-fn ramfs_under_kills(recovery: &str, kills: usize) -> String {
-    let seed = seed("crash_recovery");
-    let dir = scratch("crash");
-    let system = write(
-        &dir,
-        "crash.toml",
-        &format!(
-            r#"
+/// ramfs (four slots, with `ramfs` added to its table) and fs-workload of
+/// three threads on 3 × 8 files (with `workload` added to its config).
+fn fs_system(dir: &Path, ramfs: &str, workload: &str) -> PathBuf {
+    let toml = format!(
+        r#"
 [system]
-name = "crash-test"
+name = "fs-test"
 
 [[component]]
 name = "ramfs"
 binary = "kintsugi-ramfs"
 provides = ["fs"]
-recovery = "{recovery}"
 slots = 4
-restart = {{ max = 100000, window_ms = 1000 }}
+{ramfs}
 
 [[component]]
 name = "workload"
 binary = "kintsugi-fs-workload"
 uses = ["fs"]
 [component.config]
-seed = {seed}
 files = 8
 dirs = 3
-max_write = 65536
 threads = 3
+{workload}
 "#
-        ),
+    );
+    write(dir, "fs.toml", &toml)
+}
+
+fn ramfs_under_kills(recovery: &str, kills: usize) -> String {
+    let seed = seed("crash_recovery");
+    let dir = scratch("crash");
+    let system = fs_system(
+        &dir,
+        &format!("recovery = \"{recovery}\"\nrestart = {{ max = 100000, window_ms = 1000 }}"),
+        &format!("seed = {seed}\nmax_write = 65536"),
     );
     let tag = unique_tag("crash");
     let out = run_system(&tag, &system)
@@ -192,33 +199,10 @@ fn a_dead_clients_descriptors_are_released_by_its_server() {
 fn ramfs_counts_every_change_a_kept_stat_depends_on() {
     let seed = seed("fs_changes");
     let dir = scratch("fs-changes");
-    let system = write(
+    let system = fs_system(
         &dir,
-        "changes.toml",
-        &format!(
-            r#"
-[system]
-name = "fs-changes"
-
-[[component]]
-name = "ramfs"
-binary = "kintsugi-ramfs"
-provides = ["fs"]
-slots = 4
-
-[[component]]
-name = "workload"
-binary = "kintsugi-fs-workload"
-uses = ["fs"]
-[component.config]
-seed = {seed}
-files = 8
-dirs = 3
-max_write = 4096
-threads = 3
-ops = 20000
-"#
-        ),
+        "",
+        &format!("seed = {seed}\nmax_write = 4096\nops = 20000"),
     );
     let tag = unique_tag("fs-changes");
     let out = run_system(&tag, &system)

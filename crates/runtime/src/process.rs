@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use rustix::process::{Resource, Rlimit, Signal};
 
@@ -29,8 +30,17 @@ pub fn fork_child(body: impl FnOnce()) -> std::io::Result<u32> {
     }
 }
 
+/// How long a fork waits for threads that are leaving (an upcall thread
+/// whose connection was just dropped is told to leave, not joined).
+const LEAVING: Duration = Duration::from_secs(1);
+
 fn fork_with(flags: libc::c_ulong) -> std::io::Result<Option<u32>> {
-    let threads = thread_count()?;
+    let deadline = Instant::now() + LEAVING;
+    let mut threads = thread_count()?;
+    while threads != 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+        threads = thread_count()?;
+    }
     if threads != 1 {
         return Err(std::io::Error::other(format!(
             "a process must be single-threaded to fork, but this one has {threads} threads"

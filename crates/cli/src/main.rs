@@ -21,8 +21,10 @@ use clap::{Parser, Subcommand};
     about = "A self-healing component runtime for Linux"
 )]
 struct Cli {
-    /// Log lines (stderr) as text or as JSON objects, one a line; the
-    /// components started inherit it (as KINTSUGI_LOG_FORMAT).
+    /// Log lines (stderr) as text, as JSON objects one a line, or as
+    /// entries in systemd's journal with their fields (the default where
+    /// JOURNAL_STREAM names stderr, as under systemd); the components
+    /// started inherit it (as KINTSUGI_LOG_FORMAT).
     #[arg(long, global = true, value_enum)]
     log_format: Option<LogFormat>,
     /// Colour in log lines: on a terminal only (and without NO_COLOR),
@@ -38,6 +40,7 @@ struct Cli {
 enum LogFormat {
     Text,
     Json,
+    Journal,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -95,13 +98,68 @@ enum Command {
     },
 }
 
+/// Sets up this process's logs as `KINTSUGI_LOG_FORMAT` says: to stderr
+/// (stdout carries the event log, tables and JSON) as text, in colour as
+/// `--color` says, or as JSON lines; or to systemd's journal, through
+/// `tracing-journald`, with their fields. A journal that cannot be reached
+/// is an error if `--log-format journal` asked for it, else (found through
+/// `JOURNAL_STREAM`) text is used instead.
+fn init_logs(explicit: bool) -> Result<(), std::process::ExitCode> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("KINTSUGI_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    let format = std::env::var("KINTSUGI_LOG_FORMAT").unwrap_or_default();
+    if format == "journal" {
+        match tracing_journald::layer() {
+            Ok(layer) => {
+                let layer = layer
+                    .with_field_prefix(None)
+                    .with_syslog_identifier("kintsugi".into());
+                tracing_subscriber::registry()
+                    .with(filter())
+                    .with(layer)
+                    .init();
+                return Ok(());
+            }
+            Err(e) if explicit => {
+                eprintln!(
+                    "kintsugi: --log-format journal: no journal at {}: {e}",
+                    kintsugi_supervisor::journald::SOCKET
+                );
+                return Err(std::process::ExitCode::from(2));
+            }
+            Err(_) => std::env::set_var("KINTSUGI_LOG_FORMAT", "text"),
+        }
+    }
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter())
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    if kintsugi_runtime::logging::json_requested() {
+        // One JSON object per line, with its wall-clock time.
+        logs.json().init();
+    } else {
+        logs.with_ansi(kintsugi_runtime::logging::ansi_wanted())
+            .without_time()
+            .init();
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // Set before any thread starts; components inherit the environment.
-    if let Some(format) = cli.log_format {
+    let format = cli.log_format.or_else(|| {
+        kintsugi_supervisor::journald::stderr_is_journal().then_some(LogFormat::Journal)
+    });
+    if let Some(format) = format {
         let value = match format {
             LogFormat::Text => "text",
             LogFormat::Json => "json",
+            LogFormat::Journal => "journal",
         };
         std::env::set_var("KINTSUGI_LOG_FORMAT", value);
     }
@@ -113,22 +171,8 @@ fn main() -> std::process::ExitCode {
         };
         std::env::set_var("KINTSUGI_COLOR", value);
     }
-    let filter = tracing_subscriber::EnvFilter::try_from_env("KINTSUGI_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Logs go to stderr (stdout carries the event log, tables and JSON),
-    // in colour as --color says, or as JSON lines with --log-format json
-    // (both passed on to the components through the environment).
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false);
-    if kintsugi_runtime::logging::json_requested() {
-        // One JSON object per line, with its wall-clock time.
-        logs.json().init();
-    } else {
-        logs.with_ansi(kintsugi_runtime::logging::ansi_wanted())
-            .without_time()
-            .init();
+    if let Err(code) = init_logs(cli.log_format.is_some()) {
+        return code;
     }
     let result = match cli.command {
         Command::Demo(args) => run::demo(args),

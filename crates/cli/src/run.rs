@@ -2,10 +2,12 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use kintsugi_supervisor::journald::{self, Journal};
 use kintsugi_supervisor::stats::Summary;
 use kintsugi_supervisor::{parse_signal, ChaosPlan, Event, Options};
 
@@ -194,12 +196,19 @@ struct Log {
     /// Set once stdout is gone (a reader such as `head` closed the pipe):
     /// the system runs on, and the log is no longer written.
     closed: bool,
+    /// With the logs in systemd's journal, events (with their fields) and
+    /// the summary go there as entries, not to stdout.
+    journal: Option<Arc<Journal>>,
 }
 
 impl Log {
     /// Writes one line to stdout, unless it is gone: a closed pipe must not
     /// take the supervisor, and with it every component, down.
     fn line(&mut self, text: &str) {
+        if let Some(j) = &self.journal {
+            let _ = j.send(&journald::Entry::new(journald::Priority::Notice, text));
+            return;
+        }
         if self.closed {
             return;
         }
@@ -210,7 +219,18 @@ impl Log {
         }
     }
 
-    fn new(quiet: bool, format: EventFormat) -> Self {
+    /// A line about one component: in the journal, with its `COMPONENT`.
+    fn component_line(&mut self, component: &str, text: &str) {
+        match &self.journal {
+            Some(j) => {
+                let mut entry = journald::Entry::new(journald::Priority::Notice, text);
+                let _ = j.send(entry.field("COMPONENT", component));
+            }
+            None => self.line(text),
+        }
+    }
+
+    fn new(quiet: bool, format: EventFormat, journal: Option<Arc<Journal>>) -> Self {
         Self {
             start: Instant::now(),
             quiet,
@@ -219,6 +239,7 @@ impl Log {
             injected: 0,
             injected_busy: 0,
             closed: false,
+            journal,
         }
     }
 
@@ -240,6 +261,10 @@ impl Log {
                 | Event::EagerRecovery { .. }
         );
         if self.quiet && routine {
+            return;
+        }
+        if let Some(j) = &self.journal {
+            let _ = j.send(&journald::event_entry(e));
             return;
         }
         let t = self.start.elapsed();
@@ -284,7 +309,8 @@ fn execute(
     format: EventFormat,
     metrics: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<bool> {
-    let mut log = Log::new(quiet, format);
+    let journal = journal()?;
+    let mut log = Log::new(quiet, format, journal.clone());
     // Publish the roster for `kintsugi inject` (and other observers).
     let roster = options.roster.clone().unwrap_or_default();
     let options = Options {
@@ -292,6 +318,7 @@ fn execute(
         checkpoint_dir: Some(
             crate::roster::private_dir()?.join(format!("{}.checkpoints", system.name)),
         ),
+        journal,
         ..options
     };
     let publisher = crate::roster::Publisher::start(system, roster.clone())?;
@@ -321,9 +348,20 @@ fn execute(
     drop(publisher);
     log.summary();
     for (name, exit) in &report.exits {
-        log.line(&format!("{name}: last incarnation ended with {exit}"));
+        log.component_line(name, &format!("{name}: last incarnation ended with {exit}"));
     }
     Ok(report.success())
+}
+
+/// A connection to systemd's journal if the logs go there
+/// (`--log-format journal`, or found through `JOURNAL_STREAM`).
+fn journal() -> anyhow::Result<Option<Arc<Journal>>> {
+    if std::env::var("KINTSUGI_LOG_FORMAT").as_deref() != Ok("journal") {
+        return Ok(None);
+    }
+    let journal =
+        Journal::connect().with_context(|| format!("no journal at {}", journald::SOCKET))?;
+    Ok(Some(Arc::new(journal)))
 }
 
 fn parse_restore(s: &str) -> Result<(String, PathBuf), String> {

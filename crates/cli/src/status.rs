@@ -56,7 +56,7 @@ impl SystemStatus {
             .into_iter()
             .map(|m| {
                 let h = &m.health;
-                let (p50, p99) = (h.reboot_percentile(50.0), h.reboot_percentile(99.0));
+                let reboots = h.reboots();
                 let vault = roster.vault_use(&m.name);
                 ComponentStatus {
                     vault_records: vault.records,
@@ -73,9 +73,9 @@ impl SystemStatus {
                         "" => exit.to_string(),
                         why => format!("{exit} ({why})"),
                     }),
-                    reboot_p50_us: p50.map(|(v, _)| v),
-                    reboot_p99_us: p99.map(|(v, _)| v),
-                    reboots_sampled: p50.map_or(0, |(_, n)| n),
+                    reboot_p50_us: reboots.map(|r| r.p50.round() as u64),
+                    reboot_p99_us: reboots.map(|r| r.p99.round() as u64),
+                    reboots_sampled: reboots.map_or(0, |r| r.n),
                     recovered: h.recovered,
                     hangs: h.hangs,
                     gave_up: h.gave_up.clone(),

@@ -563,3 +563,111 @@ fn color_is_chosen_once_for_the_supervisor_and_its_components() {
     let plain = run(None);
     assert!(!plain.contains('\u{1b}'), "{plain}");
 }
+
+/// Runs `command` in a mount namespace of its own with a real
+/// `systemd-journald` listening at the usual sockets (on tmpfs there, so
+/// the machine's journal is untouched), its stderr the file `$ERRFILE` and
+/// `JOURNAL_STREAM` naming that file as systemd names a service's stream;
+/// prints what journald stored for `-t kintsugi` as JSON lines.
+const UNDER_JOURNALD: &str = r#"
+set -eu
+mount --make-rprivate /
+mkdir -p /run/systemd /run/log
+mount -t tmpfs tmpfs /run/systemd
+mount -t tmpfs tmpfs /run/log
+if [ -d /var/log/journal ]; then mount -t tmpfs tmpfs /var/log/journal; fi
+mkdir -p /run/systemd/journal
+/lib/systemd/systemd-journald &
+journald=$!
+for _ in $(seq 200); do [ -S /run/systemd/journal/socket ] && break; sleep 0.05; done
+exec 3>&2 2>"$ERRFILE"
+export JOURNAL_STREAM="$(stat -c '%d:%i' "$ERRFILE")"
+rc=0
+"$@" >"$OUTFILE" || rc=$?
+exec 2>&3
+unset JOURNAL_STREAM
+journalctl --sync 2>/dev/null || sleep 1
+journalctl -o json --no-pager -t kintsugi
+kill "$journald"
+wait "$journald" || true
+exit "$rc"
+"#;
+
+#[test]
+fn under_systemd_logs_and_events_are_journal_entries_with_their_fields() {
+    let journald = Path::new("/lib/systemd/systemd-journald");
+    assert!(
+        journald.exists() && rustix::process::geteuid().is_root(),
+        "this test runs a real journald (package systemd) in a mount namespace, as root"
+    );
+    let tag = unique_tag("journal");
+    let dir = scratch("journal");
+    let system = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../systems/demo.toml");
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "bash", "-c", UNDER_JOURNALD, "bash"])
+        .arg(env!("CARGO_BIN_EXE_kintsugi"))
+        .args(["run", "--duration", "1", "--kill", "ramfs", "--kills", "1"])
+        .args(["--kill-every", "200..300", "--seed", "9"])
+        .arg(&system)
+        .env("KINTSUGI_TEST_TAG", &tag)
+        .env("KINTSUGI_LOG", "info")
+        .env("XDG_RUNTIME_DIR", &dir)
+        .env("ERRFILE", dir.join("stderr"))
+        .env("OUTFILE", dir.join("stdout"))
+        .output()
+        .unwrap();
+    let (journal, err) = text(&out);
+    let stderr = std::fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+    assert!(out.status.success(), "{err}\n{stderr}\n{journal}");
+    // Found through JOURNAL_STREAM: nothing was logged to stderr itself.
+    assert!(!stderr.contains("roster published"), "{stderr}");
+    let entries: Vec<Value> = json_lines(&journal);
+    let field = |e: &Value, name: &str| e[name].as_str().map(str::to_string);
+    let find = |what: &str, pred: &dyn Fn(&Value) -> bool| {
+        entries
+            .iter()
+            .find(|e| pred(e))
+            .unwrap_or_else(|| panic!("no entry {what} in {journal}"))
+            .clone()
+    };
+    // The supervisor's own log lines, through tracing-journald.
+    let own = find("roster published", &|e| {
+        field(e, "MESSAGE").is_some_and(|m| m.starts_with("roster published"))
+    });
+    assert_eq!(field(&own, "PRIORITY").as_deref(), Some("5"));
+    assert!(field(&own, "CODE_FILE").is_some_and(|f| f.ends_with("run.rs")));
+    // Events, with their kind and their own fields.
+    let started = find("workload started", &|e| {
+        field(e, "EVENT").as_deref() == Some("started")
+            && field(e, "COMPONENT").as_deref() == Some("workload")
+    });
+    let pid: u32 = field(&started, "COMPONENT_PID").unwrap().parse().unwrap();
+    let crashed = find("ramfs crashed", &|e| {
+        field(e, "EVENT").as_deref() == Some("crashed")
+            && field(e, "COMPONENT").as_deref() == Some("ramfs")
+    });
+    assert_eq!(field(&crashed, "PRIORITY").as_deref(), Some("4"));
+    assert_eq!(field(&crashed, "EXIT_SIGNAL").as_deref(), Some("9"));
+    let rebooted = find("ramfs rebooted", &|e| {
+        field(e, "EVENT").as_deref() == Some("rebooted")
+    });
+    assert_eq!(field(&rebooted, "EPOCH").as_deref(), Some("2"));
+    let took: u64 = field(&rebooted, "TOOK_US").unwrap().parse().unwrap();
+    assert!(took > 0);
+    assert!(field(&rebooted, "MESSAGE").is_some_and(|m| m.contains(&format!("{took} µs"))));
+    // A component's own log line, relayed with its name, pid, epoch and
+    // fields.
+    let line = find("the workload's start line", &|e| {
+        field(e, "MESSAGE").as_deref() == Some("fs-workload starting")
+    });
+    assert_eq!(field(&line, "COMPONENT").as_deref(), Some("workload"));
+    assert_eq!(field(&line, "COMPONENT_PID"), Some(pid.to_string()));
+    assert_eq!(field(&line, "EPOCH").as_deref(), Some("1"));
+    assert_eq!(field(&line, "SEED").as_deref(), Some("42"));
+    assert_eq!(field(&line, "PRIORITY").as_deref(), Some("5"));
+    // stdout (the workload's report) is data, and stays on stdout.
+    let stdout = std::fs::read_to_string(dir.join("stdout")).unwrap();
+    let report = workload_report(&stdout);
+    assert_eq!(report["errors"], 0, "{stdout}");
+    assert!(leftovers(&tag).is_empty());
+}

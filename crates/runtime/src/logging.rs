@@ -15,9 +15,11 @@ use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
-/// Whether logs are to be JSON lines (`KINTSUGI_LOG_FORMAT=json`).
+/// Whether a component's logs are to be JSON lines: with
+/// `KINTSUGI_LOG_FORMAT=json`, and with `journal`, where the supervisor
+/// turns each line into a journal entry with its fields.
 pub fn json_requested() -> bool {
-    std::env::var("KINTSUGI_LOG_FORMAT").is_ok_and(|v| v == "json")
+    std::env::var("KINTSUGI_LOG_FORMAT").is_ok_and(|v| v == "json" || v == "journal")
 }
 
 /// Whether log lines get ANSI colours: `KINTSUGI_COLOR=always` or

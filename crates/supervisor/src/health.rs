@@ -125,16 +125,10 @@ impl Health {
         self.since.elapsed()
     }
 
-    /// The `p`-th percentile (0–100) of the kept reboot times, in µs, and
-    /// how many there are.
-    pub fn reboot_percentile(&self, p: f64) -> Option<(u64, usize)> {
-        let mut v: Vec<u64> = self.reboot_us.iter().copied().collect();
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_unstable();
-        let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
-        Some((v[rank.clamp(1, v.len()) - 1], v.len()))
+    /// Percentiles of the kept reboot times, in µs, with their count.
+    pub fn reboots(&self) -> Option<crate::stats::Summary> {
+        let v: Vec<f64> = self.reboot_us.iter().map(|&us| us as f64).collect();
+        crate::stats::Summary::of(&v)
     }
 }
 
@@ -191,8 +185,8 @@ mod tests {
             h.last_exit,
             Some((Exit::Signal(9), "during fs.read".into()))
         );
-        assert_eq!(h.reboot_percentile(50.0), Some((200, 3)));
-        assert_eq!(h.reboot_percentile(99.0), Some((300, 3)));
-        assert_eq!(Health::default().reboot_percentile(50.0), None);
+        let r = h.reboots().unwrap();
+        assert_eq!((r.p50.round(), r.p99.round(), r.n), (200.0, 300.0, 3));
+        assert!(Health::default().reboots().is_none());
     }
 }

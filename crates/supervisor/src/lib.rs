@@ -11,6 +11,7 @@ mod chaos;
 mod checkpoints;
 pub mod events;
 pub mod health;
+pub mod journald;
 mod ladder;
 mod managed;
 mod options;

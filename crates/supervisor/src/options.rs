@@ -10,6 +10,7 @@ use kintsugi_runtime::stub::InterfaceInfo;
 use thiserror::Error;
 
 use crate::events::Exit;
+use crate::journald::Journal;
 use crate::roster::Roster;
 use crate::sockets::Activated;
 
@@ -76,6 +77,9 @@ pub struct Options {
     /// Sockets a service manager passed (socket activation), for the
     /// components whose `sockets` name them.
     pub sockets: Activated,
+    /// Where components' log lines go as entries, if the logs go to
+    /// systemd's journal (`--log-format journal`); else to stderr.
+    pub journal: Option<Arc<Journal>>,
 }
 
 impl Default for Options {
@@ -94,6 +98,7 @@ impl Default for Options {
             restores: Vec::new(),
             heartbeat: None,
             sockets: Activated::default(),
+            journal: None,
         }
     }
 }

@@ -7,7 +7,9 @@
 //! stderr stay in the roster, for `kintsugi status`. A component no longer
 //! writes to whatever the supervisor's output is: when that goes away (a
 //! reader that closed the pipe), its lines are dropped, and it does not
-//! die of `EPIPE`.
+//! die of `EPIPE`. With the supervisor's logs in the journal, each
+//! stderr line (a JSON log line then) becomes a journal entry with the
+//! component's fields instead (`journald.rs`).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -17,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use rustix::event::epoll;
 use rustix::pipe::{pipe_with, PipeFlags};
 
+use crate::journald::{self, Journal};
 use crate::roster::Roster;
 
 /// The longest line relayed whole; longer ones are cut there.
@@ -56,7 +59,7 @@ pub(crate) struct Relay {
 const STOP: u64 = u64::MAX;
 
 impl Relay {
-    pub fn start(roster: Arc<Roster>) -> std::io::Result<Self> {
+    pub fn start(roster: Arc<Roster>, journal: Option<Arc<Journal>>) -> std::io::Result<Self> {
         let epoll = Arc::new(epoll::create(epoll::CreateFlags::CLOEXEC)?);
         let (stop_r, stop) = pipe_with(PipeFlags::CLOEXEC)?;
         epoll::add(
@@ -70,7 +73,13 @@ impl Relay {
             let (epoll, readers) = (epoll.clone(), readers.clone());
             std::thread::Builder::new()
                 .name("output".into())
-                .spawn(move || relay(&epoll, &readers, &roster, stop_r))?
+                .spawn(move || {
+                    let out = Out {
+                        roster: &roster,
+                        journal: journal.as_deref(),
+                    };
+                    relay(&epoll, &readers, out, stop_r)
+                })?
         };
         Ok(Self {
             epoll,
@@ -124,8 +133,17 @@ impl Drop for Relay {
     }
 }
 
+/// Where relayed lines go.
+#[derive(Clone, Copy)]
+struct Out<'a> {
+    /// Keeps each component's last stderr lines.
+    roster: &'a Roster,
+    /// Takes stderr lines as entries, if the logs go to the journal.
+    journal: Option<&'a Journal>,
+}
+
 /// The relay thread: lines as they come, then, once stopped, what is left.
-fn relay(epoll: &OwnedFd, readers: &Mutex<Vec<Reader>>, roster: &Roster, _stop: OwnedFd) {
+fn relay(epoll: &OwnedFd, readers: &Mutex<Vec<Reader>>, out: Out<'_>, _stop: OwnedFd) {
     let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 16];
     loop {
         let Ok((events, _)) = epoll::wait(epoll, &mut buf, None) else {
@@ -138,17 +156,17 @@ fn relay(epoll: &OwnedFd, readers: &Mutex<Vec<Reader>>, roster: &Roster, _stop: 
                 STOP => stopping = true,
                 i => {
                     if let Some(r) = readers.get_mut(i as usize) {
-                        drain(r, roster);
+                        drain(r, out);
                     }
                 }
             }
         }
         if stopping {
             for r in readers.iter_mut() {
-                drain(r, roster);
+                drain(r, out);
                 if !r.partial.is_empty() {
                     let line = std::mem::take(&mut r.partial);
-                    emit(r, &line, roster);
+                    emit(r, &line, out);
                 }
             }
             return;
@@ -157,7 +175,7 @@ fn relay(epoll: &OwnedFd, readers: &Mutex<Vec<Reader>>, roster: &Roster, _stop: 
 }
 
 /// Reads what `r`'s pipe holds, relaying each whole line.
-fn drain(r: &mut Reader, roster: &Roster) {
+fn drain(r: &mut Reader, out: Out<'_>) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         let n = match rustix::io::read(&r.fd, &mut buf) {
@@ -169,35 +187,43 @@ fn drain(r: &mut Reader, roster: &Roster) {
             let rest = r.partial.split_off(at + 1);
             let mut line = std::mem::replace(&mut r.partial, rest);
             line.pop();
-            emit(r, &line, roster);
+            emit(r, &line, out);
         }
         if r.partial.len() > MAX_LINE {
             let line = std::mem::take(&mut r.partial);
-            emit(r, &line, roster);
+            emit(r, &line, out);
         }
     }
 }
 
 /// Writes one line to the supervisor's own stream (dropped if that is
-/// gone), and keeps a stderr line in the roster.
-fn emit(r: &Reader, line: &[u8], roster: &Roster) {
+/// gone) or a stderr line to the journal, and keeps a stderr line in the
+/// roster.
+fn emit(r: &Reader, line: &[u8], out: Out<'_>) {
     let text = String::from_utf8_lossy(line);
     let text = text.trim_end_matches('\r');
+    if let (Some(j), Stream::Stderr) = (out.journal, r.stream) {
+        let _ = j.send(&journald::line_entry(&r.component, text));
+        if !text.trim().is_empty() {
+            out.roster.note_line(&r.component, text);
+        }
+        return;
+    }
     let named = r.stream == Stream::Stdout
         || text.starts_with('{')
         || text
             .strip_prefix(r.component.as_str())
             .is_some_and(|rest| rest.starts_with(':'));
-    let out = match named {
+    let line = match named {
         true => format!("{text}\n"),
         false => format!("{}: {text}\n", r.component),
     };
     let _ = match r.stream {
-        Stream::Stdout => std::io::stdout().lock().write_all(out.as_bytes()),
-        Stream::Stderr => std::io::stderr().lock().write_all(out.as_bytes()),
+        Stream::Stdout => std::io::stdout().lock().write_all(line.as_bytes()),
+        Stream::Stderr => std::io::stderr().lock().write_all(line.as_bytes()),
     };
     if r.stream == Stream::Stderr && !text.trim().is_empty() {
-        roster.note_line(&r.component, out.trim_end());
+        out.roster.note_line(&r.component, line.trim_end());
     }
 }
 

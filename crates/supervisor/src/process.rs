@@ -240,6 +240,8 @@ pub fn spawn_component(
         "LISTEN_FDS",
         "LISTEN_PID",
         "LISTEN_FDNAMES",
+        // Its stderr is a pipe to the supervisor, not the journal's stream.
+        "JOURNAL_STREAM",
     ] {
         cmd.env_remove(var);
     }

@@ -671,3 +671,64 @@ fn under_systemd_logs_and_events_are_journal_entries_with_their_fields() {
     assert_eq!(report["errors"], 0, "{stdout}");
     assert!(leftovers(&tag).is_empty());
 }
+
+#[test]
+fn a_second_interrupt_while_stopping_kills_the_rest_at_once_and_says_so() {
+    let tag = unique_tag("hurry");
+    let dir = scratch("hurry");
+    // fragile's main ignores SIGTERM (it sleeps 60 s), so the first
+    // Ctrl-C would wait its whole 20 s grace.
+    let system = write(
+        &dir,
+        "hurry.toml",
+        r#"
+[system]
+name = "hurry"
+
+[[component]]
+name = "fragile"
+binary = "kintsugi-fragile"
+[component.config]
+mode = "abort"
+crash_after_ms = 60000
+"#,
+    );
+    let mut child = kintsugi(&tag)
+        .env("XDG_RUNTIME_DIR", &dir)
+        .args(["run", "--events", "json"])
+        .arg(&system)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while !cli(&tag, &dir, &["status", "hurry", "--json"])
+        .1
+        .contains("\"live\"")
+    {
+        assert!(Instant::now() < until, "fragile never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the first interrupt waits for fragile's grace"
+    );
+    let second = Instant::now();
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let took = second.elapsed();
+    let (stdout, stderr) = text(&out);
+    assert!(took < Duration::from_secs(10), "took {took:?}: {stderr}");
+    assert!(
+        stderr.contains("interrupted again while stopping: fragile"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("fragile: last incarnation ended with SIGKILL"),
+        "{stdout}"
+    );
+    assert!(leftovers(&tag).is_empty());
+}

@@ -2,11 +2,11 @@
 //! component binary with exactly the descriptors the system grants it.
 
 use std::cell::OnceCell;
-use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kintsugi_runtime::futex::timespec;
 use kintsugi_runtime::priority::Priority;
@@ -90,14 +90,27 @@ impl Proc {
 
     /// Stops the process: SIGTERM (and SIGCONT, for a stopped process
     /// acts on no signal but SIGKILL, as systemd does), then SIGKILL after
-    /// `grace`; reaps it.
-    pub fn stop(&self, grace: Duration) -> Exit {
+    /// `grace`, or at once when `hurry` (the supervisor's signal pipe: a
+    /// second Ctrl-C) becomes readable; reaps it. Says whether it hurried.
+    pub fn stop(&self, grace: Duration, hurry: BorrowedFd<'_>) -> (Exit, bool) {
         self.signal(Signal::TERM);
         self.signal(Signal::CONT);
-        if let Some(e) = self.wait_exit(grace) {
-            return e;
+        let deadline = Instant::now() + grace;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut fds = [
+                PollFd::new(&self.pidfd, PollFlags::IN),
+                PollFd::from_borrowed_fd(hurry, PollFlags::IN),
+            ];
+            while let Err(rustix::io::Errno::INTR) = poll(&mut fds, Some(&timespec(left))) {}
+            let hurried = fds[1].revents().contains(PollFlags::IN);
+            if let Some(e) = self.try_reap() {
+                return (e, false);
+            }
+            if hurried || left.is_zero() {
+                return (self.kill(), hurried);
+            }
         }
-        self.kill()
     }
 
     /// SIGKILL and reap.

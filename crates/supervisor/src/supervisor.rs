@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
@@ -819,9 +819,12 @@ impl<'a> Supervisor<'a> {
     /// Stops every component, clients before their servers, and returns how
     /// each live incarnation ended.
     fn shutdown(&mut self) -> Vec<(String, Exit)> {
-        for id in self.signal_ids.drain(..) {
-            signal_hook::low_level::unregister(id);
-        }
+        // SIGINT and SIGTERM stay caught while the components stop: a
+        // second one (Ctrl-C again) kills those left at once, and says so,
+        // rather than killing the supervisor without a word.
+        let mut b = [0u8; 64];
+        while matches!(rustix::io::read(&self.signal_pipe, &mut b), Ok(n) if n > 0) {}
+        let mut hurried = false;
         // No checkpoint or restore runs while the components stop, so no
         // request log is cut again: requests run unlogged from now on
         // (else a server with a full log would never answer the clients
@@ -850,8 +853,19 @@ impl<'a> Supervisor<'a> {
                 p.kill();
             }
             if let Some(live) = m.take_live() {
-                let grace = m.spec.stop_timeout.unwrap_or(grace);
-                exits.push((m.spec.name.clone(), live.proc.stop(grace)));
+                let grace = match hurried {
+                    true => Duration::ZERO,
+                    false => m.spec.stop_timeout.unwrap_or(grace),
+                };
+                let (exit, hurry) = live.proc.stop(grace, self.signal_pipe.as_fd());
+                if hurry && !hurried {
+                    hurried = true;
+                    tracing::warn!(
+                        "interrupted again while stopping: {} and the components left are killed now",
+                        m.spec.name
+                    );
+                }
+                exits.push((m.spec.name.clone(), exit));
             }
             if let Some((starting, _, _)) = m.take_starting() {
                 starting.proc.kill();
@@ -871,6 +885,9 @@ impl<'a> Supervisor<'a> {
             if m.zygote.proc.try_reap().is_none() {
                 m.zygote.proc.kill();
             }
+        }
+        for id in self.signal_ids.drain(..) {
+            signal_hook::low_level::unregister(id);
         }
         // Every process that wrote to the output pipes is gone: what
         // they wrote is relayed before the run returns.

@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -84,11 +84,18 @@ impl Control {
         let thread = std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
+                let serving = Arc::new(AtomicUsize::new(0));
                 while !stopping.load(Ordering::SeqCst) {
                     match listener.accept() {
                         Ok((conn, _)) => {
                             let _ = conn.set_nonblocking(false);
-                            serve(conn, &name, &roster, started);
+                            let request = Served {
+                                system: name.clone(),
+                                roster: roster.clone(),
+                                started,
+                                serving: serving.clone(),
+                            };
+                            request.spawn(conn);
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                             let mut fds = [rustix::event::PollFd::new(
@@ -121,6 +128,50 @@ impl Drop for Control {
         }
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// At most this many requests are served at once; a connection beyond
+/// them is told so and closed.
+const MAX_SERVED: usize = 16;
+
+/// One connection's request, served on a thread of its own: a client that
+/// is slow to send (it has 5 s) or a checkpoint that waits for a safe
+/// point holds no one else's `status`.
+struct Served {
+    system: String,
+    roster: Arc<Roster>,
+    started: std::time::Instant,
+    /// Requests being served.
+    serving: Arc<AtomicUsize>,
+}
+
+impl Served {
+    fn spawn(self, conn: UnixStream) {
+        if self.serving.fetch_add(1, Ordering::SeqCst) >= MAX_SERVED {
+            self.serving.fetch_sub(1, Ordering::SeqCst);
+            let busy = format!("busy: {MAX_SERVED} requests are being served; try again");
+            reply(&conn, &Answer::Error(busy));
+            return;
+        }
+        let serving = self.serving.clone();
+        let spawned = std::thread::Builder::new()
+            .name("control-request".into())
+            .spawn(move || {
+                serve(conn, &self.system, &self.roster, self.started);
+                self.serving.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            serving.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Writes an answer as one JSON line.
+fn reply(conn: &UnixStream, answer: &Answer) {
+    let mut text = serde_json::to_string(answer).unwrap_or_default();
+    text.push('\n');
+    let mut conn = conn;
+    let _ = conn.write_all(text.as_bytes());
 }
 
 /// Answers one connection's request.
@@ -156,9 +207,7 @@ fn serve(conn: UnixStream, system: &str, roster: &Roster, started: std::time::In
             ),
         },
     };
-    let mut text = serde_json::to_string(&answer).unwrap_or_default();
-    text.push('\n');
-    let _ = (&conn).write_all(text.as_bytes());
+    reply(&conn, &answer);
 }
 
 /// Has the supervisor kill `component`'s live incarnation and reboot it.

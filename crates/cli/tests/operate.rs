@@ -732,3 +732,60 @@ crash_after_ms = 60000
     );
     assert!(leftovers(&tag).is_empty());
 }
+
+#[test]
+fn a_client_that_sends_nothing_holds_no_one_elses_request() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    let tag = unique_tag("silent");
+    let dir = scratch("silent");
+    let system = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../systems/demo.toml");
+    let mut child = kintsugi(&tag)
+        .env("XDG_RUNTIME_DIR", &dir)
+        .args(["run", "--duration", "120"])
+        .arg(&system)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while !cli(&tag, &dir, &["status", "demo"]).0 {
+        assert!(Instant::now() < until, "the demo never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let socket = dir.join(format!("kintsugi/demo.{}.sock", child.id()));
+    let answer = |conn: &UnixStream| {
+        let mut line = String::new();
+        BufReader::new(conn).read_line(&mut line).unwrap();
+        serde_json::from_str::<Value>(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    };
+    // A client that connects and sends nothing (yet), then as many as
+    // are served at once.
+    let mut silent = UnixStream::connect(&socket).unwrap();
+    let others: Vec<UnixStream> = (0..15)
+        .map(|_| UnixStream::connect(&socket).unwrap())
+        .collect();
+    // One too many is told so at once, without its request being read.
+    let beyond = UnixStream::connect(&socket).unwrap();
+    let busy = answer(&beyond);
+    assert!(
+        busy["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("busy")),
+        "{busy}"
+    );
+    drop(others);
+    // Served on its own while the first still has not sent: `status`
+    // answers, and the first's request was still awaited, not timed out
+    // (served one at a time, `status` would wait out the first's 5 s and
+    // the first would have been answered with that error).
+    let (ok, out, err) = cli(&tag, &dir, &["status", "demo", "--json"]);
+    assert!(ok, "{out}{err}");
+    silent.write_all(b"{\"op\":\"status\"}\n").unwrap();
+    let late = answer(&silent);
+    assert_eq!(late["status"]["system"], "demo", "{late}");
+    let (ok, _, err) = cli(&tag, &dir, &["stop", "demo"]);
+    assert!(ok, "{err}");
+    assert!(child.wait().unwrap().success());
+    assert!(leftovers(&tag).is_empty());
+}

@@ -1,9 +1,10 @@
 //! What components print (issue 18): each component's stdout and stderr
 //! are pipes that its zygote, and so every incarnation, inherits, and that
-//! one relay thread of the supervisor reads. A line of stderr that does not
-//! already name its component (a panic message, a raw `eprintln!`) is
-//! prefixed with `name: `, as the runtime's log lines are; stdout lines
-//! (reports, data) pass as they are. The last lines of each component's
+//! one relay thread of the supervisor reads. Every line names its
+//! component: one that does not already (a panic message, a raw
+//! `eprintln!`) is prefixed with `name: `, as the runtime's log lines are,
+//! and a JSON object (a report on stdout) gets a `"component"` field first
+//! instead, so that it stays JSON. The last lines of each component's
 //! stderr stay in the roster, for `kintsugi status`. A component no longer
 //! writes to whatever the supervisor's output is: when that goes away (a
 //! reader that closed the pipe), its lines are dropped, and it does not
@@ -209,21 +210,39 @@ fn emit(r: &Reader, line: &[u8], out: Out<'_>) {
         }
         return;
     }
-    let named = r.stream == Stream::Stdout
-        || text.starts_with('{')
-        || text
-            .strip_prefix(r.component.as_str())
-            .is_some_and(|rest| rest.starts_with(':'));
-    let line = match named {
-        true => format!("{text}\n"),
-        false => format!("{}: {text}\n", r.component),
-    };
+    let line = named(&r.component, text);
     let _ = match r.stream {
         Stream::Stdout => std::io::stdout().lock().write_all(line.as_bytes()),
         Stream::Stderr => std::io::stderr().lock().write_all(line.as_bytes()),
     };
     if r.stream == Stream::Stderr && !text.trim().is_empty() {
         out.roster.note_line(&r.component, line.trim_end());
+    }
+}
+
+/// `text` with its component's name, ending in a newline: a JSON object
+/// (a report on stdout, a log line in JSON) gets a `"component"` field
+/// first unless it has one, so that it stays JSON; other lines get
+/// `name: ` in front unless they start so (the runtime's text log lines).
+fn named(component: &str, text: &str) -> String {
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_str(text) {
+        if fields.contains_key("component") {
+            return format!("{text}\n");
+        }
+        let rest = text.trim_start().strip_prefix('{').unwrap_or_default();
+        let comma = match fields.is_empty() {
+            true => "",
+            false => ",",
+        };
+        // Names are [a-z0-9_-] (the system file's rule): no escaping.
+        return format!("{{\"component\":\"{component}\"{comma}{rest}\n");
+    }
+    match text
+        .strip_prefix(component)
+        .is_some_and(|rest| rest.starts_with(':'))
+    {
+        true => format!("{text}\n"),
+        false => format!("{component}: {text}\n"),
     }
 }
 
@@ -257,5 +276,33 @@ impl Tails {
             .get(component)
             .map(|t| t.iter().cloned().collect())
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::named;
+
+    #[test]
+    fn every_line_names_its_component_and_json_stays_json() {
+        assert_eq!(named("fs", "plain"), "fs: plain\n");
+        assert_eq!(named("fs", "fs: INFO x"), "fs: INFO x\n");
+        assert_eq!(named("fs", "fsx: y"), "fs: fsx: y\n");
+        assert_eq!(
+            named("fs", r#"{"ops":3}"#),
+            "{\"component\":\"fs\",\"ops\":3}\n"
+        );
+        assert_eq!(named("fs", "{}"), "{\"component\":\"fs\"}\n");
+        let kept = r#"{"component":"ramfs","pid":1}"#;
+        assert_eq!(named("fs", kept), format!("{kept}\n"));
+        // Not an object: a prefix.
+        assert_eq!(named("fs", "[1,2]"), "fs: [1,2]\n");
+        assert_eq!(named("fs", "{broken"), "fs: {broken\n");
+        let v: serde_json::Value =
+            serde_json::from_str(&named("w", r#" {"a":{"component":1}}"#)).unwrap();
+        assert_eq!(
+            (v["component"].as_str(), v["a"]["component"].as_u64()),
+            (Some("w"), Some(1))
+        );
     }
 }

@@ -5,14 +5,15 @@
 mod common;
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
 
 use common::{echo, EchoService, ECHO};
 use kintsugi_runtime::abi::channel::{Edge, CHANGE_COUNTERS};
 use kintsugi_runtime::priority::{self, Priority};
 use kintsugi_runtime::server::SlotWorker;
-use kintsugi_runtime::stub::{Fault, ReplyStatus};
+use kintsugi_runtime::stub::{Caller, Dispatched, Fault, InterfaceInfo, ReplyStatus, Service};
 use kintsugi_runtime::testing::Loopback;
+use kintsugi_runtime::wire::{Reader, Writer};
 use kintsugi_runtime::Connection;
 
 /// A reply kept by a client stays current until the server publishes a
@@ -278,4 +279,81 @@ fn function_names_are_registered_once_and_read_back_as_identifiers_only() {
     assert_eq!(edge.function_name(10), None);
     edge.header().functions[11].name_once("ok_name");
     assert_eq!(edge.function_name(11).as_deref(), Some("ok_name"));
+}
+
+/// Checks its argument, lets a hostile client at the shared request
+/// buffer, then uses the argument: answers 1 if what it used is what it
+/// checked.
+struct CheckThenUse {
+    checked: Mutex<mpsc::Sender<()>>,
+    written: Mutex<mpsc::Receiver<()>>,
+}
+
+impl Service for CheckThenUse {
+    fn interface(&self) -> &'static InterfaceInfo {
+        &ECHO
+    }
+    fn client_died(&self, _client: u32) {}
+    fn dispatch(&self, _c: &Caller, _func: u32, req: &[u8], resp: &mut [u8]) -> Dispatched {
+        let name = match Reader::new(req).bytes() {
+            Ok(name) => name,
+            Err(e) => return Dispatched::Refused(e.into()),
+        };
+        // The check.
+        if name != b"allowed" {
+            return Dispatched::AppError(1);
+        }
+        self.checked.lock().unwrap().send(()).unwrap();
+        self.written.lock().unwrap().recv().unwrap();
+        // The use, after the client rewrote its buffer.
+        let mut w = Writer::new(resp);
+        w.u32(u32::from(name == b"allowed")).unwrap();
+        Dispatched::Ok(w.len())
+    }
+}
+
+/// A server decodes a request from its own copy, taken before it runs: a
+/// client that rewrites its request buffer between the server's check of
+/// an argument and its use (a name, say) changes nothing the server sees.
+#[test]
+fn a_client_cannot_change_a_request_after_the_server_checked_it() {
+    let (checked, checked_rx) = mpsc::channel();
+    let (written_tx, written) = mpsc::channel();
+    let svc = CheckThenUse {
+        checked: Mutex::new(checked),
+        written: Mutex::new(written),
+    };
+    let edge = Arc::new(Edge::create("check-then-use", 1).unwrap());
+    let worker = SlotWorker::new(edge.clone(), 0, 0, Default::default());
+    std::thread::spawn(move || worker.run(&svc, 1));
+    edge.server_live(1, std::process::id());
+    let conn = kintsugi_runtime::testing::connection_for_tests(edge.clone(), &ECHO);
+    let client = std::thread::spawn(move || {
+        conn.call(
+            0,
+            Some(1),
+            |w| w.bytes(b"allowed"),
+            |r| match r {
+                ReplyStatus::Ok(mut r) => Ok(r.u32()?),
+                ReplyStatus::AppError(e) => Ok(1000 + e),
+            },
+        )
+    });
+    checked_rx.recv().unwrap();
+    let mut shared = [0u8; 64];
+    edge.copy_request(0, &mut shared);
+    let at = shared
+        .windows(7)
+        .position(|w| w == b"allowed")
+        .expect("the request in the shared buffer");
+    // SAFETY: the test plays a faulty client that writes its request
+    // buffer while the server owns it; the server has copied the request
+    // out and waits on `written`, so no one reads the buffer meanwhile.
+    let buffer = unsafe { edge.request_buffer(0) };
+    buffer[at..at + 7].copy_from_slice(b"secret!");
+    edge.copy_request(0, &mut shared);
+    assert_eq!(&shared[at..at + 7], b"secret!", "the write landed");
+    written_tx.send(()).unwrap();
+    let used_what_was_checked = client.join().unwrap().unwrap();
+    assert_eq!(used_what_was_checked, 1);
 }

@@ -125,3 +125,101 @@ binary = "kintsugi-probe"
     assert!(leftovers(&tag).is_empty());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `user = …` runs a component's processes as that user (no supplementary
+/// group), exec'd by the supervisor even where the user may not search the
+/// binary's folders, keeping only the capabilities its description grants
+/// (as ambient ones); one component then cannot signal another's processes.
+#[test]
+fn a_component_runs_as_its_own_user_and_cannot_signal_another() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "switching users needs the supervisor to run as root"
+    );
+    let dir = scratch("users");
+    let system = write(
+        &dir,
+        "users.toml",
+        r#"
+[system]
+name = "users"
+
+[[component]]
+name = "ramfs"
+binary = "kintsugi-ramfs"
+provides = ["fs"]
+
+[[component]]
+name = "insider"
+binary = "kintsugi-probe"
+uses = ["fs"]
+user = "nobody"
+
+[[component]]
+name = "outsider"
+binary = "kintsugi-probe"
+user = 1
+capabilities = ["net_bind_service"]
+"#,
+    );
+    let tag = unique_tag("users");
+    let out = kintsugi(&tag)
+        .args(["run", system.to_str().unwrap(), "--duration", "1.5"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let lines = json_lines(&stdout);
+    let probe = |name: &str| {
+        lines
+            .iter()
+            .find(|v| v["component"] == name && v.get("uid").is_some())
+            .cloned()
+            .unwrap_or_else(|| panic!("no report from {name}:\n{stdout}"))
+    };
+    let ids = |v: &serde_json::Value, key: &str| -> Vec<u32> {
+        v[key]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect()
+    };
+    let insider = probe("insider");
+    let outsider = probe("outsider");
+    // Real, effective, saved and file-system ids all switched.
+    assert_eq!(ids(&insider, "uid"), [65534; 4], "{insider}");
+    assert_eq!(ids(&insider, "gid"), [65534; 4], "{insider}");
+    assert_eq!(ids(&outsider, "uid"), [1; 4], "{outsider}");
+    assert_eq!(ids(&outsider, "gid"), [1; 4], "{outsider}");
+    for p in [&insider, &outsider] {
+        assert_eq!(p["groups"], "", "no supplementary group: {p}");
+        assert_eq!(p["comm"], "kintsugi-probe", "{p}");
+        assert_eq!(p["no_new_privs"], "1", "{p}");
+        assert_eq!(p["seccomp"], "2", "{p}");
+        // It still serves and calls as any component: the insider's fs
+        // connection was granted.
+        // Another user's processes (ramfs's, the other probe's) are out of
+        // reach of its signals; its own (its zygote, its standby) are not.
+        let mine = ids(p, "uid")[0];
+        let signals = p["sibling_signals"].as_array().unwrap();
+        assert!(signals.len() >= 4, "{p}");
+        for s in signals {
+            let own = s["uid"].as_u64() == Some(u64::from(mine));
+            assert_eq!(s["signal"].as_bool(), Some(own), "{s} from {p}");
+        }
+    }
+    assert_eq!(insider["connect"]["fs"], "granted");
+    // Capabilities: the granted one effective, permitted and ambient
+    // (CAP_NET_BIND_SERVICE is bit 10), besides CAP_SYS_NICE where the
+    // supervisor cannot set priority limits instead; nothing for the other.
+    let mask = |p: &serde_json::Value, set: &str| {
+        u64::from_str_radix(p[set].as_str().unwrap(), 16).unwrap() & !(1 << 23)
+    };
+    assert_eq!(mask(&outsider, "cap_eff"), 1 << 10, "{outsider}");
+    assert_eq!(mask(&outsider, "cap_amb"), 1 << 10, "{outsider}");
+    assert_eq!(mask(&insider, "cap_eff"), 0, "{insider}");
+    assert_eq!(mask(&insider, "cap_amb"), 0, "{insider}");
+    assert!(leftovers(&tag).is_empty());
+    let _ = std::fs::remove_dir_all(dir);
+}

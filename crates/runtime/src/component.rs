@@ -334,6 +334,7 @@ where
     if let Err(e) = process::private_memory() {
         fatal(&format!("PR_SET_DUMPABLE: {e}"));
     }
+    process::name_after_binary();
     process::abort_on_panic();
     let boot = match std::env::var(BOOT_ENV) {
         Ok(json) => match serde_json::from_str::<BootInfo>(&json) {

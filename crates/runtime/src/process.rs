@@ -86,6 +86,29 @@ pub fn private_memory() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Names the process after its binary when it was exec'd through a
+/// descriptor (`/proc/self/fd/N`, as the supervisor starts a component
+/// that runs as another user), which gives it the name `N`: `ps`, `top`
+/// and `perf` then show `kintsugi-ramfs`, not a number. `argv[0]` holds the
+/// binary's path.
+pub fn name_after_binary() {
+    let named_by_number = rustix::thread::name()
+        .is_ok_and(|n| !n.as_bytes().is_empty() && n.as_bytes().iter().all(u8::is_ascii_digit));
+    if !named_by_number {
+        return;
+    }
+    let Some(arg0) = std::env::args_os().next() else {
+        return;
+    };
+    let path = std::path::PathBuf::from(arg0);
+    let Some(file) = path.file_name() else { return };
+    let mut name = std::os::unix::ffi::OsStrExt::as_bytes(file).to_vec();
+    name.truncate(15); // the kernel keeps 15 bytes and a NUL
+    if let Ok(name) = std::ffi::CString::new(name) {
+        let _ = rustix::thread::set_name(&name);
+    }
+}
+
 /// No core files: a crashing component is rebooted in microseconds, and a
 /// core dump of it would take milliseconds and disk.
 pub fn disable_core_dumps() -> std::io::Result<()> {

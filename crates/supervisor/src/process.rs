@@ -2,7 +2,7 @@
 //! component binary with exactly the descriptors the system grants it.
 
 use std::cell::OnceCell;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -198,6 +198,38 @@ pub struct Confinement {
     /// `RLIMIT_RTPRIO`): that of its most urgent caller, so that priority
     /// inheritance works without `CAP_SYS_NICE`, and no higher.
     pub ceiling: Priority,
+    /// The uid and gid it runs as (`user = …`), if not the supervisor's.
+    pub user: Option<(u32, u32)>,
+}
+
+/// Becomes user `uid` (group `gid`, no supplementary group) keeping the
+/// capabilities in `keep` across the exec that follows: a non-root exec
+/// drops every capability but the ambient ones, so those are raised
+/// (permitted and inheritable first, which `PR_SET_KEEPCAPS` keeps
+/// through the change of uid). Runs in the forked child before exec:
+/// raw system calls only.
+fn become_user(uid: u32, gid: u32, keep: u64) -> std::io::Result<()> {
+    use rustix::thread::{self as t, CapabilitySet, CapabilitySets};
+    t::set_thread_groups(&[])?;
+    let gid = rustix::process::Gid::from_raw(gid);
+    t::set_thread_res_gid(gid, gid, gid)?;
+    t::set_keep_capabilities(true)?;
+    let uid = rustix::process::Uid::from_raw(uid);
+    t::set_thread_res_uid(uid, uid, uid)?;
+    let kept = CapabilitySet::from_bits_retain(keep);
+    t::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: kept,
+            permitted: kept,
+            inheritable: kept,
+        },
+    )?;
+    for cap in (0..64).filter(|c| keep & (1 << c) != 0) {
+        t::configure_capability_in_ambient_set(CapabilitySet::from_bits_retain(1 << cap), true)?;
+    }
+    t::set_keep_capabilities(false)?;
+    Ok(())
 }
 
 /// Execs `binary` as a component: `boot_json` in its environment, `pass` the
@@ -222,6 +254,7 @@ pub fn spawn_component(
         fixed_layout,
         capabilities: mut keep,
         ceiling,
+        user,
     } = how;
     // Raising a hard limit needs CAP_SYS_RESOURCE; where the supervisor
     // runs without it (some containers), components keep CAP_SYS_NICE
@@ -244,7 +277,25 @@ pub fn spawn_component(
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(40);
-    let mut cmd = Command::new(binary);
+    // Run as another user, it is exec'd through a descriptor the
+    // supervisor opened: that user may lack the right to search the
+    // binary's folders (a checkout in a 0700 folder), not to run it.
+    let by_fd = match user {
+        Some(_) => Some(rustix::fs::open(
+            binary,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?),
+        None => None,
+    };
+    let mut cmd = match &by_fd {
+        Some(fd) => {
+            let mut cmd = Command::new(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+            cmd.arg0(binary);
+            cmd
+        }
+        None => Command::new(binary),
+    };
     // The service manager's variables are the supervisor's, not theirs.
     for var in [
         "NOTIFY_SOCKET",
@@ -272,7 +323,9 @@ pub fn spawn_component(
         .process_group(0);
     // SAFETY: the closure runs in the forked child before exec and calls only
     // async-signal-safe functions (close_range, fcntl, prctl, setrlimit,
-    // setpriority, personality); it allocates nothing.
+    // setpriority, personality; for another user setgroups, setresgid,
+    // setresuid and capset, as rustix's raw system calls); it allocates
+    // nothing.
     unsafe {
         cmd.pre_exec(move || {
             // Everything from 3 up closes at exec, then the granted ones
@@ -323,6 +376,10 @@ pub fn spawn_component(
                 {
                     return Err(std::io::Error::last_os_error());
                 }
+            }
+            // Last: the steps above need the supervisor's privileges.
+            if let Some((uid, gid)) = user {
+                become_user(uid, gid, keep)?;
             }
             Ok(())
         });

@@ -36,8 +36,21 @@ pub(crate) fn exec(
             .iter()
             .fold(0u64, |mask, c| mask | 1 << c.number()),
         ceiling: wiring.ceiling,
+        user: spec.user.as_ref().map(|u| (u.uid, u.gid)),
     };
     spawn_component(&spec.binary, &json, &pass, &wiring.output, how).map_err(|source| {
+        let source = match &spec.user {
+            Some(u) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                std::io::Error::new(
+                    source.kind(),
+                    format!(
+                        "running it as user `{}` (uid {}) needs a supervisor run by root: {source}",
+                        u.name, u.uid
+                    ),
+                )
+            }
+            _ => source,
+        };
         SupervisorError::Spawn {
             component: spec.name.clone(),
             binary: spec.binary.display().to_string(),

@@ -65,6 +65,8 @@ pub enum ErrorKind {
     NoComponents,
     /// A `config` value that cannot be expressed in JSON.
     InvalidConfig,
+    /// A `user` that this machine does not know.
+    UnknownUser,
 }
 
 /// An error of loading a system description.

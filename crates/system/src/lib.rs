@@ -231,6 +231,9 @@ pub struct ComponentSpec {
     /// from their bounding set before exec); [`Capability::DEFAULT`] unless
     /// written.
     pub capabilities: Vec<Capability>,
+    /// The user its processes run as (`user = "name"` or a uid), with no
+    /// supplementary group; None: the supervisor's own.
+    pub user: Option<User>,
     /// What its vault may hold (`vault_quota = { … }`).
     pub vault_quota: VaultQuota,
     /// Sockets a service manager passes (socket activation), put in its
@@ -250,6 +253,17 @@ pub struct ComponentSpec {
     pub stop_timeout: Option<Duration>,
     /// Free-form configuration, always a JSON object (`{}` if absent).
     pub config: serde_json::Value,
+}
+
+/// A user a component runs as, resolved when the description is read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct User {
+    /// Its name in the user database, or the uid written as a number.
+    pub name: String,
+    pub uid: u32,
+    /// Its primary group (a uid the user database does not know: the
+    /// group of the same number).
+    pub gid: u32,
 }
 
 /// The most a component's vault may hold; a request that would take it

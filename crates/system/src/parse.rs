@@ -12,9 +12,10 @@ use toml::Spanned;
 use crate::{
     Backoff, Capability, CheckpointPolicy, ComponentSpec, ErrorKind, GiveUpAction, GroupStrategy,
     HangAction, Location, RebootMode, RecoveryMode, RestartGroup, RestartPolicy, RestartType,
-    SpinPolicy, System, SystemError, Use, VaultQuota, WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE,
-    CHECKPOINT_KEEP_RANGE, DEFAULT_JOURNAL_KIB, DEFAULT_SLOTS, DURABLE_KIB_RANGE,
-    JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE, REALTIME_RANGE, SLOTS_RANGE,
+    SpinPolicy, System, SystemError, Use, User, VaultQuota, WatchdogSettings,
+    CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE, DEFAULT_JOURNAL_KIB, DEFAULT_SLOTS,
+    DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE, REALTIME_RANGE,
+    SLOTS_RANGE,
 };
 
 #[derive(Deserialize)]
@@ -78,6 +79,7 @@ struct RawComponent {
     pool_kib: Option<Spanned<i64>>,
     journal_kib: Option<Spanned<i64>>,
     capabilities: Option<Vec<Capability>>,
+    user: Option<Spanned<RawUser>>,
     vault_quota: Option<RawVaultQuota>,
     sockets: Option<BTreeMap<String, Spanned<String>>>,
     watchdog: Option<RawWatchdog>,
@@ -85,6 +87,14 @@ struct RawComponent {
     stop_timeout_ms: Option<Spanned<i64>>,
     checkpoint: Option<Spanned<RawCheckpoint>>,
     config: Option<Spanned<toml::Table>>,
+}
+
+/// `user = "name"` or `user = 1234`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawUser {
+    Name(String),
+    Id(i64),
 }
 
 #[derive(Deserialize)]
@@ -755,6 +765,7 @@ fn component(
                     "",
                 )?
                 .map(Duration::from_millis),
+            user: rc.user.as_ref().map(|u| user(cx, &owner, u)).transpose()?,
             vault_quota: match &rc.vault_quota {
                 Some(q) => vault_quota(cx, &owner, q)?,
                 None => VaultQuota::default(),
@@ -775,6 +786,44 @@ fn component(
         binary_span: rc.binary.span(),
         uses,
     })
+}
+
+/// Resolves a component's `user` in this machine's user database.
+fn user(cx: &Ctx<'_>, owner: &str, raw: &Spanned<RawUser>) -> Result<User, SystemError> {
+    let unknown = |what: String| cx.err(&raw.span(), ErrorKind::UnknownUser, what);
+    match raw.get_ref() {
+        RawUser::Name(name) => match nix::unistd::User::from_name(name) {
+            Ok(Some(u)) => Ok(User {
+                name: name.clone(),
+                uid: u.uid.as_raw(),
+                gid: u.gid.as_raw(),
+            }),
+            Ok(None) => Err(unknown(format!(
+                "{owner}: user `{name}` does not exist on this machine"
+            ))),
+            Err(e) => Err(unknown(format!("{owner}: user `{name}`: {e}"))),
+        },
+        RawUser::Id(id) => {
+            let uid = u32::try_from(*id)
+                .ok()
+                .filter(|&u| u != u32::MAX)
+                .ok_or_else(|| {
+                    cx.err(
+                        &raw.span(),
+                        ErrorKind::OutOfRange,
+                        format!("{owner}: user {id} is no uid (0..=4294967294)"),
+                    )
+                })?;
+            let known = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                .ok()
+                .flatten();
+            Ok(User {
+                name: id.to_string(),
+                uid,
+                gid: known.map_or(uid, |u| u.gid.as_raw()),
+            })
+        }
+    }
 }
 
 /// Validates the `[watchdog]` table (`component` None), whose absent

@@ -889,3 +889,37 @@ fn spin_policy() {
         "sys.toml:3:8: unknown variant `never`, expected `always` or `unless-oversubscribed`"
     );
 }
+
+#[test]
+fn a_components_user_is_resolved_by_name_or_uid_or_refused_where_written() {
+    let body = |user: &str| format!("[[component]]\nname = \"a\"\nbinary = \"a\"\nuser = {user}\n");
+    let s = parse(
+        Path::new("sys.toml"),
+        &format!("{HEAD}{}", body("\"nobody\"")),
+    )
+    .unwrap();
+    let u = s.component("a").unwrap().user.clone().unwrap();
+    assert_eq!((u.name.as_str(), u.uid, u.gid), ("nobody", 65534, 65534));
+    // A uid the user database knows takes its group; another, its number.
+    let s = parse(Path::new("sys.toml"), &format!("{HEAD}{}", body("1"))).unwrap();
+    let u = s.component("a").unwrap().user.clone().unwrap();
+    assert_eq!((u.uid, u.gid), (1, 1));
+    let s = parse(Path::new("sys.toml"), &format!("{HEAD}{}", body("54321"))).unwrap();
+    let u = s.component("a").unwrap().user.clone().unwrap();
+    assert_eq!((u.name.as_str(), u.uid, u.gid), ("54321", 54321, 54321));
+    let s = parse(Path::new("sys.toml"), DEMO).unwrap();
+    assert!(s.components.iter().all(|c| c.user.is_none()), "the default");
+
+    let (msg, kind) = err_with_head(&body("\"no-such-user-here\""));
+    assert_eq!(kind, ErrorKind::UnknownUser);
+    assert_eq!(
+        msg,
+        "sys.toml:7:8: component `a`: user `no-such-user-here` does not exist on this machine"
+    );
+    let (msg, kind) = err_with_head(&body("-1"));
+    assert_eq!(kind, ErrorKind::OutOfRange);
+    assert_eq!(
+        msg,
+        "sys.toml:7:8: component `a`: user -1 is no uid (0..=4294967294)"
+    );
+}

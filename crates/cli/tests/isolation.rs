@@ -27,10 +27,12 @@ provides = ["fs"]
 name = "insider"
 binary = "kintsugi-probe"
 uses = ["fs"]
+config = { siblings = 4 }
 
 [[component]]
 name = "outsider"
 binary = "kintsugi-probe"
+config = { siblings = 4 }
 "#,
     );
     let tag = unique_tag("isolation");
@@ -154,12 +156,14 @@ name = "insider"
 binary = "kintsugi-probe"
 uses = ["fs"]
 user = "nobody"
+config = { siblings = 4 }
 
 [[component]]
 name = "outsider"
 binary = "kintsugi-probe"
 user = 1
 capabilities = ["net_bind_service"]
+config = { siblings = 4 }
 "#,
     );
     let tag = unique_tag("users");

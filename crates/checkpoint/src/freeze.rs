@@ -306,12 +306,9 @@ fn wait_stop(pid: u32, tid: u32) -> Result<WaitStatus, Error> {
 }
 
 fn alive(pid: u32, tid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else {
-        return false;
-    };
-    !matches!(
-        stat.rsplit_once(')')
-            .and_then(|(_, r)| r.trim_start().chars().next()),
-        None | Some('Z' | 'X')
-    )
+    let state = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.task_from_tid(tid as i32))
+        .and_then(|t| t.stat())
+        .map(|s| s.state);
+    !matches!(state, Err(_) | Ok('Z' | 'X'))
 }

@@ -126,18 +126,13 @@ pub fn read(pid: u32) -> Result<Vec<Mapping>, Error> {
 /// `start_brk` when the heap is empty).
 pub fn program_break(pid: u32, maps: &[Mapping]) -> Result<(u64, u64), Error> {
     let path = format!("/proc/{pid}/stat");
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::proc(&path, e))?;
-    let malformed = || Error::Malformed {
+    let stat = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
+        .map_err(|e| Error::proc(&path, std::io::Error::other(e)))?;
+    let start = stat.start_brk.ok_or_else(|| Error::Malformed {
         what: path.clone(),
         detail: "no start_brk field".into(),
-    };
-    // Fields after the command name start at field 3 (the state).
-    let rest = text.rsplit_once(')').ok_or_else(malformed)?.1;
-    let start: u64 = rest
-        .split_whitespace()
-        .nth(47 - 3)
-        .and_then(|f| f.parse().ok())
-        .ok_or_else(malformed)?;
+    })?;
     // The heap may show as several lines (a part grown after the rest was
     // registered with userfaultfd is a mapping of its own): the break is
     // the end of the last.

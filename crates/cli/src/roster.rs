@@ -255,12 +255,12 @@ impl Verified {
     }
 }
 
-/// The parent of `pid`, from `/proc/<pid>/stat` (the field after the
-/// command name, which may itself hold spaces and parentheses).
+/// The parent of `pid`, from `/proc/<pid>/stat`.
 fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
+    let stat = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
+        .ok()?;
+    u32::try_from(stat.ppid).ok()
 }
 
 /// Keeps `<roster dir>/<system>.json` up to date while a system runs:

@@ -28,9 +28,11 @@ pub struct ThreadInfo {
 
 /// The state letter of one thread (None if it is gone).
 pub(crate) fn thread_state(pid: u32, tid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: the state follows the last ')'.
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
+    procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.task_from_tid(tid as i32))
+        .and_then(|t| t.stat())
+        .ok()
+        .map(|s| s.state)
 }
 
 /// Every thread of process `pid` but its thread-group leader, whose exit

@@ -137,24 +137,22 @@ impl Proc {
 }
 
 /// How a process whose threads have all died is ending, read from
-/// `/proc/PID/stat` while the kernel still tears it down (the exit code is
-/// set before the address space is freed).
+/// `/proc/PID/stat` (`exit_code`) while the kernel still tears it down (the
+/// exit code is set before the address space is freed).
 pub fn dying_exit(pid: u32) -> Exit {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
         .ok()
-        .and_then(|s| exit_in_stat(&s))
-        .unwrap_or(Exit::Signal(0))
+        .and_then(|s| s.exit_code)
+        .map_or(Exit::Signal(0), exit_of_status)
 }
 
-/// The exit status in a `/proc/PID/stat` line (its 52nd field, after the
-/// command name, which may itself hold spaces and parentheses).
-fn exit_in_stat(stat: &str) -> Option<Exit> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    let status: i32 = rest.split_whitespace().nth(49)?.parse().ok()?;
-    Some(match status & 0x7f {
+/// A wait status as an exit code or the signal that ended the process.
+fn exit_of_status(status: i32) -> Exit {
+    match status & 0x7f {
         0 => Exit::Code((status >> 8) & 0xff),
         sig => Exit::Signal(sig),
-    })
+    }
 }
 
 const CAP_SYS_NICE: u32 = 23;
@@ -393,11 +391,6 @@ mod tests {
     use super::*;
 
     /// A stat line of a process named `name` with exit status `status`.
-    fn stat(name: &str, status: i32) -> String {
-        let middle = (0..49).map(|i| i.to_string()).collect::<Vec<_>>().join(" ");
-        format!("4242 ({name}) {middle} {status}")
-    }
-
     #[test]
     fn only_a_child_is_adopted_as_a_zygotes_fork() {
         let e = Proc::adopt_child(1).unwrap_err();
@@ -409,11 +402,28 @@ mod tests {
     }
 
     #[test]
-    fn exit_status_is_read_after_the_command_name() {
-        assert_eq!(exit_in_stat(&stat("fs", 9)), Some(Exit::Signal(9)));
-        assert_eq!(exit_in_stat(&stat("a) (b", 3 << 8)), Some(Exit::Code(3)));
-        assert_eq!(exit_in_stat(&stat("x", 0)), Some(Exit::Code(0)));
-        assert_eq!(exit_in_stat("4242 (x) S 1"), None, "too short");
-        assert_eq!(exit_in_stat("garbage"), None);
+    fn a_dead_processs_exit_is_read_before_it_is_reaped() {
+        assert_eq!(exit_of_status(9), Exit::Signal(9));
+        assert_eq!(exit_of_status(3 << 8), Exit::Code(3));
+        assert_eq!(exit_of_status(0), Exit::Code(0));
+        // A zombie child whose command name holds a parenthesis and spaces.
+        let child = Command::new("bash")
+            .args(["-c", "printf 'a) (b' > /proc/self/comm; exit 3"])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while procfs::process::Process::new(pid as i32)
+            .and_then(|p| p.stat())
+            .map_or(true, |s| s.state != 'Z')
+        {
+            assert!(std::time::Instant::now() < until, "never a zombie");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(dying_exit(pid), Exit::Code(3));
+        let proc = Proc::adopt(pid).unwrap();
+        assert_eq!(proc.wait_exit(Duration::from_secs(5)), Some(Exit::Code(3)));
+        drop(child);
+        assert_eq!(dying_exit(pid), Exit::Signal(0), "gone: unknown");
     }
 }

@@ -53,13 +53,12 @@ impl Keeper {
     }
 }
 
-/// A process's start time, from `/proc/PID/stat` (after the command name,
-/// which may contain spaces and parentheses).
+/// A process's start time, from `/proc/PID/stat`.
 fn start_time(pid: Pid) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero())).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    // Field 3 (state) is the first after the name; the start time is field 22.
-    rest.split(' ').nth(22 - 3)?.parse().ok()
+    procfs::process::Process::new(pid.as_raw_nonzero().get())
+        .and_then(|p| p.stat())
+        .ok()
+        .map(|s| s.starttime)
 }
 
 /// Forks a keeper sharing this process's descriptor table.

@@ -228,7 +228,15 @@ impl fmt::Display for Event {
                 }
             }
             Event::Crashed { component, pid, epoch, exit, in_flight, after_injection } => {
-                write!(f, "{component}: crashed with {exit} (pid {pid}, epoch {epoch}")?;
+                match exit {
+                    // Only a permanent component is restarted after a
+                    // clean exit (any other has finished).
+                    Exit::Code(0) => write!(
+                        f,
+                        "{component}: exited cleanly, restarted as a permanent component (pid {pid}, epoch {epoch}"
+                    )?,
+                    _ => write!(f, "{component}: crashed with {exit} (pid {pid}, epoch {epoch}")?,
+                }
                 match after_injection {
                     Some(d) => write!(f, ", detected {} µs after the signal)", d.as_micros())?,
                     None => write!(f, ")")?,
@@ -313,5 +321,30 @@ impl fmt::Display for Event {
             ),
             Event::Stopped { reason } => write!(f, "system stopped: {reason}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clean_exit_is_not_called_a_crash() {
+        let crashed = |exit| Event::Crashed {
+            component: "a".into(),
+            pid: 7,
+            epoch: 2,
+            exit,
+            in_flight: vec!["fs.read".into()],
+            after_injection: None,
+        };
+        assert_eq!(
+            crashed(Exit::Signal(9)).to_string(),
+            "a: crashed with SIGKILL (pid 7, epoch 2); calls in flight: fs.read"
+        );
+        assert_eq!(
+            crashed(Exit::Code(0)).to_string(),
+            "a: exited cleanly, restarted as a permanent component (pid 7, epoch 2); calls in flight: fs.read"
+        );
     }
 }

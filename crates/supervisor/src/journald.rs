@@ -136,6 +136,10 @@ pub fn event_entry(event: &crate::Event) -> Entry {
     use crate::Event as E;
     let priority = match event {
         E::GaveUp { .. } => Priority::Error,
+        E::Crashed {
+            exit: crate::Exit::Code(0),
+            ..
+        } => Priority::Notice,
         E::Crashed { .. } | E::FaultReported { .. } | E::BackingOff { .. } => Priority::Warning,
         _ => Priority::Notice,
     };

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use kintsugi_runtime::abi::boot::ControlBlock;
 use kintsugi_system::{GiveUpAction, RebootMode, RecoveryMode, RestartType};
+use rustix::process::Signal;
 
 use crate::activation::{ActivationFailure, Attempt, Next, Waited, SYNC_ACTIVATION};
 use crate::events::{Event, Exit};
@@ -58,6 +59,8 @@ impl Supervisor<'_> {
         exit: Exit,
         detected: Instant,
     ) -> Result<Option<StopReason>, SupervisorError> {
+        // A death its group asked for takes no one else with it.
+        let cascade = !std::mem::take(&mut self.comps[idx].killed_for_group);
         let mut pending = self.crashed(idx, pid, exit, detected);
         if self.comps[idx].spec.restart.kind == RestartType::Temporary {
             return Ok(self.give_up(idx, GiveUpReason::Temporary, pending));
@@ -83,13 +86,18 @@ impl Supervisor<'_> {
             });
             pending.into_iter().for_each(|e| self.emit(e));
         }
-        self.restart_group_of(idx)
+        match cascade {
+            true => self.restart_group_of(idx),
+            false => Ok(None),
+        }
     }
 
     /// Restarts the members of component `idx`'s group that its failure
-    /// takes with it (`one_for_all`: all; `rest_for_one`: those after it),
-    /// each killed and micro-rebooted as on a crash, in group order. Their
-    /// restarts take no one else with them.
+    /// takes with it (`one_for_all`: all; `rest_for_one`: those after it):
+    /// each live one is sent SIGKILL, in group order, and its death is
+    /// rebooted when the event loop sees it, as on a crash (the loop never
+    /// waits here for a process to die: one in an uninterruptible sleep
+    /// would hold it). Their restarts take no one else with them.
     fn restart_group_of(&mut self, idx: usize) -> Result<Option<StopReason>, SupervisorError> {
         let failed = self.comps[idx].spec.name.clone();
         let Some(group) = self.groups.iter().find(|g| g.members.contains(&failed)) else {
@@ -108,22 +116,18 @@ impl Supervisor<'_> {
                 continue;
             };
             let m = &mut self.comps[j];
-            // Down, starting or given up: nothing live to restart.
-            let Some(live) = m.take_live() else {
+            // Down, starting, given up or already killed: nothing live to
+            // restart.
+            let Some(live) = m.live().filter(|_| !m.killed_for_group) else {
                 continue;
             };
-            self.roster.set_live(&other, None, m.epoch);
-            let detected = Instant::now();
-            let (pid, exit) = (live.proc.pid, live.proc.kill());
+            live.proc.signal(Signal::KILL);
+            m.killed_for_group = true;
             self.emit(Event::GroupRestarted {
                 component: other,
                 group: group_name.clone(),
                 because: failed.clone(),
             });
-            let pending = self.crashed(j, pid, exit, detected);
-            if let Some(stop) = self.restart(j, Attempt::new(detected, pending))? {
-                return Ok(Some(stop));
-            }
         }
         Ok(None)
     }

@@ -446,6 +446,7 @@ impl<'a> Supervisor<'a> {
             phase: Phase::Down,
             standby: Standby::new(),
             dying: Vec::new(),
+            killed_for_group: false,
             epoch: 0,
         });
         let inc = self.fork_now(idx)?;

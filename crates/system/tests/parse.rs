@@ -486,7 +486,7 @@ fn unknown_key() {
         msg,
         "sys.toml:7:1: unknown field `foo`, expected one of `name`, `binary`, `provides`, `uses`, \
          `priority`, `realtime`, `recovery`, `reboot`, `restart`, `slots`, `arena_kib`, \
-         `pool_kib`, `journal_kib`, `capabilities`, `vault_quota`, `sockets`, \
+         `pool_kib`, `journal_kib`, `capabilities`, `user`, `vault_quota`, `sockets`, \
          `watchdog`, `start_timeout_ms`, `stop_timeout_ms`, `checkpoint`, `config`"
     );
     let (msg, _) = err_with_head(

@@ -27,6 +27,19 @@ fn status(tag: &str, dir: &Path) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
+/// Polls `ready` every 20 ms until it gives something, for up to 30 s,
+/// else fails with `never`.
+fn until<T>(never: &str, mut ready: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(t) = ready() {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{never}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn component<'a>(s: &'a Value, name: &str) -> &'a Value {
     s["components"]
         .as_array()
@@ -51,19 +64,13 @@ fn status_restart_and_stop_a_running_system() {
         .spawn()
         .unwrap();
     // Once both are live.
-    let until = Instant::now() + Duration::from_secs(30);
-    let first = loop {
-        if let (true, out, _) = cli(&tag, &dir, &["status", "demo", "--json"]) {
-            let s: Value = serde_json::from_str(&out).unwrap();
-            // Both registered (the roster fills as they boot) and live.
-            let comps = s["components"].as_array().unwrap();
-            if comps.len() == 2 && comps.iter().all(|c| c["state"] == "live") {
-                break s;
-            }
-        }
-        assert!(Instant::now() < until, "the demo never came up");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let first = until("the demo never came up", || {
+        let (ok, out, _) = cli(&tag, &dir, &["status", "demo", "--json"]);
+        let s: Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
+        // Both registered (the roster fills as they boot) and live.
+        let comps = s["components"].as_array()?;
+        (comps.len() == 2 && comps.iter().all(|c| c["state"] == "live")).then_some(s)
+    });
     assert_eq!(first["system"], "demo");
     assert_eq!(first["supervisor_pid"], child.id());
     let ramfs = component(&first, "ramfs");
@@ -73,16 +80,14 @@ fn status_restart_and_stop_a_running_system() {
     );
     let old_pid = ramfs["pid"].as_u64().unwrap();
     // Each component's last lines on stderr, named.
-    let until = Instant::now() + Duration::from_secs(10);
-    let lines = loop {
+    let lines = until("no last lines of the workload", || {
         let s = status(&tag, &dir);
         let lines = component(&s, "workload")["last_lines"].clone();
-        if lines.as_array().is_some_and(|l| !l.is_empty()) {
-            break lines;
-        }
-        assert!(Instant::now() < until, "no last lines: {s}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+        lines
+            .as_array()
+            .is_some_and(|l| !l.is_empty())
+            .then_some(lines)
+    });
     assert!(
         lines.as_array().unwrap().iter().any(|l| l
             .as_str()
@@ -116,16 +121,11 @@ fn status_restart_and_stop_a_running_system() {
         out.contains(&format!("ramfs: restarting (pid {old_pid}")),
         "{out}"
     );
-    let until = Instant::now() + Duration::from_secs(30);
-    let after = loop {
+    let after = until("ramfs never restarted", || {
         let s = status(&tag, &dir);
         let r = component(&s, "ramfs");
-        if r["restarts"] == 1 && r["state"] == "live" {
-            break r.clone();
-        }
-        assert!(Instant::now() < until, "ramfs never restarted: {s}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+        (r["restarts"] == 1 && r["state"] == "live").then(|| r.clone())
+    });
     assert_ne!(after["pid"].as_u64().unwrap(), old_pid);
     // ramfs keeps a record, and a descriptor, per file in its vault.
     assert!(after["vault_records"].as_u64().unwrap() > 0, "{after}");
@@ -701,14 +701,12 @@ crash_after_ms = 60000
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let until = Instant::now() + Duration::from_secs(30);
-    while !cli(&tag, &dir, &["status", "hurry", "--json"])
-        .1
-        .contains("\"live\"")
-    {
-        assert!(Instant::now() < until, "fragile never came up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("fragile never came up", || {
+        cli(&tag, &dir, &["status", "hurry", "--json"])
+            .1
+            .contains("\"live\"")
+            .then_some(())
+    });
     let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
     std::thread::sleep(Duration::from_millis(500));
@@ -748,11 +746,9 @@ fn a_client_that_sends_nothing_holds_no_one_elses_request() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let until = Instant::now() + Duration::from_secs(30);
-    while !cli(&tag, &dir, &["status", "demo"]).0 {
-        assert!(Instant::now() < until, "the demo never came up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("the demo never came up", || {
+        cli(&tag, &dir, &["status", "demo"]).0.then_some(())
+    });
     let socket = dir.join(format!("kintsugi/demo.{}.sock", child.id()));
     let answer = |conn: &UnixStream| {
         let mut line = String::new();

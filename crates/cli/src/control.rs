@@ -10,13 +10,13 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
 use kintsugi_supervisor::{CheckpointSummary, FaultReport, Roster};
 
+use crate::serve::{Server, MAX_SERVED};
 use crate::status::SystemStatus;
 use serde::{Deserialize, Serialize};
 
@@ -57,17 +57,14 @@ pub(crate) enum Answer {
 /// The listening socket of a running system; removed when dropped.
 pub struct Control {
     path: PathBuf,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// Serves each connection on a thread of its own (`serve.rs`).
+    _server: Server,
 }
 
 /// The control socket of the run of system `name` by supervisor `pid`.
 fn socket_path(name: &str, pid: u32) -> anyhow::Result<PathBuf> {
     crate::roster::private_dir().map(|d| d.join(format!("{name}.{pid}.sock")))
 }
-
-/// How often the listening thread looks at its stop flag.
-const POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Control {
     pub fn start(system: &str, roster: Arc<Roster>) -> anyhow::Result<Self> {
@@ -78,91 +75,26 @@ impl Control {
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).with_context(|| format!("{}", path.display()))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-        listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("control".into())
-            .spawn(move || {
-                let serving = Arc::new(AtomicUsize::new(0));
-                while !stopping.load(Ordering::SeqCst) {
-                    match listener.accept() {
-                        Ok((conn, _)) => {
-                            let _ = conn.set_nonblocking(false);
-                            let request = Served {
-                                system: name.clone(),
-                                roster: roster.clone(),
-                                started,
-                                serving: serving.clone(),
-                            };
-                            request.spawn(conn);
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            let mut fds = [rustix::event::PollFd::new(
-                                &listener,
-                                rustix::event::PollFlags::IN,
-                            )];
-                            let ts = rustix::time::Timespec {
-                                tv_sec: 0,
-                                tv_nsec: POLL.as_nanos() as i64,
-                            };
-                            let _ = rustix::event::poll(&mut fds, Some(&ts));
-                        }
-                        Err(_) => std::thread::sleep(POLL),
-                    }
-                }
-            })?;
+        let server = Server::start(
+            "control",
+            listener,
+            move |conn| serve(conn, &name, &roster, started),
+            |conn| {
+                let busy = format!("busy: {MAX_SERVED} requests are being served; try again");
+                reply(&conn, &Answer::Error(busy));
+            },
+        )?;
         Ok(Self {
             path,
-            stop,
-            thread: Some(thread),
+            _server: server,
         })
     }
 }
 
 impl Drop for Control {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        // First: no client finds the socket while its server stops.
         let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// At most this many requests are served at once; a connection beyond
-/// them is told so and closed.
-const MAX_SERVED: usize = 16;
-
-/// One connection's request, served on a thread of its own: a client that
-/// is slow to send (it has 5 s) or a checkpoint that waits for a safe
-/// point holds no one else's `status`.
-struct Served {
-    system: String,
-    roster: Arc<Roster>,
-    started: std::time::Instant,
-    /// Requests being served.
-    serving: Arc<AtomicUsize>,
-}
-
-impl Served {
-    fn spawn(self, conn: UnixStream) {
-        if self.serving.fetch_add(1, Ordering::SeqCst) >= MAX_SERVED {
-            self.serving.fetch_sub(1, Ordering::SeqCst);
-            let busy = format!("busy: {MAX_SERVED} requests are being served; try again");
-            reply(&conn, &Answer::Error(busy));
-            return;
-        }
-        let serving = self.serving.clone();
-        let spawned = std::thread::Builder::new()
-            .name("control-request".into())
-            .spawn(move || {
-                serve(conn, &self.system, &self.roster, self.started);
-                self.serving.fetch_sub(1, Ordering::SeqCst);
-            });
-        if spawned.is_err() {
-            serving.fetch_sub(1, Ordering::SeqCst);
-        }
     }
 }
 

@@ -8,6 +8,7 @@ mod metrics;
 mod notify;
 mod roster;
 mod run;
+mod serve;
 mod status;
 
 use std::path::PathBuf;

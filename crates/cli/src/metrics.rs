@@ -8,8 +8,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -21,6 +20,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+
+use crate::serve::Server;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ComponentLabel {
@@ -204,8 +205,10 @@ impl Series {
 /// The endpoint; stops serving when dropped.
 pub struct Metrics {
     series: Arc<Series>,
-    stop: Arc<AtomicBool>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Serves each connection on a thread of its own (`serve.rs`): any
+    /// local user can reach a loopback port, and one who connects and
+    /// sends nothing must not hold the scrapes.
+    _server: Server,
 }
 
 impl Metrics {
@@ -218,27 +221,24 @@ impl Metrics {
         );
         let listener = TcpListener::bind(addr).with_context(|| format!("--metrics {addr}"))?;
         let addr = listener.local_addr()?;
-        listener.set_nonblocking(true)?;
         let series = Arc::new(Series::new());
-        let stop = Arc::new(AtomicBool::new(false));
-        let (s, stopping) = (series.clone(), stop.clone());
-        let thread = std::thread::Builder::new()
-            .name("metrics".into())
-            .spawn(move || {
-                while !stopping.load(Ordering::SeqCst) {
-                    match listener.accept() {
-                        Ok((conn, _)) => {
-                            let _ = answer(conn, &s, &roster);
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                    }
-                }
-            })?;
+        let s = series.clone();
+        let server = Server::start(
+            "metrics",
+            listener,
+            move |conn| {
+                let _ = answer(conn, &s, &roster);
+            },
+            |mut conn| {
+                let _ = conn.write_all(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                );
+            },
+        )?;
         tracing::info!("metrics at http://{addr}/metrics");
         Ok(Self {
             series,
-            stop,
-            thread: Mutex::new(Some(thread)),
+            _server: server,
         })
     }
 
@@ -248,19 +248,9 @@ impl Metrics {
     }
 }
 
-impl Drop for Metrics {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// Answers one HTTP request: the metrics for `GET /metrics`, 404 for any
 /// other path. A client that sends nothing is dropped after a second.
 fn answer(conn: TcpStream, series: &Series, roster: &Roster) -> std::io::Result<()> {
-    conn.set_nonblocking(false)?;
     conn.set_read_timeout(Some(Duration::from_secs(1)))?;
     let mut request_line = String::new();
     let mut reader = BufReader::new(&conn);

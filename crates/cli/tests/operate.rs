@@ -322,6 +322,27 @@ fn the_metrics_endpoint_serves_the_prometheus_format() {
     assert!(records.unwrap() > 0.0, "{samples:?}");
     let (status, _) = scrape(port, "/other");
     assert_eq!(status, "HTTP/1.1 404 Not Found");
+    // Any local user reaches a loopback port. A connection that sends
+    // nothing holds no one's scrape: the scrape is answered while it waits,
+    // and it is still served after (one at a time, the scrape would have
+    // waited out its 1 s read timeout, which closes it unanswered).
+    {
+        use std::io::{Read, Write};
+        let connect = || std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut silent = connect();
+        assert_eq!(scrape(port, "/metrics").0, "HTTP/1.1 200 OK");
+        write!(silent, "GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        silent.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+        // As many as are served at once; one beyond is turned away at once.
+        let held: Vec<std::net::TcpStream> = (0..16).map(|_| connect()).collect();
+        let mut beyond = connect();
+        let mut reply = String::new();
+        beyond.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+        drop(held);
+    }
     let _ = child.kill();
     let _ = child.wait();
     std::thread::sleep(Duration::from_millis(100));

@@ -19,8 +19,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::abi::channel::{flags, liveness, state, status, Edge, SlotHeader, CHANGE_COUNTERS};
+use crate::abi::channel::{flags, liveness, state, status, Edge, CHANGE_COUNTERS};
 use crate::futex;
+use crate::journal::{self, Outcome, Outgoing};
 use crate::priority;
 use crate::stub::{CallError, Fault, InterfaceError, InterfaceInfo, Refusal, ReplyStatus};
 use crate::upcall::{Handler, Listener, Recover};
@@ -65,6 +66,9 @@ struct Inner {
     upcalls: Arc<Listener>,
     server: String,
     info: &'static InterfaceInfo,
+    /// Names the connection in a request log ([`crate::journal`]): a hash
+    /// of the server's name, the same in every incarnation.
+    id: u64,
     /// Whether a supervisor's watchdog acts on suspicions ([`EdgeHeader::suspected`](crate::abi::channel::EdgeHeader)).
     watched: bool,
 }
@@ -89,12 +93,20 @@ impl Connection {
         watched: bool,
     ) -> std::io::Result<Self> {
         upcalls.start()?;
+        let id = {
+            use std::hash::{Hash, Hasher};
+            // Fixed keys: the same in every process.
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            server.hash(&mut h);
+            h.finish()
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 edge: upcalls.edge().clone(),
                 upcalls,
                 server,
                 info,
+                id,
                 watched,
             }),
         })
@@ -109,8 +121,14 @@ impl Connection {
         &self.inner.server
     }
 
-    /// The server's current epoch (incarnation number).
+    /// The server's current epoch (incarnation number); while a
+    /// checkpoint-recovered server replays a request, the epoch its next
+    /// recorded call on this connection saw.
     pub fn epoch(&self) -> u64 {
+        journal::replayed_epoch(self.inner.id).unwrap_or_else(|| self.live_epoch())
+    }
+
+    fn live_epoch(&self) -> u64 {
         self.inner.edge.header().epoch.load(Ordering::SeqCst)
     }
 
@@ -171,7 +189,27 @@ impl Connection {
     ) -> Result<T, Fault> {
         // A server's worker that calls on is waiting, not running: the
         // watchdog must not blame a hang of the callee on it.
-        crate::watchdog::blocking(|| self.call_now(func, epoch, encode, decode))
+        let recorder = match journal::outgoing(self.inner.id, func, || self.live_epoch()) {
+            Outgoing::Direct => None,
+            Outgoing::Record(recorder) => Some(recorder),
+            Outgoing::Replayed(Outcome::Reply {
+                status,
+                code,
+                bytes,
+            }) => {
+                return reply(status, code, &bytes, &mut false)
+                    .and_then(|r| decode(r).map_err(Fault::Decode))
+            }
+            Outgoing::Replayed(Outcome::Fault(fault)) => return Err(fault),
+            Outgoing::Refused => return Err(journal::refused()),
+        };
+        let result = crate::watchdog::blocking(|| {
+            self.call_now(func, epoch, encode, decode, recorder.as_ref())
+        });
+        if let Some(recorder) = recorder {
+            recorder.finish(result.as_ref().err());
+        }
+        result
     }
 
     /// Invokes `func` as a generated client stub does: `encode` writes the
@@ -214,6 +252,7 @@ impl Connection {
         epoch: Option<u64>,
         encode: impl FnOnce(&mut Writer<'_>) -> Result<(), WireError>,
         decode: impl FnOnce(ReplyStatus<'_>) -> Result<T, WireError>,
+        record: Option<&journal::Recorder>,
     ) -> Result<T, Fault> {
         let edge = &self.inner.edge;
         self.wait_until_up()?;
@@ -260,7 +299,14 @@ impl Connection {
                     len,
                     |private| edge.copy_response(slot, private),
                     |response| {
-                        reply(s, response, &mut impossible).and_then(|r| {
+                        let (status, code) = (
+                            s.status.load(Ordering::Relaxed),
+                            s.code.load(Ordering::Relaxed),
+                        );
+                        if let Some(r) = record {
+                            r.stage(status, code, response);
+                        }
+                        reply(status, code, response, &mut impossible).and_then(|r| {
                             decode(r).map_err(|e| {
                                 impossible = true;
                                 Fault::Decode(e)
@@ -391,14 +437,26 @@ impl Drop for RecoveryScope {
 struct Claim {
     edge: Arc<Edge>,
     slot: u32,
+    /// The edge's `claims_round` when it was claimed: a claim of an older
+    /// round was voided by the supervisor, and the slot may be another
+    /// thread's now.
+    round: u64,
+}
+
+impl Claim {
+    fn valid(&self) -> bool {
+        self.edge.header().claims_round.load(Ordering::Acquire) == self.round
+    }
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        self.edge
-            .header()
-            .claimed
-            .fetch_and(!(1u64 << self.slot), Ordering::AcqRel);
+        if self.valid() {
+            self.edge
+                .header()
+                .claimed
+                .fetch_and(!(1u64 << self.slot), Ordering::AcqRel);
+        }
     }
 }
 
@@ -412,9 +470,14 @@ fn claimed_slot(edge: &Arc<Edge>) -> u32 {
     CLAIMS.with(|claims| {
         let mut claims = claims.borrow_mut();
         if let Some(c) = claims.iter().find(|c| Arc::ptr_eq(&c.edge, edge)) {
-            return c.slot;
+            if c.valid() {
+                return c.slot;
+            }
+            // Voided (this thread was restored from a checkpoint): claim anew.
+            claims.retain(|c| !Arc::ptr_eq(&c.edge, edge));
         }
         let h = edge.header();
+        let round = h.claims_round.load(Ordering::Acquire);
         let all = if edge.slot_count() == 64 {
             u64::MAX
         } else {
@@ -443,25 +506,26 @@ fn claimed_slot(edge: &Arc<Edge>) -> u32 {
         claims.push(Claim {
             edge: edge.clone(),
             slot,
+            round,
         });
         slot
     })
 }
 
-/// What a slot in RESPONSE says, its reply bytes copied out as `response`;
-/// `impossible` is set for a refusal no correct server gives.
+/// What a reply of `status` and `code` says, its bytes copied out as
+/// `response`; `impossible` is set for a refusal no correct server gives.
 fn reply<'a>(
-    s: &SlotHeader,
+    status: u32,
+    code: u32,
     response: &'a [u8],
     impossible: &mut bool,
 ) -> Result<ReplyStatus<'a>, Fault> {
-    match s.status.load(Ordering::Relaxed) {
+    match status {
         status::OK => Ok(ReplyStatus::Ok(Reader::new(response))),
-        status::APP_ERROR => Ok(ReplyStatus::AppError(s.code.load(Ordering::Relaxed))),
+        status::APP_ERROR => Ok(ReplyStatus::AppError(code)),
         status::STALE => Err(Fault::Stale),
         _ => {
             let why = String::from_utf8_lossy(response).into_owned();
-            let code = s.code.load(Ordering::Relaxed);
             *impossible = Refusal::is_server_fault(code);
             Err(match code == Refusal::UnknownDescriptor(0).code() {
                 true => Fault::NoDescriptor(why),

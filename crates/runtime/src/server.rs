@@ -231,11 +231,12 @@ impl SlotWorker {
             |request| match &self.journal {
                 None => Ok(dispatch_raw(service, caller, func, request, response)),
                 Some((journal, edge)) => {
-                    let at = journal.accept(*edge, self.slot, s, func, request)?;
-                    let (st, code, n) = dispatch_raw(service, caller, func, request, response);
-                    if let Some(at) = at {
-                        journal.replied(at, st, code, &response[..n]);
-                    }
+                    let Some(at) = journal.accept(*edge, self.slot, s, func, request)? else {
+                        return Ok(dispatch_raw(service, caller, func, request, response));
+                    };
+                    let (st, code, n) =
+                        journal.run(at, || dispatch_raw(service, caller, func, request, response));
+                    journal.replied(at, st, code, &response[..n]);
                     Ok((st, code, n))
                 }
             },

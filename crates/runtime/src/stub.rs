@@ -261,7 +261,7 @@ pub enum ReplyStatus<'a> {
 
 /// Why an invocation did not produce a reply. Client stubs handle every
 /// variant but `Lost` and `Refused` themselves.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Error, serde::Serialize, serde::Deserialize)]
 pub enum Fault {
     /// The server was rebooted before the call ran: the call had no effect.
     #[error("server rebooted before the call ran")]

@@ -8,7 +8,7 @@
 use thiserror::Error;
 
 /// A malformed or oversized encoding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error, serde::Serialize, serde::Deserialize)]
 pub enum WireError {
     #[error("payload does not fit in the channel slot")]
     Overflow,

@@ -182,6 +182,13 @@ pub struct Summary {
     pub replayed: u64,
     #[serde(default)]
     pub replay_us: u64,
+    /// Of the replayed requests' calls to other servers: answered from
+    /// the log, and divergences (calls the log did not hold, replies that
+    /// differed from the logged ones).
+    #[serde(default)]
+    pub replayed_calls: u64,
+    #[serde(default)]
+    pub diverged: u64,
 }
 
 /// Asks the checkpoint thread for something; the answer comes back on
@@ -688,6 +695,9 @@ fn rolled_back(c: &Tracked, pid: u32) {
         e.reset_serving();
         e.clear_suspicion();
     }
+    for e in &c.quiet.used {
+        e.client_restored();
+    }
     let ctl: &ControlBlock = c.quiet.control.at(0);
     for w in ctl.watch.workers.iter() {
         if w.pid.load(Ordering::Relaxed) == pid {
@@ -759,7 +769,10 @@ fn recover(c: &mut Tracked, fresh: bool) -> Result<Summary, String> {
     wake_for_replay(c);
     if wait_replayed(&journal, pid) {
         done.replay_us = replay_started.elapsed().as_micros() as u64;
-        done.replayed = journal.header().last_replay_entries.load(Ordering::SeqCst);
+        let h = journal.header();
+        done.replayed = h.last_replay_entries.load(Ordering::SeqCst);
+        done.replayed_calls = h.last_replay_calls.load(Ordering::SeqCst);
+        done.diverged = h.last_replay_diverged.load(Ordering::SeqCst);
     }
     done.total_us = started.elapsed().as_micros() as u64;
     Ok(done)
@@ -887,6 +900,8 @@ fn summary(
         periodic_skipped: c.skipped,
         replayed: 0,
         replay_us: 0,
+        replayed_calls: 0,
+        diverged: 0,
     }
 }
 

@@ -198,6 +198,12 @@ pub enum Event {
         /// The replay, if it was over within 2 s.
         #[serde(rename = "replay_us", with = "micros")]
         replay: Duration,
+        /// Calls of the replayed requests to other servers answered from
+        /// the log, and divergences (see `kintsugi_runtime`'s journal).
+        #[serde(default)]
+        calls: u64,
+        #[serde(default)]
+        diverged: u64,
     },
     /// A component's first incarnation took an image exported elsewhere
     /// (`kintsugi run --restore`).
@@ -302,9 +308,11 @@ impl fmt::Display for Event {
                 pause,
                 entries,
                 replay,
+                calls,
+                diverged,
             } => write!(
                 f,
-                "{component}: checkpoint recovery into pid {pid}: {kind} ({pages} pages, held {} µs), {entries} logged requests replayed in {} µs",
+                "{component}: checkpoint recovery into pid {pid}: {kind} ({pages} pages, held {} µs), {entries} logged requests replayed in {} µs ({calls} calls to other servers answered from the log, {diverged} divergences)",
                 pause.as_micros(),
                 replay.as_micros()
             ),

@@ -78,6 +78,12 @@ impl Ladder {
             .insert(component.to_string(), (pid, Instant::now(), how));
     }
 
+    /// Whether `component`'s next recovery is to start fresh (not
+    /// asking: see [`Ladder::take_fresh`]).
+    pub fn fresh_next(&self, component: &str) -> bool {
+        self.fresh.contains(component)
+    }
+
     /// Whether `component`'s next recovery is to start fresh (asked once).
     pub fn take_fresh(&mut self, component: &str) -> bool {
         self.fresh.remove(component)

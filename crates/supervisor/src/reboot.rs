@@ -152,7 +152,16 @@ impl Supervisor<'_> {
             }
         }
         let epoch = m.epoch;
-        self.client_gone(idx);
+        if journaled && !self.ladder.fresh_next(&name) {
+            // Its state comes back from a checkpoint and the log: the
+            // descriptors it holds of its servers stay valid (see
+            // `Edge::client_restored`).
+            for u in &self.comps[idx].wiring.used {
+                u.edge.client_restored();
+            }
+        } else {
+            self.client_gone(idx);
+        }
         // Events are emitted after the reboot, so that logging does not delay it.
         let in_flight = calls
             .into_iter()
@@ -320,6 +329,8 @@ impl Supervisor<'_> {
                     pause: Duration::from_micros(done.pause_us),
                     entries: done.replayed,
                     replay: Duration::from_micros(done.replay_us),
+                    calls: done.replayed_calls,
+                    diverged: done.diverged,
                 });
                 Ok(())
             }

@@ -9,20 +9,38 @@
 //! the requests served since (`kintsugi_runtime`'s journal; issue 16).
 //! Without it, a crash loses every key, which is what its tests compare
 //! against.
+//!
+//! With `changelog = "/path"` in its config (and `uses = ["fs"]`) it also
+//! writes every update as a line of a file in ramfs (`changelog.rs`): a
+//! checkpoint-recovered server that is itself a client.
 
 #![forbid(unsafe_code)]
 
+mod changelog;
 mod store;
 
 use std::sync::Arc;
 
-use kintsugi_interfaces::kv;
+use kintsugi_interfaces::{fs, kv};
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Config {
+    /// A file (in the `fs` server it uses) to write every update to.
+    changelog: Option<String>,
+}
 
 fn main() {
     kintsugi_runtime::run(|rt| {
+        let config: Config = rt.config()?;
+        let changelog = match config.changelog {
+            Some(path) => Some(changelog::Changelog::new(fs::Client::connect(rt)?, path)),
+            None => None,
+        };
         tracing::debug!(epoch = rt.epoch(), "kv serving");
         Ok(kintsugi_runtime::Incarnation::serve(vec![kv::service(
-            Arc::new(store::Store::default()),
+            Arc::new(store::Store::new(changelog)),
         )]))
     })
 }

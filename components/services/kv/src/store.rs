@@ -1,7 +1,8 @@
 //! The store: keys to values in a `BTreeMap` (key order for `scan`), and a
 //! version raised by every update. Deterministic by construction: nothing
-//! here reads a clock, a random number or anything outside the map, which
-//! is what replaying its requests needs.
+//! here reads a clock, a random number or anything outside the map but
+//! the changelog's replies, which the request log records, which is what
+//! replaying its requests needs.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -10,6 +11,8 @@ use std::sync::{Mutex, MutexGuard};
 use kintsugi_interfaces::kv::{self, Error, Pair};
 use kintsugi_runtime::Caller;
 
+use crate::changelog::{Changelog, Position};
+
 /// Reply bytes `scan` fills at most (a reply buffer holds 64 KiB).
 const SCAN_BYTES: usize = 48 * 1024;
 
@@ -17,30 +20,51 @@ const SCAN_BYTES: usize = 48 * 1024;
 struct Map {
     entries: BTreeMap<String, Vec<u8>>,
     version: u64,
-}
-
-impl Map {
-    fn set(&mut self, key: &str, value: &[u8]) -> u64 {
-        self.entries.insert(key.to_string(), value.to_vec());
-        self.version += 1;
-        self.version
-    }
+    /// Where the changelog's next record goes.
+    logged: Position,
 }
 
 #[derive(Default)]
 pub struct Store {
     map: Mutex<Map>,
+    changelog: Option<Changelog>,
 }
 
 impl Store {
+    pub fn new(changelog: Option<Changelog>) -> Self {
+        Self {
+            map: Mutex::default(),
+            changelog,
+        }
+    }
+
     fn map(&self) -> MutexGuard<'_, Map> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts an update (`op` of `key`), recording it in the changelog
+    /// first if there is one; returns the new version. The caller changes
+    /// the map only if this succeeds.
+    fn update(&self, map: &mut Map, op: &str, key: &str) -> Result<u64, Error> {
+        let version = map.version + 1;
+        if let Some(log) = &self.changelog {
+            let line = format!("{version} {op} {key}\n");
+            map.logged = log.append(map.logged, line.as_bytes())?;
+        }
+        map.version = version;
+        Ok(version)
+    }
+
+    fn set(&self, map: &mut Map, op: &str, key: &str, value: &[u8]) -> Result<u64, Error> {
+        let version = self.update(map, op, key)?;
+        map.entries.insert(key.to_string(), value.to_vec());
+        Ok(version)
     }
 }
 
 impl kv::Server for Store {
     fn put(&self, _: &Caller, key: &str, value: &[u8]) -> Result<u64, Error> {
-        Ok(self.map().set(key, value))
+        self.set(&mut self.map(), "put", key, value)
     }
 
     fn get(&self, _: &Caller, key: &str, out: &mut [u8]) -> Result<usize, Error> {
@@ -52,9 +76,12 @@ impl kv::Server for Store {
 
     fn delete(&self, _: &Caller, key: &str) -> Result<u64, Error> {
         let mut map = self.map();
-        map.entries.remove(key).ok_or(Error::NotFound)?;
-        map.version += 1;
-        Ok(map.version)
+        if !map.entries.contains_key(key) {
+            return Err(Error::NotFound);
+        }
+        let version = self.update(&mut map, "delete", key)?;
+        map.entries.remove(key);
+        Ok(version)
     }
 
     fn cas(
@@ -73,7 +100,7 @@ impl kv::Server for Store {
         if !matches {
             return Err(Error::Mismatch);
         }
-        Ok(map.set(key, value))
+        self.set(&mut map, "cas", key, value)
     }
 
     fn scan(&self, _: &Caller, from: &str, limit: u32) -> Result<Vec<Pair>, Error> {

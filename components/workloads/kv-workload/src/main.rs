@@ -14,6 +14,13 @@
 //! or applied twice by a recovery would break. A final scan of each
 //! thread's keys must match its model whole.
 //!
+//! With `changelog = "/path"` (kv configured with the same changelog, and
+//! this component kv's only client), it also reads kv's changelog through
+//! `fs` at the end: one line per update, versions 1, 2, 3… with no gap
+//! and none twice, as many as kv's version and as this component's
+//! successful updates; so an update whose record a recovery lost, or
+//! wrote twice, is found.
+//!
 //! It publishes the counters `ops`, `errors` and `corrupt`, and prints a
 //! JSON report once its operations are done (or, with `ops = 0`, once the
 //! system asks it to stop); it fails if anything went wrong.
@@ -25,6 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kintsugi_interfaces::kv::{self, Error};
+use kintsugi_interfaces::fs;
 use kintsugi_runtime::counters::{Failures, WorkloadCounters};
 use kintsugi_runtime::{CallError, Incarnation};
 use rand::rngs::StdRng;
@@ -49,6 +57,8 @@ pub struct Config {
     /// A file to write the report to as well (for benchmarks, whose
     /// components share the supervisor's stdout).
     pub report: Option<std::path::PathBuf>,
+    /// kv's changelog, read back through `fs` and checked at the end.
+    pub changelog: Option<String>,
 }
 
 impl Default for Config {
@@ -61,6 +71,7 @@ impl Default for Config {
             value_max: 256,
             think_us: 100,
             report: None,
+            changelog: None,
         }
     }
 }
@@ -78,6 +89,10 @@ struct Report {
     /// counter's final value.
     increments: u64,
     counter: u64,
+    /// Updates that succeeded, all threads together, and the changelog's
+    /// records (with a changelog).
+    updates: u64,
+    changelog_records: Option<u64>,
     #[serde(flatten)]
     failures: Failures,
 }
@@ -90,6 +105,8 @@ struct Checker<'a> {
     model: BTreeMap<String, Vec<u8>>,
     /// The store's version after this thread's last update.
     version: u64,
+    /// Updates that succeeded.
+    updates: u64,
     failures: Failures,
     op: u64,
 }
@@ -128,6 +145,7 @@ impl Checker<'_> {
             ));
         }
         self.version = version;
+        self.updates += 1;
     }
 
     /// Checks one answer against the model: `Ok(Some(v))` a value,
@@ -305,7 +323,7 @@ fn work(
     counters: &WorkloadCounters,
     increments: &AtomicU64,
     stop: &(dyn Fn() -> bool + Sync),
-) -> (u64, Failures) {
+) -> (u64, u64, Failures) {
     let mut rng = StdRng::seed_from_u64(
         config
             .seed
@@ -318,6 +336,7 @@ fn work(
         thread,
         model: BTreeMap::new(),
         version: 0,
+        updates: 0,
         failures: Failures::default(),
         op: 0,
     };
@@ -336,13 +355,71 @@ fn work(
     }
     c.verify_all(config);
     counters.publish(&mut seen, &c.failures);
-    (c.op, c.failures)
+    (c.op, c.updates, c.failures)
+}
+
+/// Reads kv's changelog whole through `fs`.
+fn read_changelog(fs: &fs::Client, path: &str) -> Result<Vec<u8>, String> {
+    let file = fs.open(path, 0).map_err(|e| format!("open {path}: {e}"))?;
+    let mut bytes = Vec::new();
+    loop {
+        let chunk = fs.read(file, 65536).map_err(|e| format!("read {path}: {e}"))?;
+        if chunk.is_empty() {
+            break;
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    fs.close(file).map_err(|e| format!("close {path}: {e}"))?;
+    Ok(bytes)
+}
+
+/// Checks the changelog against kv's version and this component's
+/// updates (see the module doc); returns its records.
+fn check_changelog(
+    fs: &fs::Client,
+    path: &str,
+    client: &kv::Client,
+    updates: u64,
+    failures: &mut Failures,
+) -> u64 {
+    let bytes = match read_changelog(fs, path) {
+        Ok(b) => b,
+        Err(e) => {
+            failures.error(format!("changelog: {e}"));
+            return 0;
+        }
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let mut records = 0u64;
+    for line in text.lines() {
+        let version = line.split(' ').next().and_then(|v| v.parse::<u64>().ok());
+        if version != Some(records + 1) {
+            failures.corrupt(format!(
+                "changelog: record {} is {line:?}, not version {}",
+                records + 1,
+                records + 1
+            ));
+            return records;
+        }
+        records += 1;
+    }
+    let version = client.stats().ok().and_then(|s| s.first().copied());
+    if version != Some(records) || records != updates {
+        failures.corrupt(format!(
+            "changelog: {records} records, kv's version {version:?}, {updates} updates made"
+        ));
+    }
+    records
 }
 
 fn main() {
     kintsugi_runtime::run(|rt| {
         let config: Config = rt.config()?;
         let client = kv::Client::connect(rt)?;
+        let fs = match config.changelog {
+            Some(_) => Some(fs::Client::connect(rt)?),
+            None => None,
+        };
         let component = rt.name().to_string();
         let rt = rt.clone();
         Ok(Incarnation::main(move || {
@@ -357,7 +434,7 @@ fn main() {
                 "kv-workload starting"
             );
             let started = std::time::Instant::now();
-            let runs: Vec<(u64, Failures)> = std::thread::scope(|s| {
+            let runs: Vec<(u64, u64, Failures)> = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..threads)
                     .map(|t| {
                         let (client, config, component) = (&client, &config, &component);
@@ -380,10 +457,12 @@ fn main() {
                 elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
                 ..Report::default()
             };
-            for (done, failures) in runs {
+            for (done, updates, failures) in runs {
                 report.completed.push(done);
+                report.updates += updates;
                 report.failures.merge(failures);
             }
+            report.updates += report.increments;
             report.counter = match client.get(&format!("{component}/counter")) {
                 Ok(v) => parse(&v),
                 Err(CallError::Server(Error::NotFound)) => 0,
@@ -397,6 +476,11 @@ fn main() {
                     "the counter reads {} after {} increments",
                     report.counter, report.increments
                 ));
+            }
+            if let (Some(fs), Some(path)) = (&fs, &config.changelog) {
+                let (updates, failures) = (report.updates, &mut report.failures);
+                let records = check_changelog(fs, path, &client, updates, failures);
+                report.changelog_records = Some(records);
             }
             let line = serde_json::to_string(&report)?;
             println!("{line}");

@@ -126,6 +126,10 @@ pub struct EdgeHeader {
     /// checkpoint of the client (a futex).
     pub client_hold: AtomicU32,
     _pad: AtomicU32,
+    /// Raised each time the slot claims are voided: a client thread's
+    /// claim of an older round is not its own any more (a checkpoint
+    /// restore puts back threads that remember claims).
+    pub claims_round: AtomicU64,
     /// Change counters the server publishes to its client, each raised
     /// after a change of what some calls return (what each one counts is
     /// the interface's to say). A client may keep a reply instead of
@@ -396,16 +400,34 @@ impl Edge {
     }
 
     pub fn client_down(&self) {
+        self.void_claims();
         let h = self.header();
-        h.claimed.store(0, Ordering::SeqCst);
-        for i in 0..self.slots {
-            self.slot(i).calling.store(0, Ordering::SeqCst);
-        }
         h.client_epoch.fetch_add(1, Ordering::SeqCst);
         futex::wake_all(&h.upcall_ack);
         // The dead client may have posted a request without waking its worker.
         for i in 0..self.slots {
             futex::wake_all(&self.slot(i).state);
+        }
+    }
+
+    /// The client's state was put back from a checkpoint (supervisor; the
+    /// client is dead or frozen): its slot claims are void, for its
+    /// restored threads remember the claims of the checkpoint's time, and
+    /// its calls in flight are over. Its server is not told of a death:
+    /// the restored client still holds what the server handed out.
+    pub fn client_restored(&self) {
+        self.void_claims();
+        for i in 0..self.slots {
+            futex::wake_all(&self.slot(i).state);
+        }
+    }
+
+    fn void_claims(&self) {
+        let h = self.header();
+        h.claims_round.fetch_add(1, Ordering::SeqCst);
+        h.claimed.store(0, Ordering::SeqCst);
+        for i in 0..self.slots {
+            self.slot(i).calling.store(0, Ordering::SeqCst);
         }
     }
 

@@ -4,8 +4,9 @@
 //! back by a restore (checkpoints capture private memory only).
 //!
 //! The log is a header and entries laid end to end, each an [`EntryHead`]
-//! followed by the request's bytes and, once it ran, the reply's, each
-//! padded to 8 bytes. The server appends (one request at a time: a
+//! followed by the request's bytes, the calls the request made to other
+//! servers (each a [`CallHead`] and its outcome's bytes) and, once it
+//! ran, the reply's bytes, each padded to 8 bytes. The server appends (one request at a time: a
 //! checkpoint-recovered server runs its requests in log order, see
 //! `crate::journal`); the supervisor cuts the log after each checkpoint,
 //! with the server frozen at a safe point, and asks for a replay after a
@@ -18,11 +19,14 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::abi::shm::{Region, SharedPod};
 use crate::futex;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"ksgjrnl1");
+const MAGIC: u64 = u64::from_le_bytes(*b"ksgjrnl2");
 /// Bytes before the first entry.
 pub const HEADER_SIZE: usize = 4096;
 /// Bytes of an entry's head.
 pub const ENTRY_HEAD: usize = std::mem::size_of::<EntryHead>();
+
+/// Bytes of a recorded call's head.
+pub const CALL_HEAD: usize = std::mem::size_of::<CallHead>();
 
 /// Entry states.
 pub mod entry {
@@ -60,6 +64,10 @@ pub struct JournalHeader {
     pub delivered: AtomicU64,
     pub last_replay_ns: AtomicU64,
     pub last_replay_entries: AtomicU64,
+    /// The last replay's calls to other servers answered from the log,
+    /// and its divergences.
+    pub last_replay_calls: AtomicU64,
+    pub last_replay_diverged: AtomicU64,
 }
 // SAFETY: repr(C), atomics only, all-zero is an empty log.
 unsafe impl SharedPod for JournalHeader {}
@@ -82,13 +90,48 @@ pub struct EntryHead {
     /// `channel::status::*` and code of the reply.
     pub status: AtomicU32,
     pub code: AtomicU32,
+    /// Bytes of the calls to other servers recorded after the request.
+    pub calls_len: AtomicU32,
+    /// 1 once a call found no room in the log: it and every later call of
+    /// the request were refused without being made.
+    pub calls_cut: AtomicU32,
 }
+
+/// Kinds of a recorded call.
+pub mod call {
+    /// The server's reply: status, code and bytes as they came.
+    pub const REPLY: u32 = 1;
+    /// The call failed without a reply it could use: the bytes are the
+    /// fault (JSON).
+    pub const FAULT: u32 = 2;
+}
+
+/// A call the logged request made to another server, and its outcome
+/// (`crate::journal`'s `calls`).
+#[repr(C)]
+pub struct CallHead {
+    /// `call::*`.
+    pub kind: AtomicU32,
+    pub func: AtomicU32,
+    /// Which connection (a hash of its server's name).
+    pub conn: AtomicU64,
+    /// The server's epoch when the call was made.
+    pub epoch: AtomicU64,
+    pub status: AtomicU32,
+    pub code: AtomicU32,
+    pub len: AtomicU32,
+    _pad: AtomicU32,
+}
+// SAFETY: repr(C), atomics only; every bit pattern is a (possibly invalid,
+// and then refused) record.
+unsafe impl SharedPod for CallHead {}
 // SAFETY: repr(C), atomics only; every bit pattern is a (possibly invalid,
 // and then refused) entry.
 unsafe impl SharedPod for EntryHead {}
 
 const _: () = assert!(std::mem::size_of::<JournalHeader>() <= HEADER_SIZE);
 const _: () = assert!(ENTRY_HEAD.is_multiple_of(8));
+const _: () = assert!(CALL_HEAD.is_multiple_of(8));
 
 /// Rounds a length up to the entries' alignment.
 pub fn padded(len: usize) -> usize {
@@ -141,6 +184,12 @@ impl JournalRegion {
     /// there.
     pub fn head(&self, at: usize) -> Option<&EntryHead> {
         let fits = at.is_multiple_of(8) && at.checked_add(ENTRY_HEAD)? <= self.capacity();
+        fits.then(|| self.region.at(HEADER_SIZE + at))
+    }
+
+    /// The head of the call record at `at`, if one fits there.
+    pub fn call_head(&self, at: usize) -> Option<&CallHead> {
+        let fits = at.is_multiple_of(8) && at.checked_add(CALL_HEAD)? <= self.capacity();
         fits.then(|| self.region.at(HEADER_SIZE + at))
     }
 

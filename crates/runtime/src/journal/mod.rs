@@ -24,13 +24,20 @@
 //! exactly once: the slot's call number and client incarnation are logged
 //! with the request, and replay hands a reply over only while the slot
 //! still holds that very call.
+//!
+//! The calls a request makes to other servers are recorded in its entry
+//! and answered from there on replay ([`calls`]).
+
+mod calls;
+
+pub(crate) use calls::{outgoing, refused, replayed_epoch, Outcome, Outgoing, Recorder};
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use crate::abi::channel::{Edge, SlotHeader, BUFFER_SIZE};
-use crate::abi::journal::{entry, padded, EntryHead, JournalRegion, ENTRY_HEAD};
+use crate::abi::journal::{entry, padded, JournalRegion, ENTRY_HEAD};
 use crate::futex;
 use crate::server::{dispatch_into, publish, Reply};
 use crate::stub::{Caller, Service};
@@ -49,7 +56,7 @@ pub(crate) struct Served {
 
 /// The request log of this incarnation's process.
 pub(crate) struct Journal {
-    log: JournalRegion,
+    log: Arc<JournalRegion>,
     /// One request at a time, in log order.
     turn: Mutex<()>,
     /// Every provided edge, in boot order: set once the services exist,
@@ -66,14 +73,18 @@ struct Entry {
     client_epoch: u64,
     request: Vec<u8>,
     reply: Option<Reply>,
-    /// Where its reply goes (bytes after the header).
-    reply_at: usize,
+    /// The calls it made to other servers, and whether the log ran out of
+    /// room for them.
+    calls: Vec<calls::Recorded>,
+    calls_cut: bool,
+    /// Where the entry ends, once replied.
+    end: usize,
 }
 
 impl Journal {
     pub fn new(log: JournalRegion) -> Self {
         Self {
-            log,
+            log: Arc::new(log),
             turn: Mutex::new(()),
             served: OnceLock::new(),
         }
@@ -98,7 +109,7 @@ impl Journal {
     }
 
     /// Logs the request that slot `slot` of provided edge `edge` holds,
-    /// before it runs; returns where its reply goes (None: the log is
+    /// before it runs; returns where its entry is (None: the log is
     /// closed, the request runs unlogged). Called in turn.
     pub fn accept(
         &self,
@@ -133,6 +144,8 @@ impl Journal {
             .store(s.client_epoch.load(Ordering::Relaxed), Ordering::Relaxed);
         e.request_len.store(request.len() as u32, Ordering::Relaxed);
         e.response_len.store(0, Ordering::Relaxed);
+        e.calls_len.store(0, Ordering::Relaxed);
+        e.calls_cut.store(0, Ordering::Relaxed);
         e.state.store(entry::ACCEPTED, Ordering::Release);
         h.end.store(reply_at as u64, Ordering::SeqCst);
         h.count.fetch_add(1, Ordering::SeqCst);
@@ -140,24 +153,29 @@ impl Journal {
         Ok(Some(at))
     }
 
-    /// Records the reply (`status`, `code`, `bytes`) of the entry at `at`,
-    /// the last one. Called in turn.
-    pub fn replied(&self, at: usize, status: u32, code: u32, bytes: &[u8]) {
-        let Some(e) = self.log.head(at) else { return };
-        let reply_at = at + ENTRY_HEAD + padded(e.request_len.load(Ordering::Relaxed) as usize);
-        self.record(e, reply_at, status, code, bytes);
-        self.log
-            .header()
-            .end
-            .store((reply_at + padded(bytes.len())) as u64, Ordering::SeqCst);
+    /// Runs `f`, the request logged at `at`, recording the calls it makes.
+    pub fn run<R>(&self, at: usize, f: impl FnOnce() -> R) -> R {
+        calls::recording(&self.log, at, f)
     }
 
-    fn record(&self, e: &EntryHead, reply_at: usize, status: u32, code: u32, bytes: &[u8]) {
+    /// Records the reply (`status`, `code`, `bytes`) of the entry at `at`,
+    /// the last one; returns where the entry ends. Called in turn.
+    pub fn replied(&self, at: usize, status: u32, code: u32, bytes: &[u8]) -> usize {
+        let Some(e) = self.log.head(at) else {
+            return at;
+        };
+        let reply_at = at
+            + ENTRY_HEAD
+            + padded(e.request_len.load(Ordering::Relaxed) as usize)
+            + e.calls_len.load(Ordering::Acquire) as usize;
         self.log.write(reply_at, bytes);
         e.response_len.store(bytes.len() as u32, Ordering::Relaxed);
         e.status.store(status, Ordering::Relaxed);
         e.code.store(code, Ordering::Relaxed);
         e.state.store(entry::REPLIED, Ordering::Release);
+        let end = reply_at + padded(bytes.len());
+        self.log.header().end.store(end as u64, Ordering::SeqCst);
+        end
     }
 
     /// Sleeps until the supervisor cuts the log (after a checkpoint), or
@@ -181,9 +199,10 @@ impl Journal {
         let count = h.count.load(Ordering::SeqCst);
         let (mut at, mut done) = (0usize, 0u64);
         let mut response = vec![0u8; BUFFER_SIZE];
+        let (mut calls_answered, mut diverged) = (0u64, 0u64);
         while done < count {
             let last = done + 1 == count;
-            let Some(e) = self.entry(at, last, served) else {
+            let Some(mut e) = self.entry(at, last, served) else {
                 tracing::error!(
                     entry = done,
                     "request log: entry {done} of {count} is corrupt; replay stops there"
@@ -192,48 +211,67 @@ impl Journal {
                 break;
             };
             let srv = &served[e.edge];
-            let caller = Caller {
-                component: srv.client,
-                slot: e.slot,
-            };
-            let reply = dispatch_into(
-                srv.service.as_ref(),
-                &caller,
-                e.func,
-                &e.request,
-                &mut response,
-            );
-            match &e.reply {
-                Some(logged) if *logged != reply => {
-                    h.divergences.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
-                        client = srv.client,
-                        func = e.func,
-                        entry = done,
-                        "replay diverged: the request's reply differs from the logged one"
-                    );
-                }
-                Some(_) => {}
-                None => {
-                    if let Some(head) = self.log.head(at) {
-                        self.record(head, e.reply_at, reply.status, reply.code, &reply.bytes);
-                    }
-                }
+            let (reply, end, answered) = self.run_again(at, &mut e, srv, &mut response);
+            calls_answered += u64::from(answered.calls);
+            diverged += u64::from(answered.diverged);
+            if let Some(logged) = e.reply.as_ref().filter(|logged| **logged != reply) {
+                diverged += 1;
+                tracing::warn!(
+                    client = srv.client,
+                    func = e.func,
+                    entry = done,
+                    logged_status = logged.status,
+                    "replay diverged: the request's reply differs from the logged one"
+                );
             }
             if self.deliver(srv, &e, &reply) {
                 h.delivered.fetch_add(1, Ordering::Relaxed);
             }
-            let recorded = e.reply.as_ref().unwrap_or(&reply);
-            at = e.reply_at + padded(recorded.bytes.len());
+            at = end;
             done += 1;
         }
         h.end.store(at as u64, Ordering::SeqCst);
         h.replays.fetch_add(1, Ordering::Relaxed);
         h.replayed.fetch_add(done, Ordering::Relaxed);
         h.last_replay_entries.store(done, Ordering::Relaxed);
+        h.last_replay_calls.store(calls_answered, Ordering::Relaxed);
+        h.last_replay_diverged.store(diverged, Ordering::Relaxed);
+        h.divergences.fetch_add(diverged, Ordering::Relaxed);
         h.last_replay_ns
             .store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         h.replay.store(0, Ordering::SeqCst);
+    }
+
+    /// Runs the request logged at `at` again; returns its reply and where
+    /// its entry ends. A request that had replied gets its calls to other
+    /// servers answered from the log (a call the log does not hold is a
+    /// divergence, counted); the last one, which was running, runs in full
+    /// and is recorded anew.
+    fn run_again(
+        &self,
+        at: usize,
+        e: &mut Entry,
+        srv: &Served,
+        response: &mut [u8],
+    ) -> (Reply, usize, calls::Answered) {
+        let caller = Caller {
+            component: srv.client,
+            slot: e.slot,
+        };
+        let run = || dispatch_into(srv.service.as_ref(), &caller, e.func, &e.request, response);
+        match &e.reply {
+            Some(_) => {
+                let (reply, answered) =
+                    calls::replaying(std::mem::take(&mut e.calls), e.calls_cut, run);
+                (reply, e.end, answered)
+            }
+            None => {
+                calls::clear(&self.log, at);
+                let reply = self.run(at, run);
+                let end = self.replied(at, reply.status, reply.code, &reply.bytes);
+                (reply, end, calls::Answered::default())
+            }
+        }
     }
 
     /// Hands `reply` to the call that `e` logged, if its slot still holds
@@ -266,14 +304,20 @@ impl Journal {
         }
         let request_len = head.request_len.load(Ordering::Relaxed) as usize;
         let response_len = head.response_len.load(Ordering::Relaxed) as usize;
-        if request_len > BUFFER_SIZE || response_len > BUFFER_SIZE {
+        let calls_len = head.calls_len.load(Ordering::Acquire) as usize;
+        if request_len > BUFFER_SIZE || response_len > BUFFER_SIZE || calls_len > self.log.capacity()
+        {
             return None;
         }
         let mut request = vec![0u8; request_len];
-        let reply_at = at + ENTRY_HEAD + padded(request_len);
+        let reply_at = at + ENTRY_HEAD + padded(request_len) + calls_len;
         if !self.log.read(at + ENTRY_HEAD, &mut request) {
             return None;
         }
+        let calls = match replied {
+            true => calls::read(&self.log, at, calls_len)?,
+            false => Vec::new(), // it runs again in full
+        };
         let reply = match replied {
             false => None,
             true => {
@@ -296,7 +340,9 @@ impl Journal {
             client_epoch: head.client_epoch.load(Ordering::Relaxed),
             request,
             reply,
-            reply_at,
+            calls,
+            calls_cut: head.calls_cut.load(Ordering::Relaxed) != 0,
+            end: reply_at + padded(response_len),
         })
     }
 }

@@ -495,7 +495,10 @@ changelog = "/kv-changes"
             .find(|v| v.get("component").is_some_and(|c| c == "w1"))
             .expect("w1's report");
         let records = report["changelog_records"].as_u64().expect("records");
-        eprintln!("kv_changelog: {records} records, {} updates", report["updates"]);
+        eprintln!(
+            "kv_changelog: {records} records, {} updates",
+            report["updates"]
+        );
         assert!(records > 0 && report["updates"] == records, "{report}");
     }
     assert!(crashes(&stdout, "kv").len() >= 95, "kv was killed");

@@ -234,8 +234,9 @@ impl SlotWorker {
                     let Some(at) = journal.accept(*edge, self.slot, s, func, request)? else {
                         return Ok(dispatch_raw(service, caller, func, request, response));
                     };
-                    let (st, code, n) =
-                        journal.run(at, || dispatch_raw(service, caller, func, request, response));
+                    let (st, code, n) = journal.run(at, || {
+                        dispatch_raw(service, caller, func, request, response)
+                    });
                     journal.replied(at, st, code, &response[..n]);
                     Ok((st, code, n))
                 }

@@ -31,8 +31,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kintsugi_interfaces::kv::{self, Error};
 use kintsugi_interfaces::fs;
+use kintsugi_interfaces::kv::{self, Error};
 use kintsugi_runtime::counters::{Failures, WorkloadCounters};
 use kintsugi_runtime::{CallError, Incarnation};
 use rand::rngs::StdRng;
@@ -363,7 +363,9 @@ fn read_changelog(fs: &fs::Client, path: &str) -> Result<Vec<u8>, String> {
     let file = fs.open(path, 0).map_err(|e| format!("open {path}: {e}"))?;
     let mut bytes = Vec::new();
     loop {
-        let chunk = fs.read(file, 65536).map_err(|e| format!("read {path}: {e}"))?;
+        let chunk = fs
+            .read(file, 65536)
+            .map_err(|e| format!("read {path}: {e}"))?;
         if chunk.is_empty() {
             break;
         }

@@ -3,7 +3,7 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `kv`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "kv",
-    hash: 0x8eb987b5726b77a7,
+    hash: 0x008766e1dc0aa291,
     functions: &["put", "get", "delete", "cas", "scan", "stats"],
 };
 pub const FN_PUT: u32 = 0;
@@ -13,7 +13,7 @@ pub const FN_CAS: u32 = 3;
 pub const FN_SCAN: u32 = 4;
 pub const FN_STATS: u32 = 5;
 kintsugi_runtime::interface_errors!(
-    "kv" { NotFound = "not found", Mismatch = "mismatch" }
+    "kv" { NotFound = "not found", Mismatch = "mismatch", Unavailable = "unavailable" }
 );
 /// Record `Pair`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

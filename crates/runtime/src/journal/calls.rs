@@ -46,7 +46,11 @@ pub(crate) struct Recorded {
 /// What a call came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    Reply { status: u32, code: u32, bytes: Vec<u8> },
+    Reply {
+        status: u32,
+        code: u32,
+        bytes: Vec<u8>,
+    },
     Fault(Fault),
 }
 
@@ -103,7 +107,11 @@ pub(crate) struct Answered {
 }
 
 /// Runs `f`, a replayed request, answering its calls from `calls`.
-pub(crate) fn replaying<R>(calls: Vec<Recorded>, cut: bool, f: impl FnOnce() -> R) -> (R, Answered) {
+pub(crate) fn replaying<R>(
+    calls: Vec<Recorded>,
+    cut: bool,
+    f: impl FnOnce() -> R,
+) -> (R, Answered) {
     let context = Context::Replay {
         calls: calls.into(),
         cut,
@@ -121,7 +129,13 @@ pub(crate) fn replaying<R>(calls: Vec<Recorded>, cut: bool, f: impl FnOnce() -> 
             }),
         ) => {
             let diverged = diverged + calls.len() as u32;
-            (r, Answered { calls: answered, diverged })
+            (
+                r,
+                Answered {
+                    calls: answered,
+                    diverged,
+                },
+            )
         }
         (r, _) => (r, Answered::default()),
     }

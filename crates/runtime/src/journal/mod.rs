@@ -305,7 +305,9 @@ impl Journal {
         let request_len = head.request_len.load(Ordering::Relaxed) as usize;
         let response_len = head.response_len.load(Ordering::Relaxed) as usize;
         let calls_len = head.calls_len.load(Ordering::Acquire) as usize;
-        if request_len > BUFFER_SIZE || response_len > BUFFER_SIZE || calls_len > self.log.capacity()
+        if request_len > BUFFER_SIZE
+            || response_len > BUFFER_SIZE
+            || calls_len > self.log.capacity()
         {
             return None;
         }

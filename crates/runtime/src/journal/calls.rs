@@ -348,3 +348,134 @@ pub(crate) fn clear(log: &JournalRegion, at: usize) {
         e.calls_cut.store(0, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::channel::status;
+    use crate::abi::journal::HEADER_SIZE;
+
+    /// A log with one entry at 0 whose request is 5 bytes.
+    fn log(bytes: usize) -> Arc<JournalRegion> {
+        let log = JournalRegion::create("calls-test", bytes).unwrap();
+        let e = log.head(0).unwrap();
+        e.request_len.store(5, Ordering::Relaxed);
+        Arc::new(log)
+    }
+
+    /// Makes a call of `func` on connection 7 as a client stub would:
+    /// records `reply` (or `fault`) in record mode.
+    fn call(func: u32, outcome: Result<&[u8], Fault>) -> Outgoing {
+        let out = outgoing(7, func, || 5);
+        if let Outgoing::Record(r) = out {
+            match &outcome {
+                Ok(bytes) => {
+                    r.stage(status::OK, 0, bytes);
+                    r.finish(None);
+                }
+                Err(fault) => r.finish(Some(fault)),
+            }
+            return Outgoing::Direct;
+        }
+        out
+    }
+
+    fn reply_bytes(out: Outgoing) -> Vec<u8> {
+        match out {
+            Outgoing::Replayed(Outcome::Reply { bytes, .. }) => bytes,
+            _ => panic!("not a replayed reply"),
+        }
+    }
+
+    #[test]
+    fn recorded_calls_are_read_back_and_answer_the_replay_in_order() {
+        let log = log(1 << 20);
+        let lost = Fault::Lost("ramfs".into());
+        recording(&log, 0, || {
+            call(3, Ok(b"hello"));
+            call(4, Err(lost.clone()));
+        });
+        let len = log.head(0).unwrap().calls_len.load(Ordering::Relaxed) as usize;
+        let calls = read(&log, 0, len).unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!((calls[0].conn, calls[0].func, calls[0].epoch), (7, 3, 5));
+        assert_eq!(calls[1].outcome, Outcome::Fault(lost.clone()));
+
+        let (_, answered) = replaying(calls, false, || {
+            assert_eq!(replayed_epoch(7), Some(5), "the recorded epoch");
+            assert_eq!(replayed_epoch(8), None, "another connection's own");
+            assert_eq!(reply_bytes(outgoing(7, 3, || 99)), b"hello");
+            assert!(matches!(
+                outgoing(7, 4, || 99),
+                Outgoing::Replayed(Outcome::Fault(f)) if f == lost
+            ));
+            // One more than the log holds: a divergence, made for real.
+            assert!(matches!(outgoing(7, 9, || 99), Outgoing::Direct));
+        });
+        assert_eq!((answered.calls, answered.diverged), (2, 1));
+        assert!(
+            matches!(outgoing(7, 3, || 0), Outgoing::Direct),
+            "no context after"
+        );
+    }
+
+    #[test]
+    fn a_call_the_replay_does_not_make_is_a_divergence() {
+        let log = log(1 << 20);
+        recording(&log, 0, || {
+            call(3, Ok(b"a"));
+            call(3, Ok(b"b"));
+        });
+        let len = log.head(0).unwrap().calls_len.load(Ordering::Relaxed) as usize;
+        let calls = read(&log, 0, len).unwrap();
+        let (_, answered) = replaying(calls, false, || {
+            assert_eq!(reply_bytes(outgoing(7, 3, || 0)), b"a");
+        });
+        assert_eq!((answered.calls, answered.diverged), (1, 1));
+    }
+
+    #[test]
+    fn a_call_without_room_is_refused_then_and_on_replay() {
+        // Room for the request but not for a call's largest reply and the
+        // request's own.
+        let log = log(HEADER_SIZE + BUFFER_SIZE + 4096);
+        recording(&log, 0, || {
+            assert!(matches!(call(3, Ok(b"x")), Outgoing::Refused));
+            assert!(matches!(call(3, Ok(b"x")), Outgoing::Refused));
+        });
+        let e = log.head(0).unwrap();
+        assert_eq!(e.calls_cut.load(Ordering::Relaxed), 1);
+        assert_eq!(e.calls_len.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            log.header().wanted.load(Ordering::Relaxed),
+            1,
+            "asks for a cut"
+        );
+        let (_, answered) = replaying(Vec::new(), true, || {
+            assert!(matches!(outgoing(7, 3, || 0), Outgoing::Refused));
+        });
+        assert_eq!(answered.diverged, 0);
+    }
+
+    #[test]
+    fn a_malformed_record_is_refused_whole() {
+        let log = log(1 << 20);
+        recording(&log, 0, || {
+            call(3, Ok(b"hello"));
+        });
+        let len = log.head(0).unwrap().calls_len.load(Ordering::Relaxed) as usize;
+        let at = calls_start(&log, 0);
+        log.call_head(at).unwrap().kind.store(77, Ordering::Relaxed);
+        assert_eq!(read(&log, 0, len), None, "an unknown kind");
+        log.call_head(at)
+            .unwrap()
+            .kind
+            .store(call::REPLY, Ordering::Relaxed);
+        log.call_head(at)
+            .unwrap()
+            .len
+            .store(1 << 30, Ordering::Relaxed);
+        assert_eq!(read(&log, 0, len), None, "a length past the entry");
+        assert_eq!(read(&log, 0, len + 3), None, "a record cut short");
+    }
+}

@@ -136,9 +136,6 @@ enum Bench {
     /// on and off, then under a fault every 10 s) against nginx and Apache,
     /// with ab and wrk; a markdown table and an SVG plot.
     Web(web::WebArgs),
-    /// Incremental checkpoints of a live process: pause by heap size and
-    /// share written against copying every page, restore time per kind,
-    /// and a workload's throughput with checkpoints every 100 and 10 ms.
     /// Checkpoint recovery of the kv store: throughput with checkpoints
     /// every 1,000, 100 and 10 ms against no recovery, recovery time
     /// under kills, and recovery time against the log's length.
@@ -153,6 +150,9 @@ enum Bench {
         #[arg(long, default_value_t = 30)]
         kills: u32,
     },
+    /// Incremental checkpoints of a live process: pause by heap size and
+    /// share written against copying every page, restore time per kind,
+    /// and a workload's throughput with checkpoints every 100 and 10 ms.
     Checkpoint {
         /// Heap sizes, MiB.
         #[arg(long, value_delimiter = ',', default_values_t = [16, 256, 1024])]

@@ -204,9 +204,15 @@ struct Log {
 impl Log {
     /// Writes one line to stdout, unless it is gone: a closed pipe must not
     /// take the supervisor, and with it every component, down.
-    fn line(&mut self, text: &str) {
+    /// A line of the event log; in the journal, a notice with the
+    /// `COMPONENT` it is about, if any.
+    fn line(&mut self, component: Option<&str>, text: &str) {
         if let Some(j) = &self.journal {
-            let _ = j.send(&journald::Entry::new(journald::Priority::Notice, text));
+            let mut entry = journald::Entry::new(journald::Priority::Notice, text);
+            if let Some(c) = component {
+                entry.field("COMPONENT", c);
+            }
+            let _ = j.send(&entry);
             return;
         }
         if self.closed {
@@ -216,17 +222,6 @@ impl Log {
         if let Err(e) = writeln!(out, "{text}").and_then(|()| out.flush()) {
             self.closed = true;
             tracing::warn!("the event log's output is gone ({e}); the system runs on without it");
-        }
-    }
-
-    /// A line about one component: in the journal, with its `COMPONENT`.
-    fn component_line(&mut self, component: &str, text: &str) {
-        match &self.journal {
-            Some(j) => {
-                let mut entry = journald::Entry::new(journald::Priority::Notice, text);
-                let _ = j.send(entry.field("COMPONENT", component));
-            }
-            None => self.line(text),
         }
     }
 
@@ -269,7 +264,7 @@ impl Log {
         }
         let t = self.start.elapsed();
         match self.format {
-            EventFormat::Text => self.line(&format!("[{:>10.6}] {e}", t.as_secs_f64())),
+            EventFormat::Text => self.line(None, &format!("[{:>10.6}] {e}", t.as_secs_f64())),
             EventFormat::Json => match serde_json::to_string(&Stamped {
                 t_us: t.as_micros() as u64,
                 unix_ms: std::time::SystemTime::now()
@@ -277,7 +272,7 @@ impl Log {
                     .map_or(0, |d| d.as_millis() as u64),
                 event: e,
             }) {
-                Ok(line) => self.line(&line),
+                Ok(line) => self.line(None, &line),
                 Err(err) => tracing::error!("event not serializable: {err}"),
             },
         }
@@ -294,7 +289,7 @@ impl Log {
             "{} reboots: p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs; {} of {} injections hit a call in flight",
             s.n, s.p50, s.p99, s.max, self.injected_busy, self.injected
         );
-        self.line(&text);
+        self.line(None, &text);
     }
 }
 
@@ -348,7 +343,10 @@ fn execute(
     drop(publisher);
     log.summary();
     for (name, exit) in &report.exits {
-        log.component_line(name, &format!("{name}: last incarnation ended with {exit}"));
+        log.line(
+            Some(name),
+            &format!("{name}: last incarnation ended with {exit}"),
+        );
     }
     Ok(report.success())
 }

@@ -529,3 +529,76 @@ changelog = "/kv-changes"
     // One SIGSTOP in a freeze's shadow may take no effect (see `kv_hangs`).
     assert!(rolled >= 1, "the hangs were rolled back:\n{hung}");
 }
+
+/// A restored state that crashes by itself at once (as a register flip
+/// captured by a checkpoint makes it) is not restored for ever: the test
+/// aborts kv (SIGABRT, a signal the supervisor did not send), then aborts
+/// the incarnation its checkpoint recovery made within a second of that
+/// recovery, and the next recovery starts fresh.
+#[test]
+fn a_crash_that_every_restore_brings_back_ends_in_a_fresh_start() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let seed = seed("kv_crash_ladder");
+    let dir = scratch("kv-crash-ladder");
+    let system = kv_system(&dir, seed, false, &GENTLE);
+    let tag = unique_tag("kv_crash_ladder");
+    let mut child = run_system(&tag, &system)
+        .env("XDG_RUNTIME_DIR", scratch("kv_crash_ladder-run"))
+        .args(["--duration", "6"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut err, &mut text).unwrap();
+        text
+    });
+    let abort = |pid: u32| {
+        let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::ABORT).unwrap();
+    };
+    let mut kinds = Vec::new();
+    let mut stdout = String::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        stdout += &line;
+        stdout += "\n";
+        match events(&line).pop() {
+            Some(Event::Started { component, pid, .. }) if component == "kv" => {
+                // Checkpoints every 20 ms: there is one to restore.
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                abort(pid);
+            }
+            Some(Event::Replayed {
+                component,
+                pid,
+                kind,
+                ..
+            }) if component == "kv" => {
+                if kinds.is_empty() {
+                    abort(pid);
+                }
+                kinds.push(kind);
+            }
+            _ => {}
+        }
+    }
+    let stderr = stderr.join().unwrap();
+    child.wait().unwrap();
+    assert!(leftovers(&tag).is_empty(), "processes left behind");
+    assert_eq!(
+        kinds,
+        [
+            "restore and replay",
+            "fresh start (checkpoint and log dropped)"
+        ],
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("within 1000 ms of its checkpoint recovery"),
+        "{stderr}"
+    );
+}

@@ -10,6 +10,14 @@
 //! point), and a state that brings its hang back with every restore would
 //! otherwise be restored for ever. The state is lost then, and the event
 //! log says so.
+//!
+//! A crash is answered the same way at its last step: an incarnation that
+//! crashes by itself (a signal of its own making or an exit, not a SIGKILL
+//! and not the injector's signal) within a second of its checkpoint
+//! recovery is taken to have brought the fault back with the restored
+//! state or the replayed log, and the next recovery starts fresh (a
+//! register flip captured by a checkpoint made every restore crash at
+//! once: a crash loop no restart policy can end well).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -65,6 +73,20 @@ impl Ladder {
         answer
     }
 
+    /// A crash of `component`'s incarnation `pid` by its own doing (see
+    /// the module doc): if it came within a second of that incarnation's
+    /// checkpoint recovery, its next recovery starts fresh. Returns
+    /// whether it does.
+    pub fn crashed_by_itself(&mut self, component: &str, pid: u32) -> bool {
+        let poisoned = self.last.get(component).is_some_and(|(last, at, how)| {
+            *last == pid && at.elapsed() < AGAIN && *how == How::Recovered
+        });
+        if poisoned {
+            self.fresh.insert(component.to_string());
+        }
+        poisoned
+    }
+
     pub fn rolled_back(&mut self, component: &str, pid: u32) {
         self.note(component, pid, How::RolledBack);
     }
@@ -105,6 +127,23 @@ mod tests {
         assert_eq!(l.answer("kv", 11, true), HangAnswer::RebootFresh);
         assert!(l.take_fresh("kv"));
         assert!(!l.take_fresh("kv"), "asked once");
+    }
+
+    #[test]
+    fn a_crash_right_after_a_checkpoint_recovery_starts_fresh_next() {
+        let mut l = Ladder::default();
+        assert!(!l.crashed_by_itself("kv", 7), "no recovery yet");
+        l.recovered("kv", 8);
+        assert!(!l.crashed_by_itself("kv", 7), "another incarnation");
+        assert!(!l.fresh_next("kv"));
+        assert!(l.crashed_by_itself("kv", 8));
+        assert!(l.fresh_next("kv"));
+        assert!(l.take_fresh("kv"));
+        l.rolled_back("kv", 9);
+        assert!(
+            !l.crashed_by_itself("kv", 9),
+            "a rollback is not a recovery"
+        );
     }
 
     #[test]

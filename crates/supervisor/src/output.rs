@@ -225,7 +225,15 @@ fn emit(r: &Reader, line: &[u8], out: Out<'_>) {
 /// first unless it has one, so that it stays JSON; other lines get
 /// `name: ` in front unless they start so (the runtime's text log lines).
 fn named(component: &str, text: &str) -> String {
-    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_str(text) {
+    // The runtime's own JSON lines begin so: no need to parse them.
+    if text.starts_with("{\"component\":") {
+        return format!("{text}\n");
+    }
+    let object = || match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(fields)) => Some(fields),
+        _ => None,
+    };
+    if let Some(fields) = text.trim_start().starts_with('{').then(object).flatten() {
         if fields.contains_key("component") {
             return format!("{text}\n");
         }

@@ -61,6 +61,7 @@ impl Supervisor<'_> {
     ) -> Result<Option<StopReason>, SupervisorError> {
         // A death its group asked for takes no one else with it.
         let cascade = !std::mem::take(&mut self.comps[idx].killed_for_group);
+        self.poisoned_recovery(idx, pid, exit, detected);
         let mut pending = self.crashed(idx, pid, exit, detected);
         if self.comps[idx].spec.restart.kind == RestartType::Temporary {
             return Ok(self.give_up(idx, GiveUpReason::Temporary, pending));
@@ -89,6 +90,27 @@ impl Supervisor<'_> {
         match cascade {
             true => self.restart_group_of(idx),
             false => Ok(None),
+        }
+    }
+
+    /// A checkpoint-recovered component whose recovered incarnation
+    /// crashed by itself at once starts fresh next (see `ladder.rs`).
+    fn poisoned_recovery(&mut self, idx: usize, pid: u32, exit: Exit, detected: Instant) {
+        let m = &self.comps[idx];
+        let injected = self
+            .chaos
+            .as_ref()
+            .is_some_and(|c| c.after_injection(pid, detected).is_some());
+        let by_itself = exit != Exit::Signal(libc::SIGKILL) && !injected;
+        if m.spec.recovery != RecoveryMode::Checkpoint || !by_itself {
+            return;
+        }
+        let name = m.spec.name.clone();
+        if self.ladder.crashed_by_itself(&name, pid) {
+            tracing::warn!(
+                "{name}: crashed ({exit}) within {} ms of its checkpoint recovery: it starts afresh, its checkpoint and request log dropped (its state is lost)",
+                crate::ladder::AGAIN.as_millis()
+            );
         }
     }
 

@@ -11,13 +11,16 @@
 //! otherwise be restored for ever. The state is lost then, and the event
 //! log says so.
 //!
-//! A crash is answered the same way at its last step: an incarnation that
-//! crashes by itself (a signal of its own making or an exit, not a SIGKILL
-//! and not the injector's signal) within a second of its checkpoint
-//! recovery is taken to have brought the fault back with the restored
-//! state or the replayed log, and the next recovery starts fresh (a
-//! register flip captured by a checkpoint made every restore crash at
-//! once: a crash loop no restart policy can end well).
+//! A crash is answered the same way at its last step: when two
+//! incarnations in a row crash by themselves (a signal of their own making
+//! or an exit, not a SIGKILL and not the injector's signal) within a
+//! second of their checkpoint recoveries, the restored state or the
+//! replayed log is taken to bring the fault back, and the next recovery
+//! starts fresh (a register flip captured by a checkpoint made every
+//! restore crash at once: a crash loop no restart policy can end well).
+//! One such crash is not enough: a new fault soon after a recovery (a
+//! fault campaign injects one every few hundred ms) is no reason to drop
+//! the state.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -50,6 +53,8 @@ pub(crate) struct Ladder {
     last: HashMap<String, (u32, Instant, How)>,
     /// Components whose next recovery is to start fresh.
     fresh: HashSet<String>,
+    /// Recovered incarnations in a row that crashed by themselves at once.
+    quick_crashes: HashMap<String, u32>,
 }
 
 impl Ladder {
@@ -73,15 +78,23 @@ impl Ladder {
         answer
     }
 
-    /// A crash of `component`'s incarnation `pid` by its own doing (see
-    /// the module doc): if it came within a second of that incarnation's
-    /// checkpoint recovery, its next recovery starts fresh. Returns
-    /// whether it does.
-    pub fn crashed_by_itself(&mut self, component: &str, pid: u32) -> bool {
-        let poisoned = self.last.get(component).is_some_and(|(last, at, how)| {
-            *last == pid && at.elapsed() < AGAIN && *how == How::Recovered
-        });
+    /// A crash of `component`'s incarnation `pid`, `by_itself` or not
+    /// (see the module doc): the second in a row of an incarnation by
+    /// itself within a second of its checkpoint recovery has the next
+    /// recovery start fresh. Returns whether it does.
+    pub fn crashed(&mut self, component: &str, pid: u32, by_itself: bool) -> bool {
+        let quick = by_itself
+            && self.last.get(component).is_some_and(|(last, at, how)| {
+                *last == pid && at.elapsed() < AGAIN && *how == How::Recovered
+            });
+        let count = self.quick_crashes.entry(component.to_string()).or_default();
+        *count = match quick {
+            true => *count + 1,
+            false => 0,
+        };
+        let poisoned = *count >= 2;
         if poisoned {
+            *count = 0;
             self.fresh.insert(component.to_string());
         }
         poisoned
@@ -130,20 +143,22 @@ mod tests {
     }
 
     #[test]
-    fn a_crash_right_after_a_checkpoint_recovery_starts_fresh_next() {
+    fn two_crashes_in_a_row_right_after_checkpoint_recoveries_start_fresh_next() {
         let mut l = Ladder::default();
-        assert!(!l.crashed_by_itself("kv", 7), "no recovery yet");
+        assert!(!l.crashed("kv", 7, true), "no recovery yet");
         l.recovered("kv", 8);
-        assert!(!l.crashed_by_itself("kv", 7), "another incarnation");
+        assert!(!l.crashed("kv", 8, true), "one is a new fault");
+        l.recovered("kv", 9);
+        assert!(!l.crashed("kv", 9, false), "killed: no count");
+        l.recovered("kv", 10);
+        assert!(!l.crashed("kv", 10, true));
+        l.recovered("kv", 11);
         assert!(!l.fresh_next("kv"));
-        assert!(l.crashed_by_itself("kv", 8));
+        assert!(l.crashed("kv", 11, true), "the second in a row");
         assert!(l.fresh_next("kv"));
         assert!(l.take_fresh("kv"));
-        l.rolled_back("kv", 9);
-        assert!(
-            !l.crashed_by_itself("kv", 9),
-            "a rollback is not a recovery"
-        );
+        l.rolled_back("kv", 12);
+        assert!(!l.crashed("kv", 12, true), "a rollback is not a recovery");
     }
 
     #[test]

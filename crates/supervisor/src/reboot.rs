@@ -93,8 +93,8 @@ impl Supervisor<'_> {
         }
     }
 
-    /// A checkpoint-recovered component whose recovered incarnation
-    /// crashed by itself at once starts fresh next (see `ladder.rs`).
+    /// A checkpoint-recovered component whose recovered incarnations
+    /// crash by themselves at once starts fresh next (see `ladder.rs`).
     fn poisoned_recovery(&mut self, idx: usize, pid: u32, exit: Exit, detected: Instant) {
         let m = &self.comps[idx];
         let injected = self
@@ -102,13 +102,13 @@ impl Supervisor<'_> {
             .as_ref()
             .is_some_and(|c| c.after_injection(pid, detected).is_some());
         let by_itself = exit != Exit::Signal(libc::SIGKILL) && !injected;
-        if m.spec.recovery != RecoveryMode::Checkpoint || !by_itself {
+        if m.spec.recovery != RecoveryMode::Checkpoint {
             return;
         }
         let name = m.spec.name.clone();
-        if self.ladder.crashed_by_itself(&name, pid) {
+        if self.ladder.crashed(&name, pid, by_itself) {
             tracing::warn!(
-                "{name}: crashed ({exit}) within {} ms of its checkpoint recovery: it starts afresh, its checkpoint and request log dropped (its state is lost)",
+                "{name}: crashed ({exit}) within {} ms of its checkpoint recovery, the second in a row: it starts afresh, its checkpoint and request log dropped (its state is lost)",
                 crate::ladder::AGAIN.as_millis()
             );
         }

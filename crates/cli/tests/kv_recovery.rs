@@ -531,18 +531,42 @@ changelog = "/kv-changes"
 }
 
 /// A restored state that crashes by itself at once (as a register flip
-/// captured by a checkpoint makes it) is not restored for ever: the test
-/// aborts kv (SIGABRT, a signal the supervisor did not send), then aborts
-/// each incarnation its checkpoint recoveries make within a second of
-/// its recovery; one such crash is a new fault and gets a restore, the
-/// second in a row a fresh start.
+/// captured by a checkpoint makes it) is not restored for ever: once its
+/// client is done, the test aborts kv (SIGABRT, a signal the supervisor
+/// did not send), then aborts each incarnation its checkpoint recoveries
+/// make, within a second of its recovery and before it served anything
+/// new; one such crash is a new fault and gets a restore, the second in a
+/// row a fresh start.
 #[test]
 fn a_crash_that_every_restore_brings_back_ends_in_a_fresh_start() {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     let seed = seed("kv_crash_ladder");
     let dir = scratch("kv-crash-ladder");
-    let system = kv_system(&dir, seed, false, &GENTLE);
+    let toml = format!(
+        r#"[system]
+name = "kv-crash-ladder"
+
+[[component]]
+name = "kv"
+binary = "kintsugi-kv"
+provides = ["kv"]
+recovery = "checkpoint"
+checkpoint = {{ every_ms = 20 }}
+
+[[component]]
+name = "w1"
+binary = "kintsugi-kv-workload"
+uses = ["kv"]
+[component.config]
+seed = {seed}
+threads = 2
+ops = 300
+keys = 16
+think_us = 100
+"#
+    );
+    let system = write(&dir, "kv-crash-ladder.toml", &toml);
     let tag = unique_tag("kv_crash_ladder");
     let mut child = run_system(&tag, &system)
         .env("XDG_RUNTIME_DIR", scratch("kv_crash_ladder-run"))
@@ -569,8 +593,9 @@ fn a_crash_that_every_restore_brings_back_ends_in_a_fresh_start() {
         stdout += "\n";
         match events(&line).pop() {
             Some(Event::Started { component, pid, .. }) if component == "kv" => {
-                // Checkpoints every 20 ms: there is one to restore.
-                std::thread::sleep(std::time::Duration::from_millis(300));
+                // w1 is done by then (its 600 calls take tens of ms), and
+                // kv, checkpointed every 20 ms, has a checkpoint to restore.
+                std::thread::sleep(std::time::Duration::from_millis(500));
                 abort(pid);
             }
             Some(Event::Replayed {

@@ -14,13 +14,13 @@
 //! A crash is answered the same way at its last step: when two
 //! incarnations in a row crash by themselves (a signal of their own making
 //! or an exit, not a SIGKILL and not the injector's signal) within a
-//! second of their checkpoint recoveries, the restored state or the
-//! replayed log is taken to bring the fault back, and the next recovery
-//! starts fresh (a register flip captured by a checkpoint made every
-//! restore crash at once: a crash loop no restart policy can end well).
-//! One such crash is not enough: a new fault soon after a recovery (a
-//! fault campaign injects one every few hundred ms) is no reason to drop
-//! the state.
+//! second of their checkpoint recoveries and before logging any new
+//! request, the restored state or the replayed log is taken to bring the
+//! fault back, and the next recovery starts fresh (a register flip
+//! captured by a checkpoint made every restore crash at once: a crash
+//! loop no restart policy can end well). Less is not enough: a new fault
+//! soon after a recovery (a fault campaign injects one every few hundred
+//! ms, into threads that serve) is no reason to drop the state.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -28,13 +28,26 @@ use std::time::{Duration, Instant};
 /// A hang within this long of a restore is taken for the restored state's.
 pub(crate) const AGAIN: Duration = Duration::from_secs(1);
 
+/// A crash, as the ladder weighs it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Crash {
+    pub pid: u32,
+    /// By a signal of its own making or an exit (see the module doc).
+    pub by_itself: bool,
+    /// Requests its log counts so far (`logged`), and whether its replay
+    /// was still to finish.
+    pub logged: u64,
+    pub replaying: bool,
+}
+
 /// How a component's state was last put back after a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum How {
     /// Rolled back in place on a hang.
     RolledBack,
-    /// Restored into a new incarnation (checkpoint recovery).
-    Recovered,
+    /// Restored into a new incarnation (checkpoint recovery), its log
+    /// counting `logged` requests then.
+    Recovered { logged: u64 },
 }
 
 /// The answer to a hang.
@@ -70,7 +83,7 @@ impl Ladder {
             (false, _) => HangAnswer::Reboot,
             (true, None) => HangAnswer::RollBack,
             (true, Some(How::RolledBack)) => HangAnswer::Reboot,
-            (true, Some(How::Recovered)) => HangAnswer::RebootFresh,
+            (true, Some(How::Recovered { .. })) => HangAnswer::RebootFresh,
         };
         if answer == HangAnswer::RebootFresh {
             self.fresh.insert(component.to_string());
@@ -78,14 +91,18 @@ impl Ladder {
         answer
     }
 
-    /// A crash of `component`'s incarnation `pid`, `by_itself` or not
-    /// (see the module doc): the second in a row of an incarnation by
-    /// itself within a second of its checkpoint recovery has the next
-    /// recovery start fresh. Returns whether it does.
-    pub fn crashed(&mut self, component: &str, pid: u32, by_itself: bool) -> bool {
-        let quick = by_itself
+    /// A crash of `component`'s incarnation: the second in a row that
+    /// came by itself, within a second of its checkpoint recovery and
+    /// before any new request was logged, has the next recovery start
+    /// fresh (see the module doc). Returns whether it does.
+    pub fn crashed(&mut self, component: &str, crash: Crash) -> bool {
+        let at_once = |how: &How| match how {
+            How::Recovered { logged } => crash.replaying || crash.logged == *logged,
+            How::RolledBack => false,
+        };
+        let quick = crash.by_itself
             && self.last.get(component).is_some_and(|(last, at, how)| {
-                *last == pid && at.elapsed() < AGAIN && *how == How::Recovered
+                *last == crash.pid && at.elapsed() < AGAIN && at_once(how)
             });
         let count = self.quick_crashes.entry(component.to_string()).or_default();
         *count = match quick {
@@ -104,8 +121,10 @@ impl Ladder {
         self.note(component, pid, How::RolledBack);
     }
 
-    pub fn recovered(&mut self, component: &str, pid: u32) {
-        self.note(component, pid, How::Recovered);
+    /// `component`'s incarnation `pid` got its state back from a
+    /// checkpoint recovery; its log had counted `logged` requests then.
+    pub fn recovered(&mut self, component: &str, pid: u32, logged: u64) {
+        self.note(component, pid, How::Recovered { logged });
     }
 
     fn note(&mut self, component: &str, pid: u32, how: How) {
@@ -136,35 +155,67 @@ mod tests {
         l.rolled_back("kv", 10);
         assert_eq!(l.answer("kv", 10, true), HangAnswer::Reboot);
         assert!(!l.take_fresh("kv"));
-        l.recovered("kv", 11);
+        l.recovered("kv", 11, 0);
         assert_eq!(l.answer("kv", 11, true), HangAnswer::RebootFresh);
         assert!(l.take_fresh("kv"));
         assert!(!l.take_fresh("kv"), "asked once");
     }
 
+    fn crash(pid: u32, by_itself: bool, logged: u64) -> Crash {
+        Crash {
+            pid,
+            by_itself,
+            logged,
+            replaying: false,
+        }
+    }
+
     #[test]
     fn two_crashes_in_a_row_right_after_checkpoint_recoveries_start_fresh_next() {
         let mut l = Ladder::default();
-        assert!(!l.crashed("kv", 7, true), "no recovery yet");
-        l.recovered("kv", 8);
-        assert!(!l.crashed("kv", 8, true), "one is a new fault");
-        l.recovered("kv", 9);
-        assert!(!l.crashed("kv", 9, false), "killed: no count");
-        l.recovered("kv", 10);
-        assert!(!l.crashed("kv", 10, true));
-        l.recovered("kv", 11);
+        assert!(!l.crashed("kv", crash(7, true, 0)), "no recovery yet");
+        l.recovered("kv", 8, 100);
+        assert!(!l.crashed("kv", crash(8, true, 100)), "one is a new fault");
+        l.recovered("kv", 9, 100);
+        assert!(!l.crashed("kv", crash(9, false, 100)), "killed: no count");
+        l.recovered("kv", 10, 100);
+        assert!(!l.crashed("kv", crash(10, true, 100)));
+        l.recovered("kv", 11, 100);
         assert!(!l.fresh_next("kv"));
-        assert!(l.crashed("kv", 11, true), "the second in a row");
+        assert!(l.crashed("kv", crash(11, true, 100)), "the second in a row");
         assert!(l.fresh_next("kv"));
         assert!(l.take_fresh("kv"));
         l.rolled_back("kv", 12);
-        assert!(!l.crashed("kv", 12, true), "a rollback is not a recovery");
+        assert!(
+            !l.crashed("kv", crash(12, true, 100)),
+            "a rollback is not a recovery"
+        );
+    }
+
+    #[test]
+    fn a_crash_after_the_recovered_incarnation_served_is_a_new_fault() {
+        let mut l = Ladder::default();
+        l.recovered("kv", 8, 100);
+        assert!(!l.crashed("kv", crash(8, true, 100)));
+        l.recovered("kv", 9, 100);
+        assert!(!l.crashed("kv", crash(9, true, 101)), "it logged a request");
+        l.recovered("kv", 10, 100);
+        assert!(!l.crashed("kv", crash(10, true, 100)));
+        l.recovered("kv", 11, 100);
+        let replaying = Crash {
+            replaying: true,
+            ..crash(11, true, 250)
+        };
+        assert!(
+            l.crashed("kv", replaying),
+            "died in its replay: nothing new"
+        );
     }
 
     #[test]
     fn another_incarnation_or_a_policy_without_rollback_starts_at_the_bottom() {
         let mut l = Ladder::default();
-        l.recovered("kv", 11);
+        l.recovered("kv", 11, 0);
         assert_eq!(l.answer("kv", 12, true), HangAnswer::RollBack);
         assert_eq!(l.answer("kv", 11, false), HangAnswer::Reboot);
         assert_eq!(l.answer("lock", 11, true), HangAnswer::RollBack);

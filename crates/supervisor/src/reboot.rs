@@ -11,6 +11,7 @@ use rustix::process::Signal;
 
 use crate::activation::{ActivationFailure, Attempt, Next, Waited, SYNC_ACTIVATION};
 use crate::events::{Event, Exit};
+use crate::ladder::Crash;
 use crate::managed::Phase;
 use crate::options::{StopReason, SupervisorError};
 use crate::policy::GiveUpReason;
@@ -106,9 +107,16 @@ impl Supervisor<'_> {
             return;
         }
         let name = m.spec.name.clone();
-        if self.ladder.crashed(&name, pid, by_itself) {
+        let journal = m.wiring.durable.journal.as_deref();
+        let crash = Crash {
+            pid,
+            by_itself,
+            logged: journal.map_or(0, |j| j.header().logged.load(Ordering::SeqCst)),
+            replaying: journal.is_some_and(|j| j.replay_pending()),
+        };
+        if self.ladder.crashed(&name, crash) {
             tracing::warn!(
-                "{name}: crashed ({exit}) within {} ms of its checkpoint recovery, the second in a row: it starts afresh, its checkpoint and request log dropped (its state is lost)",
+                "{name}: crashed ({exit}) within {} ms of its checkpoint recovery before serving anything new, the second in a row: it starts afresh, its checkpoint and request log dropped (its state is lost)",
                 crate::ladder::AGAIN.as_millis()
             );
         }
@@ -342,7 +350,9 @@ impl Supervisor<'_> {
         let fresh = self.ladder.take_fresh(&name);
         match self.roster.recover(&name, fresh) {
             Ok(done) => {
-                self.ladder.recovered(&name, done.pid);
+                let logged = m.wiring.durable.journal.as_deref();
+                let logged = logged.map_or(0, |j| j.header().logged.load(Ordering::SeqCst));
+                self.ladder.recovered(&name, done.pid, logged);
                 pending.push(Event::Replayed {
                     component: name,
                     pid: done.pid,

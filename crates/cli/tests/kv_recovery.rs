@@ -532,7 +532,7 @@ changelog = "/kv-changes"
 
 /// A restored state that crashes by itself at once (as a register flip
 /// captured by a checkpoint makes it) is not restored for ever: once its
-/// client is done, the test aborts kv (SIGABRT, a signal the supervisor
+/// client has finished, the test aborts kv (SIGABRT, a signal the supervisor
 /// did not send), then aborts each incarnation its checkpoint recoveries
 /// make, within a second of its recovery and before it served anything
 /// new; one such crash is a new fault and gets a restore, the second in a
@@ -585,18 +585,18 @@ think_us = 100
         let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
         rustix::process::kill_process(pid, rustix::process::Signal::ABORT).unwrap();
     };
-    let mut kinds = Vec::new();
+    let (mut kinds, mut kv) = (Vec::new(), 0);
     let mut stdout = String::new();
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
         stdout += &line;
         stdout += "\n";
         match events(&line).pop() {
-            Some(Event::Started { component, pid, .. }) if component == "kv" => {
-                // w1 is done by then (its 600 calls take tens of ms), and
-                // kv, checkpointed every 20 ms, has a checkpoint to restore.
-                std::thread::sleep(std::time::Duration::from_millis(500));
-                abort(pid);
+            Some(Event::Started { component, pid, .. }) if component == "kv" => kv = pid,
+            Some(Event::Finished { component, .. }) if component == "w1" => {
+                // kv is checkpointed every 20 ms: let one be taken idle.
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                abort(kv);
             }
             Some(Event::Replayed {
                 component,

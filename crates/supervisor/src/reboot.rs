@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use kintsugi_runtime::abi::boot::ControlBlock;
+use kintsugi_runtime::abi::journal::JournalRegion;
 use kintsugi_system::{GiveUpAction, RebootMode, RecoveryMode, RestartType};
 use rustix::process::Signal;
 
@@ -111,7 +112,7 @@ impl Supervisor<'_> {
         let crash = Crash {
             pid,
             by_itself,
-            logged: journal.map_or(0, |j| j.header().logged.load(Ordering::SeqCst)),
+            logged: journal.map_or(0, JournalRegion::logged),
             replaying: journal.is_some_and(|j| j.replay_pending()),
         };
         if self.ladder.crashed(&name, crash) {
@@ -350,8 +351,8 @@ impl Supervisor<'_> {
         let fresh = self.ladder.take_fresh(&name);
         match self.roster.recover(&name, fresh) {
             Ok(done) => {
-                let logged = m.wiring.durable.journal.as_deref();
-                let logged = logged.map_or(0, |j| j.header().logged.load(Ordering::SeqCst));
+                let journal = m.wiring.durable.journal.as_deref();
+                let logged = journal.map_or(0, JournalRegion::logged);
                 self.ladder.recovered(&name, done.pid, logged);
                 pending.push(Event::Replayed {
                     component: name,

@@ -249,6 +249,11 @@ impl JournalRegion {
         self.header().closed.load(Ordering::SeqCst) != 0
     }
 
+    /// Requests logged so far, all incarnations together.
+    pub fn logged(&self) -> u64 {
+        self.header().logged.load(Ordering::SeqCst)
+    }
+
     /// Whether the server asked for an early checkpoint.
     pub fn wants_checkpoint(&self) -> bool {
         self.header().wanted.load(Ordering::Relaxed) != 0

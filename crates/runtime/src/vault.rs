@@ -55,6 +55,15 @@ pub enum VaultRequest {
         id: u64,
         key: String,
     },
+    /// Puts `value` under `key` with a new, empty file that the vault
+    /// makes (a memfd, or a file in its directory when it is kept on
+    /// disk) and sends back in the reply's one record: contents written to
+    /// it are kept as long as the record, and persisted with the vault.
+    Create {
+        id: u64,
+        key: String,
+        value: serde_json::Value,
+    },
 }
 
 /// A request as it travels: with the priority of the thread it is made for
@@ -175,6 +184,29 @@ impl Vault {
             }],
             &[],
         )
+    }
+
+    /// Puts `value` under `key` with a new empty file made by the vault,
+    /// and returns that file: what is written to it lives as long as the
+    /// record does, across incarnations, and across restarts of the whole
+    /// system when the vault is kept in a directory. Replaces a record
+    /// already under `key`.
+    pub fn create_file(&self, key: &str, value: serde_json::Value) -> Result<OwnedFd, VaultError> {
+        let (reply, fds) = self.round_trip(
+            |id| VaultRequest::Create {
+                id,
+                key: key.to_string(),
+                value,
+            },
+            &[],
+        )?;
+        let mut records = records(reply.records, fds)?;
+        match (records.pop(), records.is_empty()) {
+            (Some(VaultRecord { fd: Some(fd), .. }), true) => Ok(fd),
+            _ => Err(VaultError::Protocol(
+                "a create was answered without its one file".into(),
+            )),
+        }
     }
 
     /// The record kept under `key`, if there is one.

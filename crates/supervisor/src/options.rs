@@ -30,6 +30,8 @@ pub enum SupervisorError {
         file: String,
         detail: String,
     },
+    #[error("vault: {0}")]
+    Vault(String),
     #[error("chaos target `{0}` is not a component of this system")]
     UnknownTarget(String),
     #[error("supervisor: {0}")]

@@ -145,6 +145,30 @@ impl Records {
         }
     }
 
+    /// Removes record `key`, if there is one.
+    fn remove(&mut self, key: &str) {
+        if let Some(old) = self.map.remove(key) {
+            self.bytes -= old.size;
+            self.fds -= u64::from(old.fd.is_some());
+        }
+    }
+
+    /// Puts records back as they were before a change that could not be
+    /// kept. Their descriptors stay counted against the supervisor's
+    /// budget as they were while the change held (a rare failure of the
+    /// vault's disk; the budget is an estimate that errs high).
+    pub(crate) fn restore(
+        &mut self,
+        saved: Vec<(String, Option<(serde_json::Value, Option<OwnedFd>)>)>,
+    ) {
+        for (key, before) in saved {
+            match before {
+                Some((value, fd)) => self.insert(key, value, fd),
+                None => self.remove(&key),
+            }
+        }
+    }
+
     /// What the records would add up to after `ops` (whose sizes are
     /// `sizes`): records, bytes, descriptors.
     fn after(&self, ops: &[VaultOp], sizes: &[u64]) -> (u64, u64, u64) {

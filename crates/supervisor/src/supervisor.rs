@@ -242,6 +242,9 @@ impl<'a> Supervisor<'a> {
                 return Err(SupervisorError::UnknownTarget(c.target().to_string()));
             }
         }
+        if let Some(storage) = &system.vault {
+            self.vault = VaultStore::open(storage).map_err(SupervisorError::Vault)?;
+        }
         self.read_restores(system)?;
         self.hand_sockets(system);
         self.groups = system.groups.clone();

@@ -10,6 +10,8 @@
 //! [system]
 //! name = "demo"
 //! description = "ramfs with a verifying file workload"
+//! # vault = { dir = "state", fsync = "always" }  # optional: the vault kept in a directory (relative to this file),
+//! #                                             # its log synced before each answer ("never": left to the kernel)
 //!
 //! [[component]]
 //! name = "ramfs"
@@ -153,6 +155,9 @@ pub struct System {
     /// When the components' waiters spin before they sleep.
     #[serde(default)]
     pub spin: SpinPolicy,
+    /// Where the vault is kept on disk (`vault = { dir = … }` in
+    /// `[system]`); none: in the supervisor's memory only.
+    pub vault: Option<VaultStorage>,
     /// Where each component's `binary` value lies in the text, for errors of
     /// [`System::resolve_binaries`].
     #[serde(skip)]
@@ -390,6 +395,28 @@ pub enum SpinPolicy {
     /// Not while more threads are runnable than there are CPUs, when the
     /// spin would only take CPU time from the thread waited for.
     UnlessOversubscribed,
+}
+
+/// A vault persisted to a directory: its records (and the files it made
+/// for its components) outlive the supervisor and the machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VaultStorage {
+    /// Absolute, or relative to the system file's directory as written.
+    pub dir: PathBuf,
+    pub fsync: FsyncPolicy,
+}
+
+/// When the vault's log reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FsyncPolicy {
+    /// Before each request is answered: what a component was told is kept
+    /// survives a crash of the machine.
+    #[default]
+    Always,
+    /// Left to the kernel's writeback: survives any process's crash (the
+    /// page cache keeps it), not the machine's.
+    Never,
 }
 
 /// How a crashed server's state comes back for its clients.

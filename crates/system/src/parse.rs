@@ -10,12 +10,12 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{
-    Backoff, Capability, CheckpointPolicy, ComponentSpec, ErrorKind, GiveUpAction, GroupStrategy,
-    HangAction, Location, RebootMode, RecoveryMode, RestartGroup, RestartPolicy, RestartType,
-    SpinPolicy, System, SystemError, Use, User, VaultQuota, WatchdogSettings,
-    CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE, DEFAULT_JOURNAL_KIB, DEFAULT_SLOTS,
-    DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE, REALTIME_RANGE,
-    SLOTS_RANGE,
+    Backoff, Capability, CheckpointPolicy, ComponentSpec, ErrorKind, FsyncPolicy, GiveUpAction,
+    GroupStrategy, HangAction, Location, RebootMode, RecoveryMode, RestartGroup, RestartPolicy,
+    RestartType, SpinPolicy, System, SystemError, Use, User, VaultQuota, VaultStorage,
+    WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE, DEFAULT_JOURNAL_KIB,
+    DEFAULT_SLOTS, DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE,
+    REALTIME_RANGE, SLOTS_RANGE,
 };
 
 #[derive(Deserialize)]
@@ -58,6 +58,15 @@ struct RawSystem {
     description: String,
     #[serde(default)]
     spin: SpinPolicy,
+    vault: Option<RawVaultStorage>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVaultStorage {
+    dir: Spanned<String>,
+    #[serde(default)]
+    fsync: FsyncPolicy,
 }
 
 #[derive(Deserialize)]
@@ -390,10 +399,16 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<System, SystemError> {
 
     let groups = groups(&cx, &raw.group, &components)?;
 
+    let vault = match &raw.system.vault {
+        Some(v) => Some(vault_storage(&cx, v)?),
+        None => None,
+    };
+
     Ok(System {
         watchdog,
         groups,
         spin: raw.system.spin,
+        vault,
         name: raw.system.name.into_inner(),
         description: raw.system.description,
         path: path.to_path_buf(),
@@ -500,6 +515,28 @@ fn sockets(
         out.insert(key.clone(), n.clone());
     }
     Ok(out)
+}
+
+/// `[system] vault = { dir, fsync }`: a directory relative to the system
+/// file's, or absolute.
+fn vault_storage(cx: &Ctx<'_>, raw: &RawVaultStorage) -> Result<VaultStorage, SystemError> {
+    let dir = raw.dir.get_ref();
+    if dir.is_empty() || dir.contains('\0') {
+        return Err(cx.err(
+            &raw.dir.span(),
+            ErrorKind::InvalidConfig,
+            "vault.dir must name a directory",
+        ));
+    }
+    let dir = Path::new(dir);
+    let dir = match cx.path.parent() {
+        Some(base) if dir.is_relative() && !base.as_os_str().is_empty() => base.join(dir),
+        _ => dir.to_path_buf(),
+    };
+    Ok(VaultStorage {
+        dir,
+        fsync: raw.fsync,
+    })
 }
 
 /// A component's `vault_quota = { … }` table.

@@ -500,7 +500,7 @@ fn unknown_key() {
     let (msg, _) = err("[system]\nname = \"t\"\nversion = 2\n");
     assert_eq!(
         msg,
-        "sys.toml:3:1: unknown field `version`, expected one of `name`, `description`, `spin`"
+        "sys.toml:3:1: unknown field `version`, expected one of `name`, `description`, `spin`, `vault`"
     );
 }
 

@@ -1,8 +1,9 @@
 //! ramfs: a hierarchical RAM file system served over the `fs` interface.
 //!
-//! Every file's contents live in a memfd, and every file's and directory's
-//! metadata (parent, name, kind) is a record in the state vault, which also
-//! keeps a duplicate of the memfd. A crash of ramfs therefore loses nothing:
+//! Every file's and directory's metadata (parent, name, kind) is a record
+//! in the state vault, and every file's contents live in a file the vault
+//! made for that record (a memfd; a file in the vault's directory when the
+//! system keeps its vault on disk, so that the files outlive the system). A crash of ramfs therefore loses nothing:
 //! the next incarnation lists the vault and rebuilds its tree, and the
 //! clients' stubs reopen their descriptors through the interface. Each
 //! metadata change is one atomic vault request, so a crash leaves the tree

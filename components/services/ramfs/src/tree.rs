@@ -158,24 +158,41 @@ impl RamFs {
         self.rt.publish_change(fs::INFO.name, counter);
     }
 
-    /// Records a new node in the vault (with its memfd, for a file), then
-    /// links it into the tree: a crash in between leaves it in the vault
-    /// only, and the next incarnation links it.
-    fn create(&self, st: &mut State, parent: u64, name: &str, kind: Kind) -> Result<(), Error> {
+    /// Records a new node in the vault, then links it into the tree: a
+    /// crash in between leaves it in the vault only, and the next
+    /// incarnation links it. A file's contents live in a file the vault
+    /// makes (a memfd, or a file in the vault's directory when the system
+    /// keeps it on disk), returned.
+    fn create(
+        &self,
+        st: &mut State,
+        parent: u64,
+        name: &str,
+        dir: bool,
+    ) -> Result<Option<Arc<File>>, Error> {
         let ino = st.next_ino;
         let record = NodeRecord {
             parent,
             name: name.to_string(),
-            dir: matches!(kind, Kind::Dir(_)),
+            dir,
         };
-        let fd = match &kind {
-            Kind::File(data) => Some(data.as_fd()),
-            Kind::Dir(_) => None,
+        let value = serde_json::to_value(&record).unwrap();
+        let vault_err = |e| io_err(std::io::Error::other(e));
+        let (kind, data) = if dir {
+            self.rt
+                .vault()
+                .put(&key(ino), value, None)
+                .map_err(vault_err)?;
+            (Kind::Dir(BTreeMap::new()), None)
+        } else {
+            let fd = self
+                .rt
+                .vault()
+                .create_file(&key(ino), value)
+                .map_err(vault_err)?;
+            let data = Arc::new(File::from(fd));
+            (Kind::File(data.clone()), Some(data))
         };
-        self.rt
-            .vault()
-            .put(&key(ino), serde_json::to_value(&record).unwrap(), fd)
-            .map_err(|e| io_err(std::io::Error::other(e)))?;
         st.next_ino += 1;
         st.children_mut(parent).insert(name.to_string(), ino);
         st.nodes.insert(
@@ -186,7 +203,7 @@ impl RamFs {
                 kind,
             },
         );
-        Ok(())
+        Ok(data)
     }
 }
 
@@ -254,14 +271,10 @@ impl fs::Server for RamFs {
             },
             Err(Error::NotFound) if flags & CREATE != 0 => {
                 let (parent, name) = st.parent_of(path)?;
-                let memfd = rustix::fs::memfd_create(
-                    format!("ramfs:{}", st.next_ino),
-                    rustix::fs::MemfdFlags::CLOEXEC,
-                )
-                .map_err(|e| io_err(e.into()))?;
-                let data = Arc::new(File::from(memfd));
                 let ino = st.next_ino;
-                self.create(&mut st, parent, name, Kind::File(data.clone()))?;
+                let data = self
+                    .create(&mut st, parent, name, false)?
+                    .expect("a file has its data");
                 self.changed(NAMES);
                 (ino, data)
             }
@@ -383,7 +396,7 @@ impl fs::Server for RamFs {
         if st.child(parent, name).is_some() {
             return Err(Error::Exists);
         }
-        self.create(&mut st, parent, name, Kind::Dir(BTreeMap::new()))?;
+        self.create(&mut st, parent, name, true)?;
         self.changed(NAMES);
         Ok(())
     }

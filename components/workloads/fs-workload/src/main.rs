@@ -4,10 +4,13 @@
 //! hold, and publishing its counts as the counters `ops`, `errors` and
 //! `corrupt` (wrong answers). On SIGTERM (or after `ops` operations) it verifies every file byte
 //! for byte, prints a JSON report on stdout and exits 0 only if nothing
-//! differed and no call failed.
+//! differed and no call failed. With `durable = true` it writes instead
+//! files that must outlive the whole system, and checks them at start
+//! (`durable.rs`).
 
 #![forbid(unsafe_code)]
 
+mod durable;
 mod model;
 
 use kintsugi_interfaces::fs;
@@ -30,6 +33,9 @@ pub struct Config {
     pub max_open: usize,
     /// Client threads, each with its own channel slot, directories and model.
     pub threads: usize,
+    /// Instead of the random operations: files that must outlive the whole
+    /// system (see `durable.rs`).
+    pub durable: bool,
 }
 
 impl Default for Config {
@@ -42,6 +48,7 @@ impl Default for Config {
             max_write: 16384,
             max_open: 6,
             threads: 1,
+            durable: false,
         }
     }
 }
@@ -52,6 +59,9 @@ fn main() {
         let client = fs::Client::connect(rt)?;
         let rt = rt.clone();
         Ok(Incarnation::main(move || {
+            if config.durable {
+                return durable::run(&client, &rt, config.seed, config.max_write);
+            }
             tracing::info!(
                 seed = config.seed,
                 threads = config.threads,

@@ -12,10 +12,15 @@ use serde::{Deserialize, Serialize};
 
 use kintsugi_runtime::abi::fdpass;
 use kintsugi_runtime::priority::Priority;
-use kintsugi_system::VaultQuota;
+use kintsugi_system::{VaultQuota, VaultStorage};
 
 use crate::quota::{Entry, FdBudget, Records, VaultUsage};
-use kintsugi_runtime::vault::{RecordHeader, VaultMessage, VaultReply, VaultRequest, LIST_PAGE};
+
+mod disk;
+use disk::{Disk, Holds, LoggedOp};
+use kintsugi_runtime::vault::{
+    RecordHeader, VaultMessage, VaultOp, VaultReply, VaultRequest, LIST_PAGE,
+};
 
 /// What a component's vault may hold, and the priority its requests may
 /// be served at.
@@ -42,9 +47,21 @@ pub(crate) struct VaultActivity {
 /// Every component's kept state.
 #[derive(Clone)]
 pub struct VaultStore {
-    inner: Arc<Mutex<BTreeMap<String, Records>>>,
+    inner: Arc<Mutex<Kept>>,
     budget: Arc<FdBudget>,
 }
+
+/// The records of every component, and the directory they are kept in,
+/// if any: changed together, under one lock.
+#[derive(Default)]
+struct Kept {
+    records: BTreeMap<String, Records>,
+    disk: Option<Disk>,
+}
+
+/// A record's state before a change: its value and a duplicate of its
+/// descriptor, to put back if the change cannot be logged.
+type Saved = (String, Option<(serde_json::Value, Option<OwnedFd>)>);
 
 impl Default for VaultStore {
     fn default() -> Self {
@@ -56,6 +73,33 @@ impl Default for VaultStore {
 }
 
 impl VaultStore {
+    /// The vault kept in `storage`'s directory, with what it holds loaded;
+    /// what a load quarantined is logged as an error.
+    pub fn open(storage: &VaultStorage) -> Result<Self, String> {
+        let (disk, loaded) = Disk::open(storage)?;
+        for line in &loaded.quarantined {
+            tracing::error!("vault: quarantined: {line}");
+        }
+        let store = VaultStore::default();
+        let mut kept = store.inner.lock().unwrap();
+        for (component, records) in loaded.records {
+            let into = kept.records.entry(component).or_default();
+            for (key, r) in records {
+                into.insert(key, r.value, r.file.map(|f| f.1));
+            }
+        }
+        kept.disk = Some(disk);
+        tracing::info!(
+            "vault: {} records of {} components loaded from {} ({} frames read)",
+            kept.records.values().map(|r| r.map().len()).sum::<usize>(),
+            kept.records.len(),
+            storage.dir.display(),
+            loaded.frames,
+        );
+        drop(kept);
+        Ok(store)
+    }
+
     /// Serves one component's socket for as long as the system runs (the
     /// supervisor holds the other end for every incarnation to come).
     pub fn serve(
@@ -120,107 +164,94 @@ impl VaultStore {
                 kintsugi_runtime::priority::adopt(clamp(priority, limits.ceiling));
                 request
             }
-            Err(e) => {
-                let reply = VaultReply {
-                    id: 0,
-                    error: Some(format!("malformed request: {e}")),
-                    records: vec![],
-                    more: false,
-                };
-                return Some((reply, vec![]));
-            }
+            Err(e) => return Some((reply(0, Err(format!("malformed request: {e}"))), vec![])),
         };
-        let mut all = self.inner.lock().unwrap();
-        let records = all.entry(component.to_string()).or_default();
+        let mut kept = self.inner.lock().unwrap();
+        let apply = |kept: &mut Kept, ops: Vec<VaultOp>, fds: Vec<OwnedFd>| {
+            let keys = keys_of(&ops);
+            let r = kept.change(component, keys, |r| {
+                r.apply(ops, fds, &limits.quota, &self.budget)
+            });
+            limits
+                .usage
+                .set(kept.records.entry(component.to_string()).or_default());
+            r
+        };
         Some(match request {
             VaultRequest::Post { ops } => {
-                if let Err(e) = records.apply(ops, fds, &limits.quota, &self.budget) {
+                if let Err(e) = apply(&mut kept, ops, fds) {
                     tracing::warn!("vault of {component}: posted request refused: {e}");
                 }
-                limits.usage.set(records);
                 return None;
             }
-            VaultRequest::Apply { id, ops } => {
-                let error = records.apply(ops, fds, &limits.quota, &self.budget).err();
-                limits.usage.set(records);
-                (
-                    VaultReply {
-                        id,
-                        error,
-                        records: vec![],
-                        more: false,
-                    },
-                    vec![],
-                )
-            }
+            VaultRequest::Apply { id, ops } => (
+                reply(id, apply(&mut kept, ops, fds).map(|()| vec![])),
+                vec![],
+            ),
             VaultRequest::List { id, after, prefix } => {
-                // Keys in order from the later of `after` and `prefix`, while
-                // they start with `prefix`.
-                let from = match after {
-                    Some(k) if k >= prefix => std::ops::Bound::Excluded(k),
-                    _ => std::ops::Bound::Included(prefix.clone()),
-                };
-                let range = records
-                    .map()
-                    .range::<String, _>((from, std::ops::Bound::Unbounded))
-                    .take_while(|(key, _)| key.starts_with(&prefix));
-                let mut headers = Vec::new();
                 let mut out = Vec::new();
-                let mut more = false;
-                for (key, e) in range {
-                    if headers.len() == LIST_PAGE {
-                        more = true;
-                        break;
-                    }
-                    headers.push(header(key, e, &mut out));
-                }
-                (
-                    VaultReply {
-                        id,
-                        error: None,
-                        records: headers,
-                        more,
-                    },
-                    out,
-                )
+                let (records, more) = kept.list(component, after, &prefix, &mut out);
+                let mut r = reply(id, Ok(records));
+                r.more = more;
+                (r, out)
             }
             VaultRequest::Get { id, key } => {
                 let mut out = Vec::new();
-                let records = records
-                    .map()
-                    .get_key_value(&key)
+                let records = kept
+                    .records
+                    .get(component)
+                    .and_then(|r| r.map().get_key_value(&key))
                     .map(|(key, e)| header(key, e, &mut out))
                     .into_iter()
                     .collect();
-                (
-                    VaultReply {
-                        id,
-                        error: None,
-                        records,
-                        more: false,
-                    },
-                    out,
-                )
+                (reply(id, Ok(records)), out)
+            }
+            VaultRequest::Create { id, key, value } => {
+                let made = kept.make_file(component, &key);
+                let result = made.and_then(|fd| {
+                    let back = fd.try_clone().map_err(|e| format!("dup: {e}"))?;
+                    let op = VaultOp::Put {
+                        key: key.clone(),
+                        value: value.clone(),
+                        fd: true,
+                    };
+                    if let Err(e) = apply(&mut kept, vec![op], vec![fd]) {
+                        if let Some(disk) = kept.disk.as_mut() {
+                            disk.drop_unheld(&back);
+                        }
+                        return Err(e);
+                    }
+                    Ok(back)
+                });
+                match result {
+                    Ok(fd) => {
+                        let record = RecordHeader {
+                            key,
+                            value,
+                            fd: true,
+                        };
+                        (reply(id, Ok(vec![record])), vec![fd])
+                    }
+                    Err(e) => (reply(id, Err(e)), vec![]),
+                }
             }
         })
     }
 
     /// Every record of `component`, for an exported checkpoint: a
-    /// descriptor travels as its contents if it is a memfd; any other kind
-    /// (a socket) cannot leave this machine, and fails the export.
+    /// descriptor travels as its contents if it is a regular file (a memfd
+    /// or a file of the vault's); any other kind (a socket) cannot leave
+    /// this machine, and fails the export.
     pub(crate) fn export(&self, component: &str) -> Result<Vec<ExportedRecord>, String> {
-        let all = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(records) = all.get(component) else {
+        let kept = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(records) = kept.records.get(component) else {
             return Ok(Vec::new());
         };
         records
             .map()
             .iter()
             .map(|(key, e)| {
-                let contents =
-                    e.fd.as_ref()
-                        .map(|fd| memfd_contents(key, fd))
-                        .transpose()?;
+                let contents = e.fd.as_ref().map(|fd| file_contents(key, fd)).transpose()?;
                 Ok(ExportedRecord {
                     key: key.clone(),
                     value: e.value.to_string(),
@@ -231,42 +262,48 @@ impl VaultStore {
     }
 
     /// Puts exported records into `component`'s vault (before its first
-    /// incarnation reads them); each descriptor becomes a new memfd.
+    /// incarnation reads them); each descriptor becomes a new file.
     pub(crate) fn import(
         &self,
         component: &str,
         records: Vec<ExportedRecord>,
     ) -> Result<(), String> {
-        let mut all = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let kept = all.entry(component.to_string()).or_default();
+        let mut kept = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut made = Vec::new();
         for r in records {
-            let value =
+            let value: serde_json::Value =
                 serde_json::from_str(&r.value).map_err(|e| format!("record {}: {e}", r.key))?;
             let fd = r
                 .contents
                 .map(|bytes| {
-                    let fd = rustix::fs::memfd_create(
-                        format!("kintsugi:{component}:{}", r.key),
-                        rustix::fs::MemfdFlags::CLOEXEC,
-                    )
-                    .map_err(|e| format!("record {}: memfd_create: {e}", r.key))?;
-                    let file = std::fs::File::from(fd);
+                    let file = std::fs::File::from(kept.make_file(component, &r.key)?);
                     file.write_all_at(&bytes, 0)
                         .map_err(|e| format!("record {}: {e}", r.key))?;
                     Ok::<_, String>(OwnedFd::from(file))
                 })
                 .transpose()?;
-            kept.insert(r.key, value, fd);
+            made.push((r.key, value, fd));
         }
-        Ok(())
+        let keys = made.iter().map(|m| m.0.clone()).collect();
+        kept.change(component, keys, |into| {
+            for (key, value, fd) in made {
+                into.insert(key, value, fd);
+            }
+            Ok(())
+        })
     }
 
     /// Puts `fd` in `component`'s vault as record `key` (no value), before
     /// its first incarnation: a socket passed by a service manager.
     pub(crate) fn put_socket(&self, component: &str, key: &str, fd: OwnedFd) {
-        let mut all = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let kept = all.entry(component.to_string()).or_default();
-        kept.insert(key.to_string(), serde_json::Value::Null, Some(fd));
+        let mut kept = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let r = kept.change(component, vec![key.to_string()], |into| {
+            into.insert(key.to_string(), serde_json::Value::Null, Some(fd));
+            Ok(())
+        });
+        if let Err(e) = r {
+            tracing::error!("vault of {component}: socket {key}: {e}");
+        }
     }
 
     /// Number of records kept for `component`.
@@ -275,8 +312,167 @@ impl VaultStore {
         self.inner
             .lock()
             .unwrap()
+            .records
             .get(component)
             .map_or(0, |r| r.map().len())
+    }
+}
+
+impl Kept {
+    /// Makes `change` to `component`'s records, which touches `keys`, and
+    /// logs their new states if the vault is on disk. If the log refuses,
+    /// the records are put back as they were and the change is refused.
+    fn change(
+        &mut self,
+        component: &str,
+        keys: Vec<String>,
+        change: impl FnOnce(&mut Records) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let records = self.records.entry(component.to_string()).or_default();
+        let Some(disk) = self.disk.as_mut() else {
+            return change(records);
+        };
+        let saved: Vec<Saved> = keys
+            .into_iter()
+            .map(|key| {
+                let before = records.map().get(&key).map(|e| {
+                    let fd = e.fd.as_ref().and_then(|f| f.try_clone().ok());
+                    (e.value.clone(), fd)
+                });
+                (key, before)
+            })
+            .collect();
+        change(records)?;
+        let changes = saved
+            .iter()
+            .map(|(key, before)| {
+                let held = disk.holds(before.as_ref().and_then(|b| b.1.as_ref()));
+                (held, logged(disk, key, records.map().get(key)))
+            })
+            .collect();
+        if let Err(e) = disk.commit(component, changes) {
+            records.restore(saved);
+            return Err(format!(
+                "the vault's disk refused the change ({e}); nothing changed"
+            ));
+        }
+        if disk.wants_compaction() {
+            self.compact();
+        }
+        Ok(())
+    }
+
+    /// Rewrites the log with only the live records.
+    fn compact(&mut self) {
+        let Some(disk) = self.disk.as_mut() else {
+            return;
+        };
+        let snapshot: Vec<(String, Vec<LoggedOp>)> = self
+            .records
+            .iter()
+            .map(|(c, r)| {
+                let ops = r
+                    .map()
+                    .iter()
+                    .map(|(key, e)| logged(disk, key, Some(e)))
+                    .filter(|op| matches!(op, LoggedOp::Put { .. }))
+                    .collect();
+                (c.clone(), ops)
+            })
+            .collect();
+        if let Err(e) = disk.rewrite(snapshot.into_iter()) {
+            tracing::error!("vault: the log could not be rewritten: {e}");
+        }
+    }
+
+    /// A new empty file for record `key` of `component`: in the vault's
+    /// directory, or a memfd when the vault is in memory only.
+    fn make_file(&mut self, component: &str, key: &str) -> Result<OwnedFd, String> {
+        match self.disk.as_mut() {
+            Some(disk) => disk.create_file(),
+            None => rustix::fs::memfd_create(
+                format!("kintsugi:{component}:{key}"),
+                rustix::fs::MemfdFlags::CLOEXEC,
+            )
+            .map_err(|e| format!("record {key}: memfd_create: {e}")),
+        }
+    }
+
+    /// Up to [`LIST_PAGE`] of `component`'s records with keys after the
+    /// later of `after` and `prefix` and starting with `prefix`, in order
+    /// (their descriptors join `fds`), and whether more follow.
+    fn list(
+        &self,
+        component: &str,
+        after: Option<String>,
+        prefix: &str,
+        fds: &mut Vec<OwnedFd>,
+    ) -> (Vec<RecordHeader>, bool) {
+        let Some(records) = self.records.get(component) else {
+            return (vec![], false);
+        };
+        let from = match after {
+            Some(k) if k.as_str() >= prefix => std::ops::Bound::Excluded(k),
+            _ => std::ops::Bound::Included(prefix.to_string()),
+        };
+        let mut range = records
+            .map()
+            .range::<String, _>((from, std::ops::Bound::Unbounded))
+            .take_while(|(key, _)| key.starts_with(prefix));
+        let headers: Vec<RecordHeader> = range
+            .by_ref()
+            .take(LIST_PAGE)
+            .map(|(key, e)| header(key, e, fds))
+            .collect();
+        let more = range.next().is_some();
+        (headers, more)
+    }
+}
+
+/// Record `key`'s state as logged: what a record holding a descriptor
+/// that does not outlive the system is logged as is its absence.
+fn logged(disk: &Disk, key: &str, entry: Option<&Entry>) -> LoggedOp {
+    let delete = || LoggedOp::Delete {
+        key: key.to_string(),
+    };
+    let Some(e) = entry else {
+        return delete();
+    };
+    let file = match disk.holds(e.fd.as_ref()) {
+        Holds::Transient => return delete(),
+        Holds::Nothing => None,
+        Holds::File(id) => Some(id),
+    };
+    LoggedOp::Put {
+        key: key.to_string(),
+        value: e.value.clone(),
+        file,
+    }
+}
+
+/// The keys `ops` touch, each once, in order.
+fn keys_of(ops: &[VaultOp]) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    for op in ops {
+        let (VaultOp::Put { key, .. } | VaultOp::Delete { key }) = op;
+        if !keys.contains(key) {
+            keys.push(key.clone());
+        }
+    }
+    keys
+}
+
+/// A reply to request `id`: records, or why it was refused.
+fn reply(id: u64, result: Result<Vec<RecordHeader>, String>) -> VaultReply {
+    let (records, error) = match result {
+        Ok(r) => (r, None),
+        Err(e) => (vec![], Some(e)),
+    };
+    VaultReply {
+        id,
+        error,
+        records,
+        more: false,
     }
 }
 
@@ -290,14 +486,16 @@ pub(crate) struct ExportedRecord {
     pub contents: Option<Vec<u8>>,
 }
 
-/// The whole contents of the memfd behind record `key`'s descriptor.
-fn memfd_contents(key: &str, fd: &OwnedFd) -> Result<Vec<u8>, String> {
-    let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
-    if !target.starts_with("/memfd:") {
+/// The whole contents of the file behind record `key`'s descriptor.
+fn file_contents(key: &str, fd: &OwnedFd) -> Result<Vec<u8>, String> {
+    let regular = rustix::fs::fstat(fd)
+        .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_file());
+    if !regular {
+        let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
         return Err(format!(
-            "record {key} holds {target}, which cannot travel with a checkpoint (only memfds can)"
+            "record {key} holds {target}, which cannot travel with a checkpoint (only files can)"
         ));
     }
     let file = std::fs::File::from(fd.try_clone().map_err(|e| format!("record {key}: {e}"))?);

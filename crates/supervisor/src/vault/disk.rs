@@ -1,0 +1,496 @@
+//! The vault kept in a directory (`[system] vault = { dir, fsync }`), so
+//! that what components keep outlives the supervisor and the machine.
+//! NewtOS's storage server kept its state in memory only; its successors
+//! (and systemd's fdstore, which keeps descriptors across a manager's
+//! re-execution but not across a reboot) leave persistence to each
+//! service. Here the vault itself is crash-consistent, so every component
+//! that keeps its state there gets it.
+//!
+//! The directory (mode 0700, owned by the supervisor's user, refused
+//! otherwise) holds:
+//!
+//! | path | contents |
+//! | --- | --- |
+//! | `log` | `ksgvault1\n`, then one frame per applied request |
+//! | `files/<id>` | the contents of a file the vault made ([`VaultRequest::Create`](kintsugi_runtime::vault::VaultRequest)) |
+//! | `quarantine/` | what a load refused: a frame's bytes, a record whose file is gone |
+//!
+//! A frame is `u32` LE payload length, `u32` LE CRC-32 of the payload, and
+//! the payload: JSON `{"component", "ops"}` whose ops are the records'
+//! new states (`Put { key, value, file }`, `Delete { key }`). A request is
+//! one frame, written with one `write` and, under `fsync = "always"`,
+//! synced before its reply: a crash leaves it whole or absent. Loading
+//! replays the frames; one that fails its checksum is copied to
+//! `quarantine/` and skipped up to the next frame that passes (a cut tail,
+//! from a crash mid-write, likewise), and a record whose file is missing
+//! is quarantined: neither is ever served. The log is then rewritten with
+//! only the live records (atomically: a new file synced and renamed), as
+//! it is again whenever it grows past four times its rewritten size.
+//!
+//! Records whose descriptor the vault did not make (a socket, a memfd a
+//! component made) live in memory only: they describe what does not
+//! survive the system, and their key is logged as deleted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use kintsugi_system::{FsyncPolicy, VaultStorage};
+
+const MAGIC: &[u8; 10] = b"ksgvault1\n";
+/// No frame is longer: a length past it is corruption.
+const MAX_FRAME: usize = 64 << 20;
+/// The log is rewritten when it grows past this many times its size after
+/// the last rewrite (and past [`MIN_COMPACT`]).
+const GROWTH: u64 = 4;
+const MIN_COMPACT: u64 = 1 << 20;
+
+/// A record's state as logged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) enum LoggedOp {
+    Put {
+        key: String,
+        value: serde_json::Value,
+        /// The vault's file it holds, if any.
+        file: Option<u64>,
+    },
+    Delete {
+        key: String,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Frame {
+    component: String,
+    ops: Vec<LoggedOp>,
+}
+
+/// What a component's record holds, as far as the disk is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holds {
+    Nothing,
+    /// A file the vault made.
+    File(u64),
+    /// A descriptor that does not outlive the system.
+    Transient,
+}
+
+/// A record read back: its value and, for a file record, the file.
+pub(crate) struct LoadedRecord {
+    pub value: serde_json::Value,
+    pub file: Option<(u64, OwnedFd)>,
+}
+
+/// What [`Disk::open`] found.
+#[derive(Default)]
+pub(crate) struct Loaded {
+    /// Component → key → record.
+    pub records: BTreeMap<String, BTreeMap<String, LoadedRecord>>,
+    /// One line per thing quarantined, saying what and why.
+    pub quarantined: Vec<String>,
+    pub frames: u64,
+}
+
+/// The open directory.
+pub(crate) struct Disk {
+    dir: PathBuf,
+    log: File,
+    fsync: FsyncPolicy,
+    /// The vault's files by (device, inode), and how many records hold each.
+    ids: HashMap<(u64, u64), u64>,
+    refs: HashMap<u64, u32>,
+    next_file: u64,
+    log_len: u64,
+    compacted_len: u64,
+}
+
+fn io(what: impl std::fmt::Display, e: std::io::Error) -> String {
+    format!("{what}: {e}")
+}
+
+impl Disk {
+    /// Opens (or creates) the directory, loads what it holds, and rewrites
+    /// the log with only the live records.
+    pub(crate) fn open(storage: &VaultStorage) -> Result<(Disk, Loaded), String> {
+        let dir = storage.dir.clone();
+        for d in [dir.clone(), dir.join("files"), dir.join("quarantine")] {
+            private_dir(&d)?;
+        }
+        let mut loaded = Loaded::default();
+        let frames = read_log(&dir, &mut loaded.quarantined)?;
+        loaded.frames = frames.len() as u64;
+        let mut states: BTreeMap<String, BTreeMap<String, (serde_json::Value, Option<u64>)>> =
+            BTreeMap::new();
+        for frame in frames {
+            let kept = states.entry(frame.component).or_default();
+            for op in frame.ops {
+                match op {
+                    LoggedOp::Put { key, value, file } => {
+                        kept.insert(key, (value, file));
+                    }
+                    LoggedOp::Delete { key } => {
+                        kept.remove(&key);
+                    }
+                }
+            }
+        }
+        let present = file_ids(&dir)?;
+        let mut disk = Disk {
+            log: File::open("/dev/null").map_err(|e| io("/dev/null", e))?,
+            next_file: present.iter().max().map_or(1, |m| m + 1),
+            dir,
+            fsync: storage.fsync,
+            ids: HashMap::new(),
+            refs: HashMap::new(),
+            log_len: 0,
+            compacted_len: 0,
+        };
+        for (component, kept) in states {
+            let out = loaded.records.entry(component.clone()).or_default();
+            for (key, (value, file)) in kept {
+                let file = match file.map(|id| disk.open_file(id).map(|fd| (id, fd))) {
+                    Some(Err(why)) => {
+                        let line = format!("{component}/{key}: {why}");
+                        disk.quarantine_record(&component, &key, &value, &why);
+                        loaded.quarantined.push(line);
+                        continue;
+                    }
+                    Some(Ok(f)) => Some(f),
+                    None => None,
+                };
+                out.insert(key, LoadedRecord { value, file });
+            }
+        }
+        // Files no record holds: made, but the crash came before their
+        // record was logged.
+        for id in present {
+            if !disk.refs.contains_key(&id) {
+                let _ = std::fs::remove_file(disk.file_path(id));
+            }
+        }
+        let snapshot = loaded.records.iter().map(|(c, kept)| {
+            let ops = kept
+                .iter()
+                .map(|(key, r)| LoggedOp::Put {
+                    key: key.clone(),
+                    value: r.value.clone(),
+                    file: r.file.as_ref().map(|f| f.0),
+                })
+                .collect();
+            (c.clone(), ops)
+        });
+        disk.rewrite(snapshot)?;
+        Ok((disk, loaded))
+    }
+
+    fn file_path(&self, id: u64) -> PathBuf {
+        self.dir.join("files").join(id.to_string())
+    }
+
+    /// Opens file `id` of a loaded record and counts the record's hold.
+    fn open_file(&mut self, id: u64) -> Result<OwnedFd, String> {
+        let path = self.file_path(id);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| format!("its file {} cannot be opened: {e}", path.display()))?;
+        let meta = file.metadata().map_err(|e| io(path.display(), e))?;
+        if !meta.is_file() {
+            return Err(format!("{} is not a regular file", path.display()));
+        }
+        self.ids.insert((meta.dev(), meta.ino()), id);
+        *self.refs.entry(id).or_default() += 1;
+        Ok(OwnedFd::from(file))
+    }
+
+    /// A new empty file, not yet held by any record.
+    pub(crate) fn create_file(&mut self) -> Result<OwnedFd, String> {
+        let id = self.next_file;
+        let path = self.file_path(id);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| io(path.display(), e))?;
+        self.next_file += 1;
+        let meta = file.metadata().map_err(|e| io(path.display(), e))?;
+        self.ids.insert((meta.dev(), meta.ino()), id);
+        if self.fsync == FsyncPolicy::Always {
+            // Its name on disk before any record naming it.
+            sync_dir(&self.dir.join("files"))?;
+        }
+        Ok(OwnedFd::from(file))
+    }
+
+    /// Removes the file behind `fd` if no record holds it: made for a
+    /// request that was then refused.
+    pub(crate) fn drop_unheld(&mut self, fd: &OwnedFd) {
+        if let Holds::File(id) = self.holds(Some(fd)) {
+            if !self.refs.contains_key(&id) {
+                self.ids.retain(|_, v| *v != id);
+                let _ = std::fs::remove_file(self.file_path(id));
+            }
+        }
+    }
+
+    /// What a record holding `fd` holds, for the log.
+    pub(crate) fn holds(&self, fd: Option<&OwnedFd>) -> Holds {
+        let Some(fd) = fd else {
+            return Holds::Nothing;
+        };
+        match rustix::fs::fstat(fd) {
+            Ok(st) => self
+                .ids
+                .get(&(st.st_dev, st.st_ino))
+                .map_or(Holds::Transient, |&id| Holds::File(id)),
+            Err(_) => Holds::Transient,
+        }
+    }
+
+    /// Logs one request's changes: each touched record's state before
+    /// (what it held) and after. Files no record holds any more are
+    /// removed once the change is logged.
+    pub(crate) fn commit(
+        &mut self,
+        component: &str,
+        changes: Vec<(Holds, LoggedOp)>,
+    ) -> Result<(), String> {
+        let mut released = Vec::new();
+        let ops: Vec<LoggedOp> = changes
+            .iter()
+            .map(|(before, after)| {
+                if let Holds::File(id) = before {
+                    released.push(*id);
+                }
+                after.clone()
+            })
+            .collect();
+        let frame = encode(component, ops)?;
+        self.log.write_all(&frame).map_err(|e| io("vault log", e))?;
+        if self.fsync == FsyncPolicy::Always {
+            rustix::fs::fdatasync(&self.log).map_err(|e| io("vault log", e.into()))?;
+        }
+        self.log_len += frame.len() as u64;
+        for (_, after) in &changes {
+            if let LoggedOp::Put { file: Some(id), .. } = after {
+                *self.refs.entry(*id).or_default() += 1;
+            }
+        }
+        for id in released {
+            self.release(id);
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, id: u64) {
+        let Some(n) = self.refs.get_mut(&id) else {
+            return;
+        };
+        *n -= 1;
+        if *n == 0 {
+            self.refs.remove(&id);
+            self.ids.retain(|_, v| *v != id);
+            let _ = std::fs::remove_file(self.file_path(id));
+        }
+    }
+
+    /// Whether the log has grown enough to be rewritten.
+    pub(crate) fn wants_compaction(&self) -> bool {
+        self.log_len > MIN_COMPACT && self.log_len > GROWTH * self.compacted_len
+    }
+
+    /// Replaces the log by one holding `records` (component → its live
+    /// records as puts): written to a new file, synced, renamed over.
+    pub(crate) fn rewrite(
+        &mut self,
+        records: impl Iterator<Item = (String, Vec<LoggedOp>)>,
+    ) -> Result<(), String> {
+        let path = self.dir.join("log");
+        let new = self.dir.join("log.new");
+        let _ = std::fs::remove_file(&new);
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&new)
+            .map_err(|e| io(new.display(), e))?;
+        let mut bytes = MAGIC.to_vec();
+        for (component, ops) in records {
+            if !ops.is_empty() {
+                bytes.extend(encode(&component, ops)?);
+            }
+        }
+        file.write_all(&bytes).map_err(|e| io(new.display(), e))?;
+        file.sync_all().map_err(|e| io(new.display(), e))?;
+        std::fs::rename(&new, &path).map_err(|e| io(path.display(), e))?;
+        sync_dir(&self.dir)?;
+        self.log = OpenOptions::new()
+            .append(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| io(path.display(), e))?;
+        self.log_len = bytes.len() as u64;
+        self.compacted_len = self.log_len;
+        Ok(())
+    }
+
+    fn quarantine_record(&self, component: &str, key: &str, value: &serde_json::Value, why: &str) {
+        let body =
+            serde_json::json!({ "component": component, "key": key, "value": value, "why": why });
+        self.quarantine(&format!("{component}.record"), body.to_string().as_bytes());
+    }
+
+    fn quarantine(&self, what: &str, bytes: &[u8]) {
+        quarantine_into(&self.dir, what, bytes);
+    }
+}
+
+/// Saves `bytes` as `quarantine/<nanoseconds>-<what>`.
+fn quarantine_into(dir: &Path, what: &str, bytes: &[u8]) {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let path = dir.join("quarantine").join(format!("{nanos}-{what}"));
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .and_then(|mut f| f.write_all(bytes));
+    if let Err(e) = written {
+        tracing::error!("cannot save {} to quarantine: {e}", path.display());
+    }
+}
+
+fn encode(component: &str, ops: Vec<LoggedOp>) -> Result<Vec<u8>, String> {
+    let payload = serde_json::to_vec(&Frame {
+        component: component.to_string(),
+        ops,
+    })
+    .map_err(|e| format!("vault frame: {e}"))?;
+    if payload.len() > MAX_FRAME {
+        return Err(format!(
+            "a request of {} bytes is past the vault's frame limit of {MAX_FRAME}",
+            payload.len()
+        ));
+    }
+    let mut frame = Vec::with_capacity(8 + payload.len());
+    frame.extend((payload.len() as u32).to_le_bytes());
+    frame.extend(crc32fast::hash(&payload).to_le_bytes());
+    frame.extend(payload);
+    Ok(frame)
+}
+
+/// The frame at the start of `bytes`, and its length, if it is whole and
+/// passes its checksum.
+fn frame_at(bytes: &[u8]) -> Option<(Frame, usize)> {
+    let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+    let crc = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
+    if len > MAX_FRAME {
+        return None;
+    }
+    let payload = bytes.get(8..8 + len)?;
+    if crc32fast::hash(payload) != crc {
+        return None;
+    }
+    let frame = serde_json::from_slice(payload).ok()?;
+    Some((frame, 8 + len))
+}
+
+/// The frames of `dir/log` that pass their checksums, in order; what lies
+/// between them is quarantined.
+fn read_log(dir: &Path, quarantined: &mut Vec<String>) -> Result<Vec<Frame>, String> {
+    let path = dir.join("log");
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io(path.display(), e)),
+    };
+    if !bytes.starts_with(MAGIC) {
+        quarantine_into(dir, "log", &bytes);
+        quarantined.push(format!(
+            "{}: not a kintsugi vault log (its {} bytes are in quarantine)",
+            path.display(),
+            bytes.len()
+        ));
+        return Ok(Vec::new());
+    }
+    let mut frames = Vec::new();
+    let mut at = MAGIC.len();
+    while at < bytes.len() {
+        if let Some((frame, len)) = frame_at(&bytes[at..]) {
+            frames.push(frame);
+            at += len;
+            continue;
+        }
+        let next = (at + 1..bytes.len())
+            .find(|&p| frame_at(&bytes[p..]).is_some())
+            .unwrap_or(bytes.len());
+        quarantine_into(dir, &format!("{at}.frame"), &bytes[at..next]);
+        quarantined.push(format!(
+            "{}: bytes {at}..{next} are not a whole frame with its checksum{}",
+            path.display(),
+            if next == bytes.len() {
+                " (the log's end: a write cut short, or corruption)"
+            } else {
+                ""
+            }
+        ));
+        at = next;
+    }
+    Ok(frames)
+}
+
+/// The ids of the files in `dir/files`.
+fn file_ids(dir: &Path) -> Result<Vec<u64>, String> {
+    let files = dir.join("files");
+    let entries = std::fs::read_dir(&files).map_err(|e| io(files.display(), e))?;
+    Ok(entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect())
+}
+
+/// `d`, created 0700 if absent; refused unless a directory (not a
+/// symlink) of this user that no one else may enter.
+fn private_dir(d: &Path) -> Result<(), String> {
+    match DirBuilder::new().mode(0o700).create(d) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(d.display(), e)),
+    }
+    let meta = std::fs::symlink_metadata(d).map_err(|e| io(d.display(), e))?;
+    let me = rustix::process::geteuid().as_raw();
+    let why = if !meta.is_dir() {
+        Some("it is not a directory".to_string())
+    } else if meta.uid() != me {
+        Some(format!("it is owned by uid {}, not {me}", meta.uid()))
+    } else if meta.mode() & 0o077 != 0 {
+        Some(format!(
+            "its mode {:o} lets others in (0700 expected)",
+            meta.mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(format!("vault directory {} refused: {why}", d.display())),
+        None => Ok(()),
+    }
+}
+
+fn sync_dir(d: &Path) -> Result<(), String> {
+    let f = File::open(d).map_err(|e| io(d.display(), e))?;
+    rustix::fs::fsync(f.as_fd()).map_err(|e| io(d.display(), e.into()))
+}

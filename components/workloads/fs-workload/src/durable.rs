@@ -18,10 +18,10 @@ use rand::{Rng, SeedableRng};
 const DIR: &str = "/durable";
 const TMP: &str = "/durable/tmp";
 
-/// What `f-n` holds: 1 to 40,000 bytes from the seed and `n`.
+/// What `f-n` holds: 1 to 8,000 bytes from the seed and `n`.
 pub fn contents(seed: u64, n: u64) -> Vec<u8> {
     let mut rng = StdRng::seed_from_u64(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    let len = rng.gen_range(1..=40_000);
+    let len = rng.gen_range(1..=8_000);
     (0..len).map(|_| rng.gen()).collect()
 }
 

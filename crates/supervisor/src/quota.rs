@@ -24,6 +24,11 @@ pub(crate) struct Entry {
     size: u64,
 }
 
+/// A record's state before a change: its value and a duplicate of its
+/// descriptor (none: it was absent), to put back if the change cannot be
+/// kept.
+pub(crate) type Saved = (String, Option<(serde_json::Value, Option<OwnedFd>)>);
+
 /// Descriptors the supervisor lets every vault hold in all.
 #[derive(Debug)]
 pub(crate) struct FdBudget {
@@ -159,7 +164,7 @@ impl Records {
     /// vault's disk; the budget is an estimate that errs high).
     pub(crate) fn restore(
         &mut self,
-        saved: Vec<(String, Option<(serde_json::Value, Option<OwnedFd>)>)>,
+        saved: Vec<Saved>,
     ) {
         for (key, before) in saved {
             match before {

@@ -923,3 +923,30 @@ fn a_components_user_is_resolved_by_name_or_uid_or_refused_where_written() {
         "sys.toml:7:8: component `a`: user -1 is no uid (0..=4294967294)"
     );
 }
+
+#[test]
+fn a_vault_directory_is_relative_to_the_system_file_and_synced_by_default() {
+    let comp = "[[component]]\nname = \"a\"\nbinary = \"a\"\n";
+    let text = |vault: &str| format!("[system]\nname = \"t\"\nvault = {vault}\n\n{comp}");
+    let s = parse(Path::new("etc/sys.toml"), &text("{ dir = \"state\" }")).unwrap();
+    let v = s.vault.expect("kept on disk");
+    assert_eq!(v.dir, Path::new("etc/state"));
+    assert_eq!(v.fsync, kintsugi_system::FsyncPolicy::Always);
+    let s = parse(
+        Path::new("etc/sys.toml"),
+        &text("{ dir = \"/var/k\", fsync = \"never\" }"),
+    )
+    .unwrap();
+    let v = s.vault.unwrap();
+    assert_eq!(
+        (v.dir.as_path(), v.fsync),
+        (Path::new("/var/k"), kintsugi_system::FsyncPolicy::Never)
+    );
+    assert!(parse(Path::new("sys.toml"), DEMO).unwrap().vault.is_none());
+    let (msg, kind) = err(&text("{ dir = \"\" }"));
+    assert_eq!(kind, ErrorKind::InvalidConfig);
+    assert_eq!(msg, "sys.toml:3:17: vault.dir must name a directory");
+    let (msg, _) = err(&text("{ dir = \"s\", fsync = \"sometimes\" }"));
+    assert!(msg.starts_with("sys.toml:3:"), "{msg}");
+    assert!(msg.contains("always") && msg.contains("never"), "{msg}");
+}

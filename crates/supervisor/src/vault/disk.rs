@@ -345,6 +345,12 @@ impl Disk {
         Ok(())
     }
 
+    /// Makes every later log write fail, as a full or failing disk would.
+    #[cfg(test)]
+    pub(crate) fn break_log(&mut self) {
+        self.log = File::open("/dev/null").expect("/dev/null");
+    }
+
     fn quarantine_record(&self, component: &str, key: &str, value: &serde_json::Value, why: &str) {
         let body =
             serde_json::json!({ "component": component, "key": key, "value": value, "why": why });

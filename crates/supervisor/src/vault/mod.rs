@@ -14,7 +14,7 @@ use kintsugi_runtime::abi::fdpass;
 use kintsugi_runtime::priority::Priority;
 use kintsugi_system::{VaultQuota, VaultStorage};
 
-use crate::quota::{Entry, FdBudget, Records, VaultUsage};
+use crate::quota::{Entry, FdBudget, Records, Saved, VaultUsage};
 
 mod disk;
 use disk::{Disk, Holds, LoggedOp};
@@ -58,10 +58,6 @@ struct Kept {
     records: BTreeMap<String, Records>,
     disk: Option<Disk>,
 }
-
-/// A record's state before a change: its value and a duplicate of its
-/// descriptor, to put back if the change cannot be logged.
-type Saved = (String, Option<(serde_json::Value, Option<OwnedFd>)>);
 
 impl Default for VaultStore {
     fn default() -> Self {
@@ -608,6 +604,204 @@ mod tests {
         };
         store.serve("c".into(), b, Arc::default(), limits);
         Vault::new(a)
+    }
+
+    /// A store kept in `dir` (fsync `always`) and a client of it.
+    fn on_disk(dir: &std::path::Path) -> (VaultStore, Vault) {
+        let storage = VaultStorage {
+            dir: dir.to_path_buf(),
+            fsync: kintsugi_system::FsyncPolicy::Always,
+        };
+        let store = VaultStore::open(&storage).unwrap();
+        let vault = client(&store);
+        (store, vault)
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("kintsugi-vault-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn quarantined(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir.join("quarantine")).unwrap().count()
+    }
+
+    /// Writes a plain record (then replaced), a file record, one deleted,
+    /// and one holding a memfd (not persisted).
+    fn populate(vault: &Vault) {
+        vault
+            .put("plain", serde_json::json!({"n": 1}), None)
+            .unwrap();
+        let f = vault.create_file("file", serde_json::json!("f")).unwrap();
+        std::fs::File::from(f).write_all(b"file contents").unwrap();
+        vault.put("gone", serde_json::json!(0), None).unwrap();
+        vault.delete("gone").unwrap();
+        let m = memfd_with(b"memory only");
+        vault
+            .put("socketish", serde_json::json!(1), Some(m.as_fd()))
+            .unwrap();
+        vault
+            .put("plain", serde_json::json!({"n": 2}), None)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_vault_on_disk_gives_back_its_records_and_files_after_a_restart() {
+        let dir = scratch("restart");
+        let (_store, vault) = on_disk(&dir);
+        populate(&vault);
+        // A second file, then its record deleted: its file goes too.
+        let f = vault.create_file("temp", serde_json::json!(null)).unwrap();
+        drop(f);
+        vault.delete("temp").unwrap();
+        let (store, vault) = on_disk(&dir);
+        let list = vault.list().unwrap();
+        let keys: Vec<&str> = list.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["file", "plain"],
+            "the memfd record lived in memory only"
+        );
+        assert_eq!(list[1].value, serde_json::json!({"n": 2}));
+        let mut list = list;
+        assert_eq!(read_all(list.remove(0).fd.unwrap()), "file contents");
+        assert_eq!(store.len("c"), 2);
+        let files = std::fs::read_dir(dir.join("files")).unwrap().count();
+        assert_eq!(files, 1, "the deleted record's file was removed");
+        assert_eq!(quarantined(&dir), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_corrupted_frame_is_quarantined_and_the_others_are_served() {
+        let dir = scratch("corrupt");
+        let (_store, vault) = on_disk(&dir);
+        for i in 0..5 {
+            vault
+                .put(&format!("k{i}"), serde_json::json!(i), None)
+                .unwrap();
+        }
+        let log = dir.join("log");
+        let mut bytes = std::fs::read(&log).unwrap();
+        // Flip a byte inside the payload of k2's frame.
+        let at = bytes.windows(4).position(|w| w == b"\"k2\"").unwrap();
+        bytes[at + 1] ^= 0x20;
+        std::fs::write(&log, &bytes).unwrap();
+        let (_store, vault) = on_disk(&dir);
+        let keys: Vec<String> = vault.list().unwrap().into_iter().map(|r| r.key).collect();
+        assert_eq!(keys, ["k0", "k1", "k3", "k4"], "k2 is never served");
+        assert_eq!(quarantined(&dir), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Cut at every byte of the last frame: the load gives back every
+    /// earlier request whole, and the cut one not at all.
+    #[test]
+    fn a_log_cut_anywhere_loads_every_whole_request_before_the_cut() {
+        let dir = scratch("cut");
+        let (_store, vault) = on_disk(&dir);
+        vault.put("a", serde_json::json!(1), None).unwrap();
+        let before = std::fs::metadata(dir.join("log")).unwrap().len() as usize;
+        vault
+            .apply(
+                vec![
+                    VaultOp::Put {
+                        key: "b".into(),
+                        value: serde_json::json!(2),
+                        fd: false,
+                    },
+                    VaultOp::Delete { key: "a".into() },
+                ],
+                &[],
+            )
+            .unwrap();
+        let whole = std::fs::read(dir.join("log")).unwrap();
+        for cut in before..=whole.len() {
+            let copy = scratch(&format!("cut{cut}"));
+            std::fs::create_dir_all(&copy).unwrap();
+            std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                .unwrap();
+            std::fs::write(copy.join("log"), &whole[..cut]).unwrap();
+            let (_s, v) = on_disk(&copy);
+            let keys: Vec<String> = v.list().unwrap().into_iter().map(|r| r.key).collect();
+            let want = if cut == whole.len() {
+                vec!["b"]
+            } else {
+                vec!["a"]
+            };
+            assert_eq!(keys, want, "cut at {cut} of {}", whole.len());
+            let q = quarantined(&copy);
+            assert_eq!(
+                q,
+                usize::from(cut != before && cut != whole.len()),
+                "cut at {cut}"
+            );
+            let _ = std::fs::remove_dir_all(&copy);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_record_whose_file_is_gone_is_quarantined_not_served() {
+        let dir = scratch("missing");
+        let (_store, vault) = on_disk(&dir);
+        drop(vault.create_file("lost", serde_json::json!(1)).unwrap());
+        drop(vault.create_file("kept", serde_json::json!(2)).unwrap());
+        let lost = std::fs::read_dir(dir.join("files"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .min()
+            .unwrap();
+        std::fs::remove_file(lost).unwrap();
+        let (_store, vault) = on_disk(&dir);
+        let keys: Vec<String> = vault.list().unwrap().into_iter().map(|r| r.key).collect();
+        assert_eq!(keys, ["kept"]);
+        assert_eq!(quarantined(&dir), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_change_the_disk_refuses_changes_nothing() {
+        let dir = scratch("refused");
+        let (store, vault) = on_disk(&dir);
+        vault.put("a", serde_json::json!(1), None).unwrap();
+        store
+            .inner
+            .lock()
+            .unwrap()
+            .disk
+            .as_mut()
+            .unwrap()
+            .break_log();
+        let err = vault.put("a", serde_json::json!(2), None).unwrap_err();
+        assert!(err.to_string().contains("nothing changed"), "{err}");
+        assert!(vault.put("b", serde_json::json!(3), None).is_err());
+        assert!(vault.create_file("c", serde_json::json!(4)).is_err());
+        let list = vault.list().unwrap();
+        assert_eq!(list.len(), 1);
+        assert_eq!(
+            (list[0].key.as_str(), &list[0].value),
+            ("a", &serde_json::json!(1))
+        );
+        let files = std::fs::read_dir(dir.join("files")).unwrap().count();
+        assert_eq!(files, 0, "the refused create's file was removed");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_vault_directory_others_may_enter_is_refused() {
+        let dir = scratch("open");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let storage = VaultStorage {
+            dir: dir.clone(),
+            fsync: kintsugi_system::FsyncPolicy::Never,
+        };
+        let err = VaultStore::open(&storage).err().expect("refused");
+        assert!(err.contains("mode 755"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     fn memfd_with(contents: &[u8]) -> std::fs::File {

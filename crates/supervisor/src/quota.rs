@@ -162,10 +162,7 @@ impl Records {
     /// kept. Their descriptors stay counted against the supervisor's
     /// budget as they were while the change held (a rare failure of the
     /// vault's disk; the budget is an estimate that errs high).
-    pub(crate) fn restore(
-        &mut self,
-        saved: Vec<Saved>,
-    ) {
+    pub(crate) fn restore(&mut self, saved: Vec<Saved>) {
         for (key, before) in saved {
             match before {
                 Some((value, fd)) => self.insert(key, value, fd),

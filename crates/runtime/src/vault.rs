@@ -1,9 +1,11 @@
 //! The state vault's protocol and its client.
 //!
 //! The vault keeps, per component, the records and descriptors that must
-//! outlive an incarnation: ramfs's metadata and the memfds holding file
+//! outlive an incarnation: ramfs's metadata and the files holding file
 //! contents, netd's sockets. It lives in the supervisor, which survives every
-//! component. Each request is applied whole or not at all, so a component
+//! component, and optionally in a directory, which survives the supervisor
+//! (`[system] vault = { dir }`): then the files it makes ([`Vault::create_file`])
+//! are files in that directory, and its records a log there. Each request is applied whole or not at all, so a component
 //! that dies mid-request leaves the vault as it was before or after it.
 //! Requests carry ids because a reply meant for a dead incarnation may still
 //! be queued on the socket when its successor starts.

@@ -12,6 +12,7 @@ mod kv;
 mod load;
 mod recovery;
 mod tables;
+mod vault;
 mod watchdog;
 mod web;
 
@@ -150,6 +151,16 @@ enum Bench {
         #[arg(long, default_value_t = 30)]
         kills: u32,
     },
+    /// ramfs file creation with the vault in memory against the vault
+    /// kept on disk (fsync never and always).
+    Vault {
+        /// Seconds per run.
+        #[arg(long, default_value_t = 2.0)]
+        secs: f64,
+        /// Runs per configuration (the median is shown).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+    },
     /// Incremental checkpoints of a live process: pause by heap size and
     /// share written against copying every page, restore time per kind,
     /// and a workload's throughput with checkpoints every 100 and 10 ms.
@@ -244,6 +255,7 @@ fn run(b: Bench) -> anyhow::Result<bool> {
             repeats,
             kills,
         } => kv::kv(ops, repeats, kills),
+        Bench::Vault { secs, repeats } => vault::vault(secs, repeats),
     }
 }
 

@@ -1,4 +1,4 @@
-//! `kintsugi bench recovery`, `tables`, `interference` and `kv` at tiny
+//! `kintsugi bench recovery`, `tables`, `interference`, `kv` and `vault` at tiny
 //! sizes: each prints its whole table with sane numbers, and leaves no
 //! process behind. The figures themselves are not judged (see
 //! docs/benchmarks.md for them): a loaded test machine moves them by orders
@@ -208,6 +208,26 @@ fn bench_kv_prints_throughput_and_recovery_tables() {
         .collect();
     assert!(lengths.len() >= 2, "{stdout}");
     assert!(lengths.iter().all(|&n| n > 0.0), "{lengths:?}");
+}
+
+#[test]
+fn bench_vault_prints_a_row_per_place_the_vault_is_kept() {
+    let tag = unique_tag("bench-vault");
+    let stdout = run(&tag, &["bench", "vault", "--secs", "0.5", "--repeats", "1"]);
+    let table = rows(
+        &stdout,
+        &[
+            "in memory (baseline)",
+            "on disk, fsync = \"never\"",
+            "on disk, fsync = \"always\"",
+        ],
+    );
+    assert_eq!(table.len(), 3, "{stdout}");
+    assert_eq!(table[0][5], "1.00", "{stdout}");
+    assert!(
+        table.iter().all(|r| number(r[2]) > 0.0),
+        "files made: {stdout}"
+    );
 }
 
 /// `--json`: the same benchmark, each table one JSON object a line, with

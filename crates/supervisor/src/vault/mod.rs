@@ -164,7 +164,11 @@ impl VaultStore {
         };
         let mut kept = self.inner.lock().unwrap();
         let apply = |kept: &mut Kept, ops: Vec<VaultOp>, fds: Vec<OwnedFd>| {
-            let keys = keys_of(&ops);
+            // Only a vault on disk needs them (to log their new states).
+            let keys = match kept.disk {
+                Some(_) => keys_of(&ops),
+                None => Vec::new(),
+            };
             let r = kept.change(component, keys, |r| {
                 r.apply(ops, fds, &limits.quota, &self.budget)
             });
@@ -316,7 +320,8 @@ impl VaultStore {
 
 impl Kept {
     /// Makes `change` to `component`'s records, which touches `keys`, and
-    /// logs their new states if the vault is on disk. If the log refuses,
+    /// logs their new states if the vault is on disk (`keys` may be empty
+    /// if it is not). If the log refuses,
     /// the records are put back as they were and the change is refused.
     fn change(
         &mut self,

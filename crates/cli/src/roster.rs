@@ -11,9 +11,9 @@
 //! must name the supervisor the file names and this user, and each one is
 //! checked to descend from that supervisor (see [`Verified`]).
 
-use std::fs::{DirBuilder, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -57,33 +57,15 @@ fn dir_path() -> PathBuf {
 /// group or others.
 pub fn private_dir() -> anyhow::Result<PathBuf> {
     let dir = dir_path();
-    match DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
-    }
     check_private(&dir)?;
     Ok(dir)
 }
 
-/// Refuses `dir` unless it is private to this user.
+/// Creates `dir` (0700) if absent; refuses it unless it is private to
+/// this user.
 fn check_private(dir: &Path) -> anyhow::Result<()> {
-    let meta = std::fs::symlink_metadata(dir).with_context(|| format!("{}", dir.display()))?;
-    let me = rustix::process::geteuid().as_raw();
-    let why = if meta.file_type().is_symlink() {
-        Some("it is a symbolic link".to_string())
-    } else if !meta.is_dir() {
-        Some("it is not a directory".to_string())
-    } else if meta.uid() != me {
-        Some(format!("it is owned by uid {}, not {me}", meta.uid()))
-    } else if meta.mode() & 0o077 != 0 {
-        Some(format!(
-            "its mode {:o} lets others in (0700 expected)",
-            meta.mode() & 0o7777
-        ))
-    } else {
-        None
-    };
+    let why =
+        kintsugi_supervisor::private::refusal(dir).with_context(|| format!("{}", dir.display()))?;
     match why {
         Some(why) => anyhow::bail!(
             "refusing the roster directory {}: {why}; remove it, or set XDG_RUNTIME_DIR to a private directory",
@@ -391,7 +373,8 @@ mod tests {
     #[test]
     fn writing_replaces_a_symlink_and_never_writes_through_it() {
         let d = scratch("write");
-        DirBuilder::new().mode(0o700).create(&d).unwrap();
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().mode(0o700).create(&d).unwrap();
         let victim = d.join("victim");
         std::fs::write(&victim, b"precious").unwrap();
         let path = d.join("sys.json");

@@ -17,6 +17,7 @@ mod managed;
 mod options;
 mod output;
 mod policy;
+pub mod private;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod process;
 pub mod quota;

@@ -32,10 +32,10 @@
 //! survive the system, and their key is logged as deleted.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{DirBuilder, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -471,28 +471,10 @@ fn file_ids(dir: &Path) -> Result<Vec<u64>, String> {
 /// `d`, created 0700 if absent; refused unless a directory (not a
 /// symlink) of this user that no one else may enter.
 fn private_dir(d: &Path) -> Result<(), String> {
-    match DirBuilder::new().mode(0o700).create(d) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io(d.display(), e)),
-    }
-    let meta = std::fs::symlink_metadata(d).map_err(|e| io(d.display(), e))?;
-    let me = rustix::process::geteuid().as_raw();
-    let why = if !meta.is_dir() {
-        Some("it is not a directory".to_string())
-    } else if meta.uid() != me {
-        Some(format!("it is owned by uid {}, not {me}", meta.uid()))
-    } else if meta.mode() & 0o077 != 0 {
-        Some(format!(
-            "its mode {:o} lets others in (0700 expected)",
-            meta.mode() & 0o7777
-        ))
-    } else {
-        None
-    };
-    match why {
-        Some(why) => Err(format!("vault directory {} refused: {why}", d.display())),
-        None => Ok(()),
+    match crate::private::refusal(d) {
+        Ok(None) => Ok(()),
+        Ok(Some(why)) => Err(format!("vault directory {} refused: {why}", d.display())),
+        Err(e) => Err(io(d.display(), e)),
     }
 }
 

@@ -163,31 +163,20 @@ impl VaultStore {
             Err(e) => return Some((reply(0, Err(format!("malformed request: {e}"))), vec![])),
         };
         let mut kept = self.inner.lock().unwrap();
+        let kept = &mut *kept;
         let apply = |kept: &mut Kept, ops: Vec<VaultOp>, fds: Vec<OwnedFd>| {
-            // Only a vault on disk needs them (to log their new states).
-            let keys = match kept.disk {
-                Some(_) => keys_of(&ops),
-                None => Vec::new(),
-            };
-            let r = kept.change(component, keys, |r| {
-                r.apply(ops, fds, &limits.quota, &self.budget)
-            });
-            limits
-                .usage
-                .set(kept.records.entry(component.to_string()).or_default());
-            r
+            kept.apply(component, limits, &self.budget, ops, fds)
         };
         Some(match request {
             VaultRequest::Post { ops } => {
-                if let Err(e) = apply(&mut kept, ops, fds) {
+                if let Err(e) = apply(kept, ops, fds) {
                     tracing::warn!("vault of {component}: posted request refused: {e}");
                 }
                 return None;
             }
-            VaultRequest::Apply { id, ops } => (
-                reply(id, apply(&mut kept, ops, fds).map(|()| vec![])),
-                vec![],
-            ),
+            VaultRequest::Apply { id, ops } => {
+                (reply(id, apply(kept, ops, fds).map(|()| vec![])), vec![])
+            }
             VaultRequest::List { id, after, prefix } => {
                 let mut out = Vec::new();
                 let (records, more) = kept.list(component, after, &prefix, &mut out);
@@ -207,23 +196,22 @@ impl VaultStore {
                 (reply(id, Ok(records)), out)
             }
             VaultRequest::Create { id, key, value } => {
-                let made = kept.make_file(component, &key);
-                let result = made.and_then(|fd| {
+                let made = kept.make_file(component, &key).and_then(|fd| {
                     let back = fd.try_clone().map_err(|e| format!("dup: {e}"))?;
                     let op = VaultOp::Put {
                         key: key.clone(),
                         value: value.clone(),
                         fd: true,
                     };
-                    if let Err(e) = apply(&mut kept, vec![op], vec![fd]) {
-                        if let Some(disk) = kept.disk.as_mut() {
-                            disk.drop_unheld(&back);
+                    match apply(kept, vec![op], vec![fd]) {
+                        Ok(()) => Ok(back),
+                        Err(e) => {
+                            kept.drop_unheld(&back);
+                            Err(e)
                         }
-                        return Err(e);
                     }
-                    Ok(back)
                 });
-                match result {
+                match made {
                     Ok(fd) => {
                         let record = RecordHeader {
                             key,
@@ -319,6 +307,38 @@ impl VaultStore {
 }
 
 impl Kept {
+    /// Applies a request's `ops` (with `fds`) to `component`'s records
+    /// within its quota, and publishes what they hold.
+    fn apply(
+        &mut self,
+        component: &str,
+        limits: &Limits,
+        budget: &FdBudget,
+        ops: Vec<VaultOp>,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(), String> {
+        // Only a vault on disk needs the keys (to log their new states).
+        let keys = match self.disk {
+            Some(_) => keys_of(&ops),
+            None => Vec::new(),
+        };
+        let r = self.change(component, keys, |r| {
+            r.apply(ops, fds, &limits.quota, budget)
+        });
+        limits
+            .usage
+            .set(self.records.entry(component.to_string()).or_default());
+        r
+    }
+
+    /// Removes the file behind `fd` (a refused create's) if the vault is
+    /// on disk and no record holds it.
+    fn drop_unheld(&mut self, fd: &OwnedFd) {
+        if let Some(disk) = self.disk.as_mut() {
+            disk.drop_unheld(fd);
+        }
+    }
+
     /// Makes `change` to `component`'s records, which touches `keys`, and
     /// logs their new states if the vault is on disk (`keys` may be empty
     /// if it is not). If the log refuses,

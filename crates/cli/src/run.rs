@@ -342,10 +342,15 @@ fn execute(
     drop(control);
     drop(publisher);
     log.summary();
-    for (name, exit) in &report.exits {
+    for last in &report.exits {
+        let name = &last.component;
+        let how = match last.injected {
+            true => " (the injector's last fault, before the stop reached it)",
+            false => "",
+        };
         log.line(
             Some(name),
-            &format!("{name}: last incarnation ended with {exit}"),
+            &format!("{name}: last incarnation ended with {}{how}", last.exit),
         );
     }
     Ok(report.success())

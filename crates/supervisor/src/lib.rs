@@ -37,7 +37,7 @@ pub use checkpoints::Summary as CheckpointSummary;
 pub use events::{Event, Exit};
 pub use health::{Health, State};
 pub use kintsugi_inject::{parse_signal, ChaosPlan};
-pub use options::{Options, Report, StopReason, SupervisorError};
+pub use options::{LastExit, Options, Report, StopReason, SupervisorError};
 pub use policy::GiveUpReason;
 pub use quota::VaultUse;
 pub use roster::{FaultReport, Member, Roster};

@@ -109,7 +109,25 @@ impl Default for Options {
 #[derive(Debug)]
 pub struct Report {
     pub reason: StopReason,
-    pub exits: Vec<(String, Exit)>,
+    pub exits: Vec<LastExit>,
+}
+
+/// How a component's last incarnation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastExit {
+    pub component: String,
+    pub exit: Exit,
+    /// It died of the chaos injector's last signal before the stop reached
+    /// it: the fault was injected, the component did not fail to stop.
+    pub injected: bool,
+}
+
+impl LastExit {
+    /// Stopped cleanly (exit code 0 or the stop's SIGTERM), or killed by
+    /// an injection.
+    pub fn clean(&self) -> bool {
+        self.injected || matches!(self.exit, Exit::Code(0) | Exit::Signal(15))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,11 +144,7 @@ pub enum StopReason {
 impl Report {
     /// True if the run ended as planned and no active component failed.
     pub fn success(&self) -> bool {
-        !matches!(self.reason, StopReason::GaveUp(_))
-            && self
-                .exits
-                .iter()
-                .all(|(_, e)| matches!(e, Exit::Code(0) | Exit::Signal(15)))
+        !matches!(self.reason, StopReason::GaveUp(_)) && self.exits.iter().all(LastExit::clean)
     }
 }
 
@@ -142,11 +156,25 @@ mod tests {
     fn a_run_succeeds_only_if_it_was_not_given_up_and_every_exit_is_clean() {
         let report = |reason, exits: &[Exit]| Report {
             reason,
-            exits: exits.iter().map(|e| ("c".to_string(), *e)).collect(),
+            exits: exits
+                .iter()
+                .map(|e| LastExit {
+                    component: "c".to_string(),
+                    exit: *e,
+                    injected: false,
+                })
+                .collect(),
         };
         assert!(report(StopReason::Duration, &[Exit::Code(0), Exit::Signal(15)]).success());
         assert!(!report(StopReason::Duration, &[Exit::Code(1)]).success());
         assert!(!report(StopReason::Duration, &[Exit::Signal(9)]).success());
         assert!(!report(StopReason::GaveUp("c".into()), &[]).success());
+        let mut killed = report(StopReason::Finished("client".into()), &[Exit::Signal(11)]);
+        assert!(!killed.success());
+        killed.exits[0].injected = true;
+        assert!(
+            killed.success(),
+            "the injector's last fault is not a failed stop"
+        );
     }
 }

@@ -29,11 +29,11 @@ use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 use rustix::process::Signal;
 
 use crate::activation::Attempt;
-use crate::chaos::{Chaos, Target};
+use crate::chaos::{Chaos, Target, VICTIM_GRACE};
 use crate::checkpoints::{self, Command, Kept, Quiet, Tracked};
 use crate::events::{Event, Exit};
 use crate::managed::{Durable, Managed, Phase, Role, Served, Standby, Used, Wiring, Zygote};
-use crate::options::{Options, Report, StopReason, SupervisorError};
+use crate::options::{LastExit, Options, Report, StopReason, SupervisorError};
 use crate::policy::RestartWindow;
 use crate::process::dying_exit;
 use crate::roster::{call_name, FaultReport, RollbackOutcome, Roster};
@@ -822,7 +822,7 @@ impl<'a> Supervisor<'a> {
 
     /// Stops every component, clients before their servers, and returns how
     /// each live incarnation ended.
-    fn shutdown(&mut self) -> Vec<(String, Exit)> {
+    fn shutdown(&mut self) -> Vec<LastExit> {
         // SIGINT and SIGTERM stay caught while the components stop: a
         // second one (Ctrl-C again) kills those left at once, and says so,
         // rather than killing the supervisor without a word.
@@ -861,7 +861,14 @@ impl<'a> Supervisor<'a> {
                     true => Duration::ZERO,
                     false => m.spec.stop_timeout.unwrap_or(grace),
                 };
+                // Signalled by the injector within its grace: a death
+                // by that signal is the fault, not a failed stop.
+                let hit = self.chaos.as_ref().is_some_and(|c| {
+                    c.after_injection(live.proc.pid, Instant::now())
+                        .is_some_and(|after| after < VICTIM_GRACE)
+                });
                 let (exit, hurry) = live.proc.stop(grace, self.signal_pipe.as_fd());
+                let injected = hit && !matches!(exit, Exit::Code(0) | Exit::Signal(15));
                 if hurry && !hurried {
                     hurried = true;
                     tracing::warn!(
@@ -869,7 +876,11 @@ impl<'a> Supervisor<'a> {
                         m.spec.name
                     );
                 }
-                exits.push((m.spec.name.clone(), exit));
+                exits.push(LastExit {
+                    component: m.spec.name.clone(),
+                    exit,
+                    injected,
+                });
             }
             if let Some((starting, _, _)) = m.take_starting() {
                 starting.proc.kill();

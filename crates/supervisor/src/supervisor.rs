@@ -243,7 +243,8 @@ impl<'a> Supervisor<'a> {
             }
         }
         if let Some(storage) = &system.vault {
-            self.vault = VaultStore::open(storage).map_err(SupervisorError::Vault)?;
+            let known = |c: &str| system.components.iter().any(|s| s.name == c);
+            self.vault = VaultStore::open(storage, &known).map_err(SupervisorError::Vault)?;
         }
         self.read_restores(system)?;
         self.hand_sockets(system);

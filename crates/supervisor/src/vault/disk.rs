@@ -93,6 +93,9 @@ pub(crate) struct Loaded {
     pub records: BTreeMap<String, BTreeMap<String, LoadedRecord>>,
     /// One line per thing quarantined, saying what and why.
     pub quarantined: Vec<String>,
+    /// Components the log names that the system description does not, and
+    /// how many records of each were moved to the quarantine.
+    pub orphans: Vec<(String, usize)>,
     pub frames: u64,
 }
 
@@ -115,8 +118,14 @@ fn io(what: impl std::fmt::Display, e: std::io::Error) -> String {
 
 impl Disk {
     /// Opens (or creates) the directory, loads what it holds, and rewrites
-    /// the log with only the live records.
-    pub(crate) fn open(storage: &VaultStorage) -> Result<(Disk, Loaded), String> {
+    /// the log with only the live records: those of the components the
+    /// system describes (`known`); the records of others (a component
+    /// removed or renamed since) go to the quarantine, files and all, so
+    /// that they neither grow the log for ever nor come back unasked.
+    pub(crate) fn open(
+        storage: &VaultStorage,
+        known: &dyn Fn(&str) -> bool,
+    ) -> Result<(Disk, Loaded), String> {
         let dir = storage.dir.clone();
         for d in [dir.clone(), dir.join("files"), dir.join("quarantine")] {
             private_dir(&d)?;
@@ -151,6 +160,13 @@ impl Disk {
             compacted_len: 0,
         };
         for (component, kept) in states {
+            if !known(&component) {
+                if !kept.is_empty() {
+                    loaded.orphans.push((component.clone(), kept.len()));
+                    disk.quarantine_orphan(&component, kept);
+                }
+                continue;
+            }
             let out = loaded.records.entry(component.clone()).or_default();
             for (key, (value, file)) in kept {
                 let file = match file.map(|id| disk.open_file(id).map(|fd| (id, fd))) {
@@ -357,17 +373,41 @@ impl Disk {
         self.quarantine(&format!("{component}.record"), body.to_string().as_bytes());
     }
 
+    /// Moves the records of a component the system does not describe,
+    /// and their files, to the quarantine.
+    fn quarantine_orphan(
+        &self,
+        component: &str,
+        kept: BTreeMap<String, (serde_json::Value, Option<u64>)>,
+    ) {
+        for (key, (value, file)) in kept {
+            let why = "its component is not in the system description";
+            self.quarantine_record(component, &key, &value, why);
+            if let Some(id) = file {
+                let to = quarantine_path(&self.dir, &format!("{component}.file-{id}"));
+                if let Err(e) = std::fs::rename(self.file_path(id), &to) {
+                    tracing::error!("cannot move file {id} to {}: {e}", to.display());
+                }
+            }
+        }
+    }
+
     fn quarantine(&self, what: &str, bytes: &[u8]) {
         quarantine_into(&self.dir, what, bytes);
     }
 }
 
-/// Saves `bytes` as `quarantine/<nanoseconds>-<what>`.
-fn quarantine_into(dir: &Path, what: &str, bytes: &[u8]) {
+/// `quarantine/<nanoseconds>-<what>`.
+fn quarantine_path(dir: &Path, what: &str) -> PathBuf {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let path = dir.join("quarantine").join(format!("{nanos}-{what}"));
+    dir.join("quarantine").join(format!("{nanos}-{what}"))
+}
+
+/// Saves `bytes` as `quarantine/<nanoseconds>-<what>`.
+fn quarantine_into(dir: &Path, what: &str, bytes: &[u8]) {
+    let path = quarantine_path(dir, what);
     let written = OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -71,10 +71,16 @@ impl Default for VaultStore {
 impl VaultStore {
     /// The vault kept in `storage`'s directory, with what it holds loaded;
     /// what a load quarantined is logged as an error.
-    pub fn open(storage: &VaultStorage) -> Result<Self, String> {
-        let (disk, loaded) = Disk::open(storage)?;
+    pub fn open(storage: &VaultStorage, known: &dyn Fn(&str) -> bool) -> Result<Self, String> {
+        let (disk, loaded) = Disk::open(storage, known)?;
         for line in &loaded.quarantined {
             tracing::error!("vault: quarantined: {line}");
+        }
+        for (component, n) in &loaded.orphans {
+            tracing::warn!(
+                "vault: {n} records of {component}, which the system description does not name, moved to {}",
+                storage.dir.join("quarantine").display()
+            );
         }
         let store = VaultStore::default();
         let mut kept = store.inner.lock().unwrap();
@@ -637,7 +643,7 @@ mod tests {
             dir: dir.to_path_buf(),
             fsync: kintsugi_system::FsyncPolicy::Always,
         };
-        let store = VaultStore::open(&storage).unwrap();
+        let store = VaultStore::open(&storage, &|c| c == "c").unwrap();
         let vault = client(&store);
         (store, vault)
     }
@@ -669,6 +675,34 @@ mod tests {
         vault
             .put("plain", serde_json::json!({"n": 2}), None)
             .unwrap();
+    }
+
+    #[test]
+    fn records_of_a_component_no_longer_described_go_to_the_quarantine() {
+        let dir = scratch("orphan");
+        let (store, vault) = on_disk(&dir);
+        populate(&vault);
+        drop((store, vault));
+        let storage = VaultStorage {
+            dir: dir.clone(),
+            fsync: kintsugi_system::FsyncPolicy::Always,
+        };
+        let store = VaultStore::open(&storage, &|c| c == "renamed").unwrap();
+        assert_eq!(store.len("c"), 0, "not loaded");
+        let names: Vec<String> = std::fs::read_dir(dir.join("quarantine"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 3, "two records and one file: {names:?}");
+        let file = names.iter().find(|n| n.contains("c.file-")).expect("file");
+        let contents = std::fs::read(dir.join("quarantine").join(file)).unwrap();
+        assert_eq!(contents, b"file contents", "kept byte for byte");
+        assert_eq!(std::fs::read_dir(dir.join("files")).unwrap().count(), 0);
+        drop(store);
+        // Nor do they come back when the component is described again.
+        let (store, _vault) = on_disk(&dir);
+        assert_eq!(store.len("c"), 0);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -824,7 +858,9 @@ mod tests {
             dir: dir.clone(),
             fsync: kintsugi_system::FsyncPolicy::Never,
         };
-        let err = VaultStore::open(&storage).err().expect("refused");
+        let err = VaultStore::open(&storage, &|_| true)
+            .err()
+            .expect("refused");
         assert!(err.contains("mode 755"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }

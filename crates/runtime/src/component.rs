@@ -481,6 +481,11 @@ impl Boot {
         let ctl: &ControlBlock = control.at(0);
         let prio = component_priority(&info);
         take_priority(prio);
+        if let Err(e) =
+            process::reserve_descriptors(std::os::fd::AsFd::as_fd(&vault), info.vault_fds)
+        {
+            tracing::warn!("descriptor table not grown ahead: {e}");
+        }
         let gate = start_workers(&info, &provided, &control, bank, journal.as_ref());
         let epoch = ctl.wait_activation(generation);
         let woke = std::time::Instant::now();

@@ -272,6 +272,7 @@ impl Wiring {
             journal_fd: raw_fd(self.durable.journal.as_deref().map(JournalRegion::region)),
             watchdog: spec.watchdog.as_ref().map_or(wide.watchdog, |w| w.enabled),
             spin: wide.spin,
+            vault_fds: spec.vault_quota.fds,
         };
         let mut pass = vec![boot.control_fd, boot.zygote_fd, boot.vault_fd];
         pass.extend(boot.provides.iter().map(|p| p.fd));

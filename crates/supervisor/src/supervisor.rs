@@ -242,6 +242,20 @@ impl<'a> Supervisor<'a> {
                 return Err(SupervisorError::UnknownTarget(c.target().to_string()));
             }
         }
+        // The vault holds every component's descriptors, and duplicates
+        // them into its replies: its table grown now costs one wait for
+        // an RCU grace period, not one per doubling on a reboot's path
+        // (kintsugi_runtime::process::reserve_descriptors).
+        let vault_fds = system
+            .components
+            .iter()
+            .map(|c| 2 * c.vault_quota.fds)
+            .sum();
+        if let Err(e) =
+            kintsugi_runtime::process::reserve_descriptors(self.signal_pipe.as_fd(), vault_fds)
+        {
+            tracing::warn!("descriptor table not grown ahead: {e}");
+        }
         if let Some(storage) = &system.vault {
             let known = |c: &str| system.components.iter().any(|s| s.name == c);
             self.vault = VaultStore::open(storage, &known).map_err(SupervisorError::Vault)?;

@@ -61,6 +61,11 @@ pub struct BootInfo {
     /// When waiters spin before they sleep.
     #[serde(default)]
     pub spin: crate::futex::Spin,
+    /// The most descriptors its vault may hand it (`vault_quota.fds`): each
+    /// incarnation makes room for them in its descriptor table before its
+    /// threads start ([`crate::process::reserve_descriptors`]).
+    #[serde(default)]
+    pub vault_fds: u64,
 }
 
 fn on_demand() -> String {

@@ -882,6 +882,43 @@ mod tests {
     }
 
     #[test]
+    fn threads_listing_at_once_each_get_every_page_of_their_own() {
+        let store = VaultStore::default();
+        let vault = Arc::new(client(&store));
+        let n = LIST_PAGE * 8 + 50;
+        for i in 0..n {
+            let f = memfd_with(format!("{i}").as_bytes());
+            vault
+                .put(&format!("k{i:05}"), serde_json::json!(i), Some(f.as_fd()))
+                .unwrap();
+        }
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let vault = vault.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..3 {
+                        let list = vault.list().unwrap();
+                        assert_eq!(list.len(), n);
+                        for (i, r) in list.into_iter().enumerate() {
+                            assert_eq!(r.key, format!("k{i:05}"));
+                            assert_eq!(r.value, serde_json::json!(i));
+                            // Descriptors of one file share its offset
+                            // across the threads: read at an offset.
+                            let f = std::fs::File::from(r.fd.unwrap());
+                            let mut buf = [0u8; 8];
+                            let got = std::os::unix::fs::FileExt::read_at(&f, &mut buf, 0);
+                            assert_eq!(&buf[..got.unwrap()], format!("{i}").as_bytes());
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
+    #[test]
     fn records_and_descriptors_survive_the_client() {
         let store = VaultStore::default();
         let vault = client(&store);

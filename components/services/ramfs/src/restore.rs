@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::os::fd::OwnedFd;
 
 use kintsugi_runtime::vault::VaultRecord;
+use serde::Deserialize;
 
 use crate::tree::{NodeRecord, ROOT};
 
@@ -105,8 +106,7 @@ fn parse(rec: &VaultRecord) -> Result<(u64, NodeRecord), String> {
     if ino <= ROOT {
         return Err(format!("inode {ino} is reserved"));
     }
-    let meta: NodeRecord = serde_json::from_value(rec.value.clone())
-        .map_err(|e| format!("malformed metadata: {e}"))?;
+    let meta = NodeRecord::deserialize(&rec.value).map_err(|e| format!("malformed metadata: {e}"))?;
     if meta.name.is_empty() || meta.name.contains('/') || meta.name == "." || meta.name == ".." {
         return Err(format!("invalid name {:?}", meta.name));
     }

@@ -587,6 +587,72 @@ fn a_restart_group_restarts_its_members_together_as_its_strategy_says() {
 }
 
 #[test]
+fn a_restart_group_waits_for_its_member_that_backs_off() {
+    let tag = unique_tag("group-backoff");
+    let dir = scratch("group-backoff");
+    let system = write(
+        &dir,
+        "group-backoff.toml",
+        &with_ramfs(
+            "group-backoff",
+            "restart = { max = 100000, window_ms = 1000 }",
+            41,
+            r#"
+[[component]]
+name = "fragile"
+binary = "kintsugi-fragile"
+restart = { max = 100000, window_ms = 1000, backoff = true, backoff_after = 1, backoff_ms = 300, backoff_max_ms = 300 }
+[component.config]
+mode = "panic"
+crash_after_ms = 100
+
+[[group]]
+name = "pair"
+members = ["fragile", "ramfs"]
+strategy = "one_for_all"
+"#,
+        ),
+    );
+    // fragile panics 100 ms into each incarnation, the same way each time:
+    // from its second failure on it backs off 300 ms, and ramfs, killed
+    // with it each time, must restart with it, not before.
+    let out = run_system(&tag, &system)
+        .args(["--duration", "3"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    let events = events(&stdout);
+    let backoffs = events
+        .iter()
+        .filter(|e| matches!(e, Event::BackingOff { component, .. } if component == "fragile"))
+        .count();
+    assert!(backoffs >= 2, "{stdout}\n{stderr}");
+    let waited: Vec<Duration> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Rebooted {
+                component, took, ..
+            } if component == "ramfs" => Some(*took),
+            _ => None,
+        })
+        .collect();
+    // Each backoff but perhaps the last (cut by the run's end) held
+    // ramfs's restart too: detected at once, restarted some 300 ms later.
+    let long = waited
+        .iter()
+        .filter(|t| **t >= Duration::from_millis(150))
+        .count();
+    assert!(
+        long + 1 >= backoffs,
+        "{backoffs} backoffs, ramfs's reboots took {waited:?}\n{stdout}"
+    );
+    let report = workload_report(&stdout);
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(report["corrupt"], 0, "{report}");
+    assert!(leftovers(&tag).is_empty(), "{stdout}");
+}
+
+#[test]
 fn restart_types_permanent_and_temporary() {
     let tag = unique_tag("restart-types");
     let dir = scratch("restart-types");

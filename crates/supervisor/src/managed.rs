@@ -326,10 +326,11 @@ pub(crate) struct Managed {
     pub dying: Vec<Proc>,
     pub epoch: u64,
     pub restarts: RestartWindow,
-    /// Its live incarnation was killed because another member of its
+    /// Its live incarnation was killed because this other member of its
     /// restart group failed: its death, when the event loop sees it, is
-    /// rebooted like any other but takes no one else with it.
-    pub killed_for_group: bool,
+    /// rebooted like any other but takes no one else with it, and not
+    /// before that member's own restart.
+    pub killed_for_group: Option<usize>,
 }
 
 impl Managed {

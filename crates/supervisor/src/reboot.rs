@@ -62,7 +62,8 @@ impl Supervisor<'_> {
         detected: Instant,
     ) -> Result<Option<StopReason>, SupervisorError> {
         // A death its group asked for takes no one else with it.
-        let cascade = !std::mem::take(&mut self.comps[idx].killed_for_group);
+        let because = self.comps[idx].killed_for_group.take();
+        let cascade = because.is_none();
         self.poisoned_recovery(idx, pid, exit, detected);
         let mut pending = self.crashed(idx, pid, exit, detected);
         if self.comps[idx].spec.restart.kind == RestartType::Temporary {
@@ -72,6 +73,19 @@ impl Supervisor<'_> {
         let ctl: &ControlBlock = m.wiring.control.at(0);
         let panic_site = ctl.panic_site.swap(0, Ordering::SeqCst);
         let (delay, failures) = m.restarts.failed(detected, exit, panic_site);
+        // Killed for a member that backs off: restarted with it, not before.
+        let with = because.and_then(|f| self.deferred.iter().find(|d| d.idx == f));
+        if let Some(w) = with.filter(|w| w.due > detected + delay) {
+            let (due, name) = (w.due, self.comps[idx].spec.name.clone());
+            tracing::info!(
+                "{name}: restarts with {} once its backoff is over",
+                self.comps[w.idx].spec.name
+            );
+            self.deferred.push(Deferred { due, detected, idx });
+            pending.into_iter().for_each(|e| self.emit(e));
+            return Ok(None);
+        }
+        let m = &mut self.comps[idx];
         if delay.is_zero() {
             if let Some(stop) = self.restart(idx, Attempt::new(detected, pending))? {
                 return Ok(Some(stop));
@@ -149,11 +163,11 @@ impl Supervisor<'_> {
             let m = &mut self.comps[j];
             // Down, starting, given up or already killed: nothing live to
             // restart.
-            let Some(live) = m.live().filter(|_| !m.killed_for_group) else {
+            let Some(live) = m.live().filter(|_| m.killed_for_group.is_none()) else {
                 continue;
             };
             live.proc.signal(Signal::KILL);
-            m.killed_for_group = true;
+            m.killed_for_group = Some(idx);
             self.emit(Event::GroupRestarted {
                 component: other,
                 group: group_name.clone(),

@@ -464,7 +464,7 @@ impl<'a> Supervisor<'a> {
             phase: Phase::Down,
             standby: Standby::new(),
             dying: Vec::new(),
-            killed_for_group: false,
+            killed_for_group: None,
             epoch: 0,
         });
         let inc = self.fork_now(idx)?;
@@ -575,7 +575,12 @@ impl<'a> Supervisor<'a> {
 
     /// Restarts the components whose backoff delay is over at `now`.
     fn restart_due(&mut self, now: Instant) -> Result<Option<StopReason>, SupervisorError> {
-        while let Some(i) = self.deferred.iter().position(|d| d.due <= now) {
+        // Earliest first; restarts due together (a restart group's members
+        // waiting for the one that backs off) in start order.
+        while let Some(i) = (0..self.deferred.len())
+            .filter(|&i| self.deferred[i].due <= now)
+            .min_by_key(|&i| (self.deferred[i].due, self.deferred[i].idx))
+        {
             let d = self.deferred.swap_remove(i);
             // Timed from the death's detection, as every reboot: its
             // clients waited out the delay too.

@@ -106,7 +106,8 @@ fn parse(rec: &VaultRecord) -> Result<(u64, NodeRecord), String> {
     if ino <= ROOT {
         return Err(format!("inode {ino} is reserved"));
     }
-    let meta = NodeRecord::deserialize(&rec.value).map_err(|e| format!("malformed metadata: {e}"))?;
+    let meta =
+        NodeRecord::deserialize(&rec.value).map_err(|e| format!("malformed metadata: {e}"))?;
     if meta.name.is_empty() || meta.name.contains('/') || meta.name == "." || meta.name == ".." {
         return Err(format!("invalid name {:?}", meta.name));
     }

@@ -2,7 +2,8 @@
 //! it holds no descriptor of any other channel, and the runtime refuses to
 //! connect it to one; and it cannot reach another component's channels or
 //! memfds through `/proc` either (its own and the supervisor's processes
-//! are not dumpable, and it holds no `CAP_SYS_PTRACE`).
+//! are not dumpable, and it holds no `CAP_SYS_PTRACE`); and it may make
+//! only the system calls the runtime needs and its description adds.
 
 mod common;
 
@@ -27,6 +28,7 @@ provides = ["fs"]
 name = "insider"
 binary = "kintsugi-probe"
 uses = ["fs"]
+syscalls = ["socket"]
 config = { siblings = 4 }
 
 [[component]]
@@ -114,6 +116,13 @@ config = { siblings = 4 }
             p["process_vm_readv"], "EPERM: Operation not permitted",
             "{p}"
         );
+        // A call outside the runtime's allow list is refused unless the
+        // description adds it (the insider's `syscalls`).
+        let socket = match p == &insider {
+            true => "ok",
+            false => "Operation not permitted (os error 1)",
+        };
+        assert_eq!(p["socket"], socket, "{p}");
         let sets: &[&str] = if root {
             &["cap_eff", "cap_bnd"]
         } else {

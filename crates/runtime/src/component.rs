@@ -46,6 +46,7 @@ use crate::journal::{Journal, Served};
 use crate::priority::{self, Priority};
 use crate::process;
 use crate::records::{ReadAhead, RecordStore, VaultRecords};
+use crate::seccomp::Sysno;
 use crate::server::{RecoveryGate, SlotWorker};
 use crate::stub::{Callers, InterfaceInfo, Service};
 use crate::upcall::{self, Listener, Mailbox, UpcallError};
@@ -324,8 +325,20 @@ fn take_priority(p: Priority) {
 
 /// Runs this process as a kintsugi component. `init` runs at the start of
 /// every incarnation and returns what it serves; everything built before
-/// `run` is called is part of the pristine image.
+/// `run` is called is part of the pristine image. The component may make
+/// the system calls of the runtime's list ([`crate::seccomp::RUNTIME`]) and
+/// those its system description adds; [`run_allowing`] declares more.
 pub fn run<F>(init: F) -> !
+where
+    F: FnOnce(&Arc<Runtime>) -> anyhow::Result<Incarnation>,
+{
+    run_allowing(&[], init)
+}
+
+/// [`run`] for a component that needs system calls beyond the runtime's
+/// list (netd: `socket`, `bind`, `accept4`, …): `syscalls` joins the
+/// seccomp filter's allow list, installed before `init` first runs.
+pub fn run_allowing<F>(syscalls: &[Sysno], init: F) -> !
 where
     F: FnOnce(&Arc<Runtime>) -> anyhow::Result<Incarnation>,
 {
@@ -348,7 +361,7 @@ where
         }
     };
     crate::logging::init(&boot.component);
-    match Boot::new(boot) {
+    match Boot::new(boot, syscalls) {
         Ok(b) => b.zygote(init),
         Err(e) => fatal(&format!("boot failed: {e:#}")),
     }
@@ -374,13 +387,19 @@ struct Boot {
 }
 
 impl Boot {
-    fn new(info: BootInfo) -> anyhow::Result<Self> {
+    fn new(info: BootInfo, syscalls: &[Sysno]) -> anyhow::Result<Self> {
         let supervisor = rustix::process::getppid()
             .map(|p| p.as_raw_nonzero().get() as u32)
             .unwrap_or(0);
         process::die_with_parent(supervisor)?;
         process::disable_core_dumps()?;
-        crate::seccomp::install().map_err(|e| anyhow::anyhow!("seccomp filter: {e}"))?;
+        let mut allowed = syscalls.to_vec();
+        for &n in &info.syscalls {
+            let call = usize::try_from(n).ok().and_then(Sysno::new);
+            allowed.push(call.ok_or_else(|| anyhow::anyhow!("no system call {n} here"))?);
+        }
+        crate::seccomp::install(&allowed, crate::seccomp::Mode::from_env())
+            .map_err(|e| anyhow::anyhow!("seccomp filter: {e}"))?;
         process::default_fault_signals()?;
         crate::futex::set_spin_policy(info.spin);
         // SAFETY: the supervisor passed these descriptors for this process

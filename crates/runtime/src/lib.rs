@@ -102,6 +102,7 @@ pub mod generated {
 }
 
 pub use client::{Connection, RecoveryScope};
-pub use component::{run, ConnectError, Incarnation, Runtime};
+pub use component::{run, run_allowing, ConnectError, Incarnation, Runtime};
 pub use records::RecordStore;
+pub use seccomp::Sysno;
 pub use stub::{CallError, Caller, Callers, Fault, InterfaceError, InterfaceInfo};

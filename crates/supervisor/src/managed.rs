@@ -273,6 +273,7 @@ impl Wiring {
             watchdog: spec.watchdog.as_ref().map_or(wide.watchdog, |w| w.enabled),
             spin: wide.spin,
             vault_fds: spec.vault_quota.fds,
+            syscalls: spec.syscalls.iter().map(|c| c.id()).collect(),
         };
         let mut pass = vec![boot.control_fd, boot.zygote_fd, boot.vault_fd];
         pass.extend(boot.provides.iter().map(|p| p.fd));

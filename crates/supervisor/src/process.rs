@@ -390,6 +390,17 @@ pub fn spawn_component(
 mod tests {
     use super::*;
 
+    /// What no description may allow, the runtime does not allow either.
+    #[test]
+    fn the_runtimes_allow_list_holds_no_call_never_allowed() {
+        for call in kintsugi_runtime::seccomp::RUNTIME {
+            assert!(
+                !kintsugi_system::NEVER_ALLOWED.contains(call),
+                "{call} is in the runtime's list"
+            );
+        }
+    }
+
     /// A stat line of a process named `name` with exit status `status`.
     #[test]
     fn only_a_child_is_adopted_as_a_zygotes_fork() {

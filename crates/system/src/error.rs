@@ -67,6 +67,10 @@ pub enum ErrorKind {
     InvalidConfig,
     /// A `user` that this machine does not know.
     UnknownUser,
+    /// A `syscalls` entry that names no system call of this architecture.
+    UnknownSyscall,
+    /// A `syscalls` entry among [`crate::NEVER_ALLOWED`].
+    ForbiddenSyscall,
 }
 
 /// An error of loading a system description.

@@ -31,6 +31,7 @@
 //! checkpoint = { every_ms = 100, keep = 0, on_hang = "reboot" }  # optional: incremental checkpoints at safe points; on_hang = "rollback": a hang the watchdog finds rolls it back in place
 //! journal_kib = 16384       # recovery = "checkpoint" only: the request log's durable memory
 //! capabilities = []         # kept (default: none); every other one is dropped, and no_new_privs set
+//! syscalls = []             # allowed beside the runtime's list and what its binary declares (default: none)
 //! vault_quota = { records = 100000, kib = 65536, fds = 4096 }  # the defaults; past them a vault request is refused
 //! watchdog = { stuck_ms = 1000 }  # its own hang detection: the [watchdog] fields written replaced (not period_us)
 //! sockets = { listen = "http" }  # socket activation: the socket named http (LISTEN_FDNAMES) put in its vault as `listen`
@@ -71,6 +72,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+pub use syscalls::Sysno;
 
 pub use error::{ErrorKind, Location, SystemError};
 
@@ -236,6 +238,11 @@ pub struct ComponentSpec {
     /// from their bounding set before exec); [`Capability::DEFAULT`] unless
     /// written.
     pub capabilities: Vec<Capability>,
+    /// System calls its seccomp filter allows beyond the runtime's list and
+    /// what its binary declares (`syscalls = ["name", …]`); never one of
+    /// [`NEVER_ALLOWED`].
+    #[serde(serialize_with = "syscall_names")]
+    pub syscalls: Vec<Sysno>,
     /// The user its processes run as (`user = "name"` or a uid), with no
     /// supplementary group; None: the supervisor's own.
     pub user: Option<User>,
@@ -292,6 +299,49 @@ impl Default for VaultQuota {
         }
     }
 }
+
+/// System calls a description may not allow a component, whatever it
+/// says: other processes' memory and tracing, mounts and namespaces, the
+/// kernel's modules, keys, clocks, BPF, performance counters, accounting
+/// and the machine itself. A component that needs one of these does not
+/// belong in a kintsugi system; the supervisor does them for it (the
+/// checkpointer's ptrace, for one).
+pub const NEVER_ALLOWED: &[Sysno] = &[
+    Sysno::ptrace,
+    Sysno::process_vm_readv,
+    Sysno::process_vm_writev,
+    Sysno::kcmp,
+    Sysno::mount,
+    Sysno::umount2,
+    Sysno::pivot_root,
+    Sysno::chroot,
+    Sysno::setns,
+    Sysno::unshare,
+    Sysno::open_by_handle_at,
+    Sysno::name_to_handle_at,
+    Sysno::init_module,
+    Sysno::finit_module,
+    Sysno::delete_module,
+    Sysno::kexec_load,
+    Sysno::kexec_file_load,
+    Sysno::reboot,
+    Sysno::swapon,
+    Sysno::swapoff,
+    Sysno::bpf,
+    Sysno::perf_event_open,
+    Sysno::keyctl,
+    Sysno::add_key,
+    Sysno::request_key,
+    Sysno::settimeofday,
+    Sysno::clock_settime,
+    Sysno::clock_adjtime,
+    Sysno::adjtimex,
+    Sysno::acct,
+    Sysno::quotactl,
+    Sysno::syslog,
+    Sysno::iopl,
+    Sysno::ioperm,
+];
 
 /// A Linux capability a component may keep (`capabilities = [...]`).
 /// Components run with `no_new_privs` and keep only these, whatever user
@@ -595,6 +645,10 @@ impl Backoff {
                 .min(self.max),
         }
     }
+}
+
+fn syscall_names<S: serde::Serializer>(calls: &[Sysno], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(calls.iter().map(Sysno::name))
 }
 
 fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {

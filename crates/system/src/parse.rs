@@ -12,7 +12,7 @@ use toml::Spanned;
 use crate::{
     Backoff, Capability, CheckpointPolicy, ComponentSpec, ErrorKind, FsyncPolicy, GiveUpAction,
     GroupStrategy, HangAction, Location, RebootMode, RecoveryMode, RestartGroup, RestartPolicy,
-    RestartType, SpinPolicy, System, SystemError, Use, User, VaultQuota, VaultStorage,
+    RestartType, SpinPolicy, Sysno, System, SystemError, Use, User, VaultQuota, VaultStorage,
     WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE, DEFAULT_JOURNAL_KIB,
     DEFAULT_SLOTS, DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE,
     REALTIME_RANGE, SLOTS_RANGE,
@@ -88,6 +88,7 @@ struct RawComponent {
     pool_kib: Option<Spanned<i64>>,
     journal_kib: Option<Spanned<i64>>,
     capabilities: Option<Vec<Capability>>,
+    syscalls: Option<Vec<Spanned<String>>>,
     user: Option<Spanned<RawUser>>,
     vault_quota: Option<RawVaultQuota>,
     sockets: Option<BTreeMap<String, Spanned<String>>>,
@@ -494,6 +495,42 @@ fn join_list(items: &[String], conj: &str) -> String {
 /// A component's `sockets = { KEY = "NAME", … }`: each NAME as systemd
 /// allows a `FileDescriptorName=` (1 to 255 printable ASCII characters, no
 /// `:`), each KEY a non-empty vault key.
+/// `syscalls = [...]`: system calls known on this architecture, none of
+/// [`crate::NEVER_ALLOWED`], each once.
+fn syscalls(
+    cx: &Ctx<'_>,
+    owner: &str,
+    raw: Option<&[Spanned<String>]>,
+) -> Result<Vec<Sysno>, SystemError> {
+    let mut out: Vec<Sysno> = Vec::new();
+    for name in raw.into_iter().flatten() {
+        let n = name.get_ref();
+        let refuse = |kind, why: String| {
+            Err(cx.err(&name.span(), kind, format!("{owner}: syscalls: {why}")))
+        };
+        let Ok(call) = n.parse::<Sysno>() else {
+            return refuse(
+                ErrorKind::UnknownSyscall,
+                format!(
+                    "`{n}` is not a system call of this architecture ({})",
+                    std::env::consts::ARCH
+                ),
+            );
+        };
+        if crate::NEVER_ALLOWED.contains(&call) {
+            return refuse(
+                ErrorKind::ForbiddenSyscall,
+                format!("`{n}` reaches beyond the component (other processes, mounts, namespaces, the kernel or the machine): no component may make it"),
+            );
+        }
+        if out.contains(&call) {
+            return refuse(ErrorKind::InvalidConfig, format!("`{n}` is listed twice"));
+        }
+        out.push(call);
+    }
+    Ok(out)
+}
+
 fn sockets(
     cx: &Ctx<'_>,
     owner: &str,
@@ -811,6 +848,7 @@ fn component(
                 .capabilities
                 .clone()
                 .unwrap_or_else(|| Capability::DEFAULT.to_vec()),
+            syscalls: syscalls(cx, &owner, rc.syscalls.as_deref())?,
             sockets: sockets(cx, &owner, rc.sockets.as_ref())?,
             watchdog: rc
                 .watchdog

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kintsugi_system::{
     parse, Capability, ErrorKind, GiveUpAction, GroupStrategy, HangAction, Location, RebootMode,
-    RecoveryMode, RestartGroup, RestartPolicy, RestartType, SpinPolicy, Use, VaultQuota,
+    RecoveryMode, RestartGroup, RestartPolicy, RestartType, SpinPolicy, Sysno, Use, VaultQuota,
 };
 
 const DEMO: &str = include_str!("../../../systems/demo.toml");
@@ -486,7 +486,7 @@ fn unknown_key() {
         msg,
         "sys.toml:7:1: unknown field `foo`, expected one of `name`, `binary`, `provides`, `uses`, \
          `priority`, `realtime`, `recovery`, `reboot`, `restart`, `slots`, `arena_kib`, \
-         `pool_kib`, `journal_kib`, `capabilities`, `user`, `vault_quota`, `sockets`, \
+         `pool_kib`, `journal_kib`, `capabilities`, `syscalls`, `user`, `vault_quota`, `sockets`, \
          `watchdog`, `start_timeout_ms`, `stop_timeout_ms`, `checkpoint`, `config`"
     );
     let (msg, _) = err_with_head(
@@ -949,4 +949,48 @@ fn a_vault_directory_is_relative_to_the_system_file_and_synced_by_default() {
     let (msg, _) = err(&text("{ dir = \"s\", fsync = \"sometimes\" }"));
     assert!(msg.starts_with("sys.toml:3:"), "{msg}");
     assert!(msg.contains("always") && msg.contains("never"), "{msg}");
+}
+
+#[test]
+fn a_components_syscalls_are_known_allowable_once_or_refused_where_written() {
+    let body =
+        |calls: &str| format!("[[component]]\nname = \"a\"\nbinary = \"a\"\nsyscalls = {calls}\n");
+    let s = parse(
+        Path::new("sys.toml"),
+        &format!("{HEAD}{}", body("[\"socket\", \"connect\"]")),
+    )
+    .unwrap();
+    let a = s.component("a").unwrap();
+    assert_eq!(a.syscalls, [Sysno::socket, Sysno::connect]);
+    let json = serde_json::to_value(a).unwrap();
+    assert_eq!(json["syscalls"], serde_json::json!(["socket", "connect"]));
+    let s = parse(Path::new("sys.toml"), DEMO).unwrap();
+    assert!(
+        s.components.iter().all(|c| c.syscalls.is_empty()),
+        "the default"
+    );
+
+    let (msg, kind) = err_with_head(&body("[\"socket\", \"sokcet\"]"));
+    assert_eq!(kind, ErrorKind::UnknownSyscall);
+    assert_eq!(
+        msg,
+        format!(
+            "sys.toml:7:23: component `a`: syscalls: `sokcet` is not a system call of this architecture ({})",
+            std::env::consts::ARCH
+        )
+    );
+    let (msg, kind) = err_with_head(&body("[\"ptrace\"]"));
+    assert_eq!(kind, ErrorKind::ForbiddenSyscall);
+    assert!(
+        msg.starts_with(
+            "sys.toml:7:13: component `a`: syscalls: `ptrace` reaches beyond the component"
+        ),
+        "{msg}"
+    );
+    let (msg, kind) = err_with_head(&body("[\"bind\", \"bind\"]"));
+    assert_eq!(kind, ErrorKind::InvalidConfig);
+    assert_eq!(
+        msg,
+        "sys.toml:7:21: component `a`: syscalls: `bind` is listed twice"
+    );
 }

@@ -63,7 +63,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kintsugi_interfaces::net::{self, Error};
 use kintsugi_runtime::vault::{Prepared, Vault, VaultOp};
-use kintsugi_runtime::{Caller, Incarnation, Runtime};
+use kintsugi_runtime::{Caller, Incarnation, Runtime, Sysno};
 use rustix::net::{RecvFlags, SendFlags, Shutdown};
 use serde::Deserialize;
 
@@ -745,8 +745,24 @@ fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table
     Ok((listener, table, watch))
 }
 
+/// What netd calls beyond the runtime's list: its listener, the
+/// connections it accepts, and (its keeper) a dead incarnation's
+/// descriptors.
+const SYSCALLS: &[Sysno] = &[
+    Sysno::socket,
+    Sysno::bind,
+    Sysno::listen,
+    Sysno::accept4,
+    Sysno::setsockopt,
+    Sysno::getsockopt,
+    Sysno::getsockname,
+    Sysno::getpeername,
+    Sysno::shutdown,
+    Sysno::pidfd_getfd,
+];
+
 fn main() {
-    kintsugi_runtime::run(|rt| {
+    kintsugi_runtime::run_allowing(SYSCALLS, |rt| {
         let config: Config = rt.config()?;
         if rt.arena().is_none() {
             anyhow::bail!("netd needs an arena (arena_kib) for its connection ids");

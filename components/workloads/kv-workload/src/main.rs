@@ -34,7 +34,7 @@ use std::time::Duration;
 use kintsugi_interfaces::fs;
 use kintsugi_interfaces::kv::{self, Error};
 use kintsugi_runtime::counters::{Failures, WorkloadCounters};
-use kintsugi_runtime::{CallError, Incarnation};
+use kintsugi_runtime::{CallError, Incarnation, Sysno};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -415,7 +415,8 @@ fn check_changelog(
 }
 
 fn main() {
-    kintsugi_runtime::run(|rt| {
+    // Its report file is written whole, then renamed into place.
+    kintsugi_runtime::run_allowing(&[Sysno::rename], |rt| {
         let config: Config = rt.config()?;
         let client = kv::Client::connect(rt)?;
         let fs = match config.changelog {

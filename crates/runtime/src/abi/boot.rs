@@ -66,6 +66,10 @@ pub struct BootInfo {
     /// threads start ([`crate::process::reserve_descriptors`]).
     #[serde(default)]
     pub vault_fds: u64,
+    /// System calls its description allows beyond the runtime's list
+    /// (`syscalls = [...]`), by number ([`crate::seccomp`]).
+    #[serde(default)]
+    pub syscalls: Vec<i32>,
 }
 
 fn on_demand() -> String {

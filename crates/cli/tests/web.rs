@@ -677,6 +677,73 @@ fn netd_killed_often_resets_no_connection() {
     );
 }
 
+/// The supervisor stopped (SIGSTOP, as a hang would stop it) 100 times for
+/// 5–40 ms while clients fetch files and check every byte: requests cross
+/// netd, httpd and the services through shared memory, not through the
+/// supervisor, so none fails; and once it runs again the supervisor takes
+/// none of the time it was stopped for a hang of a component, so nothing
+/// is rebooted (every component keeps its pid). What a stopped supervisor
+/// still delays: netd puts each new connection in the vault before it is
+/// handed out, so connections accepted while it is stopped wait for it.
+#[test]
+fn the_supervisor_stopped_again_and_again_fails_no_request_and_reboots_nothing() {
+    let _heavy = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
+    let seed = seed("web-supervisor-stopped");
+    let dir = scratch("web-supervisor-stopped");
+    let files = docroot(&dir.join("www"), seed);
+    let tag = unique_tag("web-supervisor-stopped");
+    let port = free_port();
+    let child = start(&tag, &dir.join("www"), port, &[]);
+    let supervisor = rustix::process::Pid::from_child(&child);
+    let mut rng = Rng(seed | 1);
+    // (running, stopped) in ms, 100 times.
+    let plan: Vec<(u64, u64)> = (0..100)
+        .map(|_| (10 + rng.next() % 31, 5 + rng.next() % 36))
+        .collect();
+    let total: u64 = plan.iter().map(|(r, s)| r + s).sum();
+    let stopper = std::thread::spawn(move || {
+        for (running, stopped) in plan {
+            std::thread::sleep(Duration::from_millis(running));
+            rustix::process::kill_process(supervisor, rustix::process::Signal::STOP).unwrap();
+            std::thread::sleep(Duration::from_millis(stopped));
+            rustix::process::kill_process(supervisor, rustix::process::Signal::CONT).unwrap();
+        }
+    });
+    let served = clients(port, &files, 6, Duration::from_millis(total + 500), seed);
+    stopper.join().unwrap();
+    let log = stop(child);
+    let events = events(&log);
+    let unexpected: Vec<_> = events
+        .iter()
+        .filter(|e| {
+            !matches!(
+                e,
+                Event::Started { .. } | Event::Finished { .. } | Event::Stopped { .. }
+            )
+        })
+        .collect();
+    eprintln!(
+        "100 stops over {total} ms: {} requests verified, {} failed, {} retried on a new connection",
+        served.requests,
+        served.failures.len(),
+        served.retried.len()
+    );
+    assert!(
+        served.failures.is_empty() && served.retried.is_empty(),
+        "failed: {:?}, retried: {:?}",
+        &served.failures[..served.failures.len().min(5)],
+        served.retried
+    );
+    assert!(unexpected.is_empty(), "{unexpected:?}\n{log}");
+    let started = events
+        .iter()
+        .filter(|e| matches!(e, Event::Started { .. }))
+        .count();
+    assert_eq!(started, 7, "one incarnation per component:\n{log}");
+    assert!(served.requests >= 100, "only {} requests", served.requests);
+    assert!(leftovers(&tag).is_empty());
+}
+
 fn installed(tool: &str) -> bool {
     std::process::Command::new("sh")
         .arg("-c")

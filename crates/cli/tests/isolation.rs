@@ -28,7 +28,7 @@ provides = ["fs"]
 name = "insider"
 binary = "kintsugi-probe"
 uses = ["fs"]
-syscalls = ["socket"]
+syscalls = ["socket", "openat"]
 config = { siblings = 4 }
 
 [[component]]
@@ -118,11 +118,13 @@ config = { siblings = 4 }
         );
         // A call outside the runtime's allow list is refused unless the
         // description adds it (the insider's `syscalls`).
-        let socket = match p == &insider {
+        let outcome = match p == &insider {
             true => "ok",
             false => "Operation not permitted (os error 1)",
         };
-        assert_eq!(p["socket"], socket, "{p}");
+        assert_eq!(p["socket"], outcome, "{p}");
+        // Files open for reading only, unless the description adds `openat`.
+        assert_eq!(p["open_for_writing"], outcome, "{p}");
         let sets: &[&str] = if root {
             &["cap_eff", "cap_bnd"]
         } else {

@@ -2,7 +2,7 @@
 //! allow list. A component may make the system calls its runtime needs
 //! ([`RUNTIME`]: memory, threads, futexes, signals, its sockets to the
 //! supervisor, reading files, and what the checkpointer makes it call
-//! remotely), those its binary declares ([`crate::run_allowing`]: netd's
+//! remotely; files opened for reading only), those its binary declares ([`crate::run_allowing`]: netd's
 //! sockets, for one) and those its system description adds (`syscalls =
 //! [...]`); any other fails with `EPERM`. Installed at boot on every thread
 //! (`TSYNC`), before any worker starts, and inherited by every incarnation
@@ -16,7 +16,10 @@
 
 use std::collections::BTreeMap;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
 pub use syscalls::Sysno;
 
 /// What every component may call: what Rust's standard library, glibc and
@@ -26,7 +29,8 @@ pub use syscalls::Sysno;
 /// injects (`mmap`, `clone`, `userfaultfd`, `ioctl`, …). Not in it, among
 /// others: other processes' memory and tracing, mounts and namespaces,
 /// modules, keys, clocks, BPF, performance counters, making sockets,
-/// changing the file system, `execve`.
+/// changing the file system (opening a file to write it included),
+/// `execve`.
 pub const RUNTIME: &[Sysno] = &[
     // Memory.
     Sysno::brk,
@@ -135,9 +139,7 @@ pub const RUNTIME: &[Sysno] = &[
     Sysno::epoll_wait,
     Sysno::epoll_pwait,
     Sysno::epoll_pwait2,
-    // Files, to read.
-    Sysno::open,
-    Sysno::openat,
+    // Files, to read (`open` and `openat` as well, read-only: [`OPENS`]).
     Sysno::newfstatat,
     Sysno::statx,
     Sysno::getdents64,
@@ -148,6 +150,17 @@ pub const RUNTIME: &[Sysno] = &[
     Sysno::faccessat2,
     Sysno::getcwd,
 ];
+
+/// The calls that open a file, with the index of their flags argument: in
+/// the runtime's list for reading only (none of [`WRITE_FLAGS`]); a
+/// component that writes files declares the call, which then allows any
+/// flags.
+pub const OPENS: &[(Sysno, u8)] = &[(Sysno::open, 1), (Sysno::openat, 2)];
+
+/// Open flags that let a file be written, created or truncated (`O_TMPFILE`
+/// needs `O_WRONLY` or `O_RDWR` too).
+pub const WRITE_FLAGS: u64 =
+    (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND) as u64;
 
 /// What unlisted calls meet: `EPERM`, or (`KINTSUGI_SECCOMP=log`) a
 /// kernel log record and the call made.
@@ -170,11 +183,25 @@ impl Mode {
 /// The filter allowing [`RUNTIME`] and `extra`, as a BPF program for this
 /// machine's architecture.
 pub fn program(extra: &[Sysno], mode: Mode) -> Result<BpfProgram, seccompiler::Error> {
-    let rules = RUNTIME
+    let mut rules = RUNTIME
         .iter()
         .chain(extra)
         .map(|&nr| (i64::from(nr.id()), Vec::new()))
         .collect::<BTreeMap<_, _>>();
+    for &(call, flags) in OPENS {
+        if !extra.contains(&call) {
+            let read_only = SeccompCondition::new(
+                flags,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::MaskedEq(WRITE_FLAGS),
+                0,
+            )?;
+            rules.insert(
+                i64::from(call.id()),
+                vec![SeccompRule::new(vec![read_only])?],
+            );
+        }
+    }
     let arch = TargetArch::try_from(std::env::consts::ARCH)?;
     let refused = match mode {
         Mode::Enforce => SeccompAction::Errno(libc::EPERM as u32),
@@ -209,6 +236,12 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for s in RUNTIME {
             assert!(seen.insert(s.id()), "{s} listed twice");
+        }
+        for (open, _) in OPENS {
+            assert!(
+                !RUNTIME.contains(open),
+                "{open} would be allowed with any flags"
+            );
         }
     }
 }

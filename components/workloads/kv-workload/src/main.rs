@@ -416,7 +416,7 @@ fn check_changelog(
 
 fn main() {
     // Its report file is written whole, then renamed into place.
-    kintsugi_runtime::run_allowing(&[Sysno::rename], |rt| {
+    kintsugi_runtime::run_allowing(&[Sysno::openat, Sysno::rename], |rt| {
         let config: Config = rt.config()?;
         let client = kv::Client::connect(rt)?;
         let fs = match config.changelog {

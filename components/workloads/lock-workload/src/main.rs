@@ -189,7 +189,7 @@ fn write_sections(path: &Path, sections: &[[u64; 2]]) -> anyhow::Result<()> {
 
 fn main() {
     // Its report file is written whole, then renamed into place.
-    kintsugi_runtime::run_allowing(&[Sysno::rename], |rt| {
+    kintsugi_runtime::run_allowing(&[Sysno::openat, Sysno::rename], |rt| {
         let config: Config = rt.config()?;
         let client = lock::Client::connect(rt)?;
         let component = rt.name().to_string();

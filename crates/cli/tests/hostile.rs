@@ -605,6 +605,7 @@ restart = { max = 100000, window_ms = 1000, backoff = true, backoff_after = 1, b
 [component.config]
 mode = "panic"
 crash_after_ms = 100
+panics = 5
 
 [[group]]
 name = "pair"
@@ -613,9 +614,12 @@ strategy = "one_for_all"
 "#,
         ),
     );
-    // fragile panics 100 ms into each incarnation, the same way each time:
-    // from its second failure on it backs off 300 ms, and ramfs, killed
-    // with it each time, must restart with it, not before.
+    // fragile panics 100 ms into each of its first five incarnations, the
+    // same way each time: from its second failure on it backs off 300 ms,
+    // and ramfs, killed with it each time, must restart with it, not
+    // before. Its sixth runs on (from about 1.8 s): a stop that comes
+    // while the group waits leaves the workload blocked on ramfs until the
+    // stop timeout kills it (an open limitation, README "Restart groups").
     let out = run_system(&tag, &system)
         .args(["--duration", "3"])
         .output()

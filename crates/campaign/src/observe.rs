@@ -169,6 +169,11 @@ const DIAGNOSIS_EVENTS: usize = 40;
 /// incarnations do not serve, before it calls the system lost.
 const MAX_CLEARING_REBOOTS: u32 = 3;
 
+/// How many times an injection that found no thread of the target in user
+/// code (within the injector's patience, 2 s) is tried before it is
+/// recorded as not injected.
+const INJECTION_TRIES: u32 = 3;
+
 /// Settings of one injection's observation.
 pub(crate) struct Limits {
     pub(crate) window: Duration,
@@ -227,9 +232,18 @@ pub(crate) fn observe(
     (record.pid, record.epoch) = (pid, member.epoch);
     // A seed per injection: a resumed campaign makes the same choices.
     let mut injector = fault.injector(seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    let injected_at = Instant::now();
     let mut held = None;
-    match injector.inject(pid, &fault_kind) {
+    let mut tries = 1;
+    let (injected_at, injection) = loop {
+        let at = Instant::now();
+        match injector.inject(pid, &fault_kind) {
+            // On a loaded machine the target's threads may spend the whole
+            // patience asleep or in system calls: try again.
+            Err(InjectError::NoRunningThread { .. }) if tries < INJECTION_TRIES => tries += 1,
+            r => break (at, r),
+        }
+    };
+    match injection {
         Ok(Injection::Hang(h)) => {
             record.injection = format!("thread {} held stopped", h.tid());
             held = Some(h);
@@ -376,6 +390,14 @@ pub(crate) fn observe(
         if t.errors != tallies[s.as_str()].errors || t.corrupt != tallies[s.as_str()].corrupt {
             record.collateral.push(format!("{s}:errors"));
         }
+    }
+    if !record.collateral.is_empty() && record.diagnosis.is_empty() {
+        // What disturbed the others: the supervisor's events since the flip.
+        record.diagnosis = w
+            .events_since(first_event)
+            .iter()
+            .map(|e| format!("event: {e}"))
+            .collect();
     }
     record.outcome = classify(&Observed {
         lost,

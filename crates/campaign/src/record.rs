@@ -41,8 +41,10 @@ pub struct Record {
     /// hang detections and clients' suspicions (`faulty reply: …`), in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reports: Vec<String>,
-    /// When the system was lost: where every thread of the target and of
-    /// its workloads was (`tid name state wchan syscall`, per process).
+    /// When the system was lost: the supervisor's last events, and where
+    /// every thread of the target and of its workloads was (`tid name state
+    /// wchan syscall`, per process); when another service was disturbed:
+    /// the events since the flip.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub diagnosis: Vec<String>,
 }

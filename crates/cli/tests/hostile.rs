@@ -657,6 +657,67 @@ strategy = "one_for_all"
 }
 
 #[test]
+fn a_stop_while_a_group_backs_off_restarts_it_and_its_clients_stop_cleanly() {
+    let tag = unique_tag("group-stop");
+    let dir = scratch("group-stop");
+    let system = write(
+        &dir,
+        "group-stop.toml",
+        &with_ramfs(
+            "group-stop",
+            "restart = { max = 100000, window_ms = 1000 }",
+            43,
+            r#"
+[[component]]
+name = "fragile"
+binary = "kintsugi-fragile"
+restart = { max = 100000, window_ms = 1000, backoff = true, backoff_after = 1, backoff_ms = 5000, backoff_max_ms = 5000 }
+[component.config]
+mode = "panic"
+crash_after_ms = 100
+
+[[group]]
+name = "pair"
+members = ["fragile", "ramfs"]
+strategy = "one_for_all"
+"#,
+        ),
+    );
+    // fragile's second failure (at about 0.2 s) puts it and ramfs off for
+    // 5 s; the stop at 2 s comes while they wait, with the workload
+    // blocked on ramfs. Both are restarted for the stop, and the workload
+    // finishes its call and reports (without that, it waited out its stop
+    // timeout, 20 s, and was killed without a report).
+    let out = run_system(&tag, &system)
+        .args(["--duration", "2"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    // (fragile, restarted for the stop, may well crash again in it.)
+    assert!(
+        stdout.contains("workload: last incarnation ended with exit code 0"),
+        "{stdout}\n{stderr}"
+    );
+    let events = events(&stdout);
+    let backed_off = events
+        .iter()
+        .rposition(|e| matches!(e, Event::BackingOff { component, .. } if component == "fragile"))
+        .unwrap_or_else(|| panic!("fragile never backed off:\n{stdout}"));
+    for name in ["ramfs", "fragile"] {
+        assert!(
+            events[backed_off..]
+                .iter()
+                .any(|e| matches!(e, Event::Rebooted { component, .. } if component == name)),
+            "{name} was not restarted for the stop:\n{stdout}"
+        );
+    }
+    let report = workload_report(&stdout);
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(report["corrupt"], 0, "{report}");
+    assert!(leftovers(&tag).is_empty(), "{stdout}");
+}
+
+#[test]
 fn restart_types_permanent_and_temporary() {
     let tag = unique_tag("restart-types");
     let dir = scratch("restart-types");

@@ -193,6 +193,38 @@ impl Supervisor<'_> {
             .then_some(now + READY_POLL)
     }
 
+    /// Before the components stop: the restarts a backoff put off (a
+    /// restart group's members waiting for the one that backs off among
+    /// them) are made now, and the incarnations still initializing are
+    /// waited for, for at most the longest start timeout in all, so that
+    /// clients blocked on them are served their last calls and stop rather
+    /// than wait out their stop timeout and be killed. A component that
+    /// dies meanwhile is not rebooted again; a second signal ends the wait.
+    pub(crate) fn settle(&mut self) {
+        let mut deferred = std::mem::take(&mut self.deferred);
+        deferred.sort_by_key(|d| d.idx);
+        for d in deferred {
+            // The system stops anyway: a reason to stop changes nothing.
+            if !matches!(
+                self.restart(d.idx, Attempt::new(d.detected, Vec::new())),
+                Ok(None)
+            ) {
+                return;
+            }
+        }
+        let longest = (0..self.comps.len())
+            .map(|idx| self.start_timeout(idx))
+            .max()
+            .unwrap_or_default();
+        let end = Instant::now() + longest;
+        while self.starting_wake(Instant::now()).is_some() && Instant::now() < end {
+            std::thread::sleep(READY_POLL);
+            if !matches!(self.check_starting(), Ok(None)) {
+                return;
+            }
+        }
+    }
+
     /// Looks at every parked activation, and carries on the restarts whose
     /// incarnation is ready or failed.
     pub(crate) fn check_starting(&mut self) -> Result<Option<StopReason>, SupervisorError> {

@@ -129,6 +129,7 @@ pub fn run(
             return Err(e);
         }
     };
+    sup.settle();
     let exits = sup.shutdown();
     sup.emit(Event::Stopped {
         reason: format!("{reason:?}"),

@@ -17,9 +17,18 @@ use thiserror::Error;
 use crate::stub::{records_unavailable, Caller, Dispatched, Refusal};
 use crate::vault::{Vault, VaultOp, VaultRecord, LIST_PAGE};
 
+/// Why creation records could not be read or written.
 #[derive(Debug, Error)]
-#[error("creation records: {0}")]
-pub struct RecordError(pub String);
+pub enum RecordError {
+    /// The store did not answer as asked (the vault refused or failed).
+    #[error("creation records: {0}")]
+    Unavailable(String),
+    /// A record is there but does not decode: a faulty incarnation wrote
+    /// it so. No reboot mends it: its descriptor is lost (refused as
+    /// unknown), not the server (see [`GlobalRecords::ensure`]).
+    #[error("creation records: {0}")]
+    Malformed(String),
+}
 
 /// Where creation records live: a key-value store that outlives the server.
 pub trait RecordStore: Send + Sync {
@@ -202,7 +211,7 @@ pub struct VaultRecords(pub Arc<Vault>);
 const VAULT_PREFIX: &str = "desc/";
 
 fn vault_error(e: crate::vault::VaultError) -> RecordError {
-    RecordError(e.to_string())
+    RecordError::Unavailable(e.to_string())
 }
 
 impl RecordStore for VaultRecords {
@@ -240,7 +249,7 @@ impl RecordStore for VaultRecords {
 
     fn list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, RecordError> {
         let full = format!("{VAULT_PREFIX}{prefix}");
-        unprefixed(self.0.list_prefix(&full).map_err(vault_error)?)
+        Ok(unprefixed(self.0.list_prefix(&full).map_err(vault_error)?))
     }
 
     fn page(
@@ -254,38 +263,37 @@ impl RecordStore for VaultRecords {
             .0
             .list_page(&full, after.as_deref())
             .map_err(vault_error)?;
-        // A record a faulty incarnation wrote malformed is left out of the
-        // page: it is no reason to fail the others (`get` reports it).
-        Ok(page
-            .into_iter()
-            .filter_map(|r| {
-                Some((
-                    r.key[VAULT_PREFIX.len()..].to_string(),
-                    unhex(&r.value).ok()?,
-                ))
-            })
-            .collect())
+        Ok(unprefixed(page))
     }
 }
 
-/// Vault records as a [`RecordStore`] gives them: keys without `desc/`.
-fn unprefixed(records: Vec<VaultRecord>) -> Result<Vec<(String, Vec<u8>)>, RecordError> {
+/// Vault records as a [`RecordStore`] gives them: keys without `desc/`. A
+/// record a faulty incarnation wrote malformed is left out: it is no
+/// reason to fail the others (`get` reports it).
+fn unprefixed(records: Vec<VaultRecord>) -> Vec<(String, Vec<u8>)> {
     records
         .into_iter()
-        .map(|r| Ok((r.key[VAULT_PREFIX.len()..].to_string(), unhex(&r.value)?)))
+        .filter_map(|r| {
+            Some((
+                r.key[VAULT_PREFIX.len()..].to_string(),
+                unhex(&r.value).ok()?,
+            ))
+        })
         .collect()
 }
 
 fn unhex(v: &serde_json::Value) -> Result<Vec<u8>, RecordError> {
+    let malformed = || RecordError::Malformed(format!("malformed record value {v}"));
     let s = v
         .as_str()
         .filter(|s| s.len() % 2 == 0)
-        .ok_or_else(|| RecordError(format!("malformed record value {v}")))?;
-    (0..s.len())
-        .step_by(2)
-        .map(|i| {
-            u8::from_str_radix(&s[i..i + 2], 16)
-                .map_err(|_| RecordError(format!("malformed record value {v}")))
+        .ok_or_else(malformed)?;
+    // By bytes: a faulty writer's string need not be ASCII.
+    s.as_bytes()
+        .chunks(2)
+        .map(|pair| {
+            let digits = std::str::from_utf8(pair).map_err(|_| malformed())?;
+            u8::from_str_radix(digits, 16).map_err(|_| malformed())
         })
         .collect()
 }
@@ -385,10 +393,21 @@ impl GlobalRecords {
         let mut chain = Vec::new();
         let mut at = id;
         while !self.is_known(kind, at) {
-            let record = self
-                .fetch(kind, at)
-                .map_err(records_unavailable)?
-                .ok_or(unknown(at))?;
+            let record = match self.fetch(kind, at) {
+                Ok(record) => record.ok_or(unknown(at))?,
+                // Rebooting the server again would find it malformed again
+                // (a loop no client would see the end of): the descriptor
+                // is lost, its record dropped, and the caller told.
+                Err(RecordError::Malformed(why)) => {
+                    eprintln!(
+                        "{}: {kind} {at:#x} refused as unknown: {why}",
+                        self.interface
+                    );
+                    let _ = self.store.delete(&[self.key(kind, at)]);
+                    return Err(unknown(at));
+                }
+                Err(e) => return Err(records_unavailable(e)),
+            };
             let parent = record.parent;
             chain.push((at, record));
             match parent {
@@ -458,9 +477,9 @@ impl GlobalRecords {
             .fetch_ahead(&prefix, &self.key(kind, id), after.as_deref())?
         {
             None => Ok(None),
-            Some(b) => CreationRecord::decode(&b)
-                .map(Some)
-                .ok_or_else(|| RecordError(format!("malformed record of {kind} {id:#x}"))),
+            Some(b) => CreationRecord::decode(&b).map(Some).ok_or_else(|| {
+                RecordError::Malformed(format!("malformed record of {kind} {id:#x}"))
+            }),
         }
     }
 
@@ -469,10 +488,14 @@ impl GlobalRecords {
         let prefix = format!("{}/{kind}/", self.interface);
         let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
         for (key, value) in self.store.list(&prefix)? {
-            let child = u64::from_str_radix(&key[prefix.len()..], 16)
-                .map_err(|_| RecordError(format!("malformed record key {key}")))?;
-            let record = CreationRecord::decode(&value)
-                .ok_or_else(|| RecordError(format!("malformed record {key}")))?;
+            // A record a faulty incarnation wrote malformed names no child
+            // that can be rebuilt: it is no reason to fail the others.
+            let Ok(child) = u64::from_str_radix(&key[prefix.len()..], 16) else {
+                continue;
+            };
+            let Some(record) = CreationRecord::decode(&value) else {
+                continue;
+            };
             if let Some(parent) = record.parent {
                 children.entry(parent).or_default().push(child);
             }
@@ -600,5 +623,37 @@ mod tests {
         fresh.closed("Page", &[1, 2, 3]).unwrap();
         assert_eq!(fresh.fetch("Page", 3).unwrap(), None);
         assert!(fresh.fetch("Page", 4).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_malformed_record_loses_its_descriptor_not_the_server() {
+        let store = Arc::new(MemoryStore::default());
+        let g = GlobalRecords::new(store.clone(), "mm");
+        let rec = |parent| CreationRecord {
+            func: 1,
+            creator: 7,
+            parent,
+            args: vec![9],
+        };
+        g.created("Page", 1, &rec(None)).unwrap();
+        g.created("Page", 2, &rec(Some(1))).unwrap();
+        // A faulty incarnation wrote page 1's record cut short.
+        store.put(&g.key("Page", 1), &[1, 2, 3]).unwrap();
+        let fresh = GlobalRecords::new(store.clone(), "mm");
+        let mut rebuilt = Vec::new();
+        let r = fresh.ensure("Page", 2, |at, _, _| {
+            rebuilt.push(at);
+            Ok(at)
+        });
+        // Refused as a descriptor unknown (no server fault, so no reboot
+        // that would find it malformed again), nothing rebuilt, and the
+        // record dropped; the subtree of page 1 still lists its child.
+        assert!(matches!(
+            r,
+            Err(Dispatched::Refused(Refusal::UnknownDescriptor(1)))
+        ));
+        assert!(rebuilt.is_empty());
+        assert_eq!(store.get(&g.key("Page", 1)).unwrap(), None);
+        assert_eq!(fresh.subtree("Page", 1).unwrap(), vec![2]);
     }
 }

@@ -118,7 +118,15 @@ pub struct VaultRecord {
 /// A component's handle on its part of the vault.
 pub struct Vault {
     sock: OwnedFd,
-    next_id: Mutex<u64>,
+    /// One request at a time: its id, and the buffer replies are read into
+    /// (kept: a fresh zeroed 128 KiB per round trip is 32 page faults, and
+    /// giving it back unmaps it, a TLB shootdown across the machine).
+    conn: Mutex<Conn>,
+}
+
+struct Conn {
+    next_id: u64,
+    buf: Vec<u8>,
 }
 
 impl Vault {
@@ -131,7 +139,10 @@ impl Vault {
             .unwrap_or(1);
         Self {
             sock,
-            next_id: Mutex::new(seed),
+            conn: Mutex::new(Conn {
+                next_id: seed,
+                buf: Vec::new(),
+            }),
         }
     }
 
@@ -272,9 +283,9 @@ impl Vault {
         make: impl FnOnce(u64) -> VaultRequest,
         fds: &[BorrowedFd<'_>],
     ) -> Result<(VaultReply, Vec<OwnedFd>), VaultError> {
-        let mut next = self.next_id.lock().unwrap();
-        *next += 1;
-        let id = *next;
+        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        conn.next_id += 1;
+        let id = conn.next_id;
         let message = VaultMessage {
             priority: crate::priority::current().word(),
             request: make(id),
@@ -283,14 +294,15 @@ impl Vault {
             serde_json::to_vec(&message).map_err(|e| VaultError::Protocol(e.to_string()))?;
         fdpass::send(self.sock.as_fd(), &bytes, fds)?;
         loop {
-            let (bytes, fds) = fdpass::recv(self.sock.as_fd())?;
+            let (n, fds) = fdpass::recv_into(self.sock.as_fd(), &mut conn.buf)?;
+            let bytes = &conn.buf[..n];
             if bytes.is_empty() {
                 return Err(VaultError::Io(std::io::Error::other(
                     "the vault closed the connection",
                 )));
             }
             let reply: VaultReply =
-                serde_json::from_slice(&bytes).map_err(|e| VaultError::Protocol(e.to_string()))?;
+                serde_json::from_slice(bytes).map_err(|e| VaultError::Protocol(e.to_string()))?;
             if reply.id == 0 {
                 // The vault could not read the request at all.
                 let why = reply.error.unwrap_or_else(|| "unreadable request".into());

@@ -88,7 +88,7 @@ impl HangKind {
 /// of `Event::FaultReported`); [`FromStr`] reads it back.
 ///
 /// ```text
-/// hang detected: kind=shd tid=4242 thread=spin:0 call=spin.hang section=- measured_us=20950 bound_us=20000
+/// hang detected: kind=shd tid=4242 thread=spin:0 call=spin.hang section=- measured_us=20950 bound_us=20000 wall_us=21400
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Detection {
@@ -103,6 +103,9 @@ pub struct Detection {
     pub measured: Duration,
     /// What `measured` was held against.
     pub bound: Duration,
+    /// SHD: the wall time in which `measured` was used (about as long: the
+    /// thread ran all along; much longer: it shared its CPU).
+    pub wall: Option<Duration>,
 }
 
 const PREFIX: &str = "hang detected: ";
@@ -120,7 +123,11 @@ impl fmt::Display for Detection {
             dash(&self.section),
             self.measured.as_micros(),
             self.bound.as_micros()
-        )
+        )?;
+        match self.wall {
+            Some(w) => write!(f, " wall_us={}", w.as_micros()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -159,6 +166,7 @@ impl FromStr for Detection {
             section: opt("section")?,
             measured: Duration::from_micros(num("measured_us")?),
             bound: Duration::from_micros(num("bound_us")?),
+            wall: num("wall_us").ok().map(Duration::from_micros),
         })
     }
 }
@@ -220,8 +228,10 @@ struct WorkerState {
     /// The odd sequence number last seen, and how often in a row.
     seq: u64,
     sightings: u32,
-    /// CPU at the second sighting, the latest CPU read, and when it last moved.
+    /// CPU at the second sighting and when it was read, the latest CPU
+    /// read, and when it last moved.
     base_cpu: u64,
+    base_at: Option<Instant>,
     last_cpu: u64,
     /// Run-queue wait at the latest read.
     last_waited: u64,
@@ -464,6 +474,7 @@ fn check(
                 section: sec.name.get(),
                 measured: Duration::from_nanos(ran),
                 bound,
+                wall: None,
             });
         }
     }
@@ -490,6 +501,7 @@ fn check(
         if w.sightings == 1 {
             w.sightings = 2;
             w.base_cpu = cpu;
+            w.base_at = Some(now);
             w.last_cpu = cpu;
             w.last_waited = waited;
             w.moved_at = Some(now);
@@ -539,6 +551,9 @@ fn check(
                 section: None,
                 measured,
                 bound,
+                wall: (kind == HangKind::Shd)
+                    .then(|| w.base_at.map(|at| now.duration_since(at)))
+                    .flatten(),
             });
         }
     }
@@ -606,6 +621,7 @@ fn unserved(
                         section: None,
                         measured: waited,
                         bound: s.stuck,
+                        wall: None,
                     });
                 }
             }
@@ -647,6 +663,7 @@ mod tests {
             section: None,
             measured: Duration::ZERO,
             bound: Duration::ZERO,
+            wall: None,
         };
         let named = |interfaces: &[&'static InterfaceInfo], call: &str| {
             name_call(interfaces, &served, detection(call))
@@ -673,11 +690,12 @@ mod tests {
             section: None,
             measured: Duration::from_micros(20950),
             bound: Duration::from_millis(20),
+            wall: Some(Duration::from_micros(21400)),
         };
         let text = d.to_string();
         assert_eq!(
             text,
-            "hang detected: kind=shd tid=4242 thread=spin:0 call=spin.hang section=- measured_us=20950 bound_us=20000"
+            "hang detected: kind=shd tid=4242 thread=spin:0 call=spin.hang section=- measured_us=20950 bound_us=20000 wall_us=21400"
         );
         assert_eq!(text.parse::<Detection>(), Ok(d));
         assert!("crashed".parse::<Detection>().is_err());

@@ -586,34 +586,43 @@ fn a_restart_group_restarts_its_members_together_as_its_strategy_says() {
     );
 }
 
-#[test]
-fn a_restart_group_waits_for_its_member_that_backs_off() {
-    let tag = unique_tag("group-backoff");
-    let dir = scratch("group-backoff");
+/// ramfs and its workload, and `fragile` panicking 100 ms into each
+/// incarnation (`more` config), backing off `backoff_ms` from its second
+/// failure, in a one-for-all group with ramfs: the test's tag and system.
+fn fragile_pair(name: &str, seed: u32, backoff_ms: u32, more: &str) -> (String, PathBuf) {
+    let tag = unique_tag(name);
     let system = write(
-        &dir,
-        "group-backoff.toml",
+        &scratch(name),
+        &format!("{name}.toml"),
         &with_ramfs(
-            "group-backoff",
+            name,
             "restart = { max = 100000, window_ms = 1000 }",
-            41,
-            r#"
+            seed,
+            &format!(
+                r#"
 [[component]]
 name = "fragile"
 binary = "kintsugi-fragile"
-restart = { max = 100000, window_ms = 1000, backoff = true, backoff_after = 1, backoff_ms = 300, backoff_max_ms = 300 }
+restart = {{ max = 100000, window_ms = 1000, backoff = true, backoff_after = 1, backoff_ms = {backoff_ms}, backoff_max_ms = {backoff_ms} }}
 [component.config]
 mode = "panic"
 crash_after_ms = 100
-panics = 5
+{more}
 
 [[group]]
 name = "pair"
 members = ["fragile", "ramfs"]
 strategy = "one_for_all"
-"#,
+"#
+            ),
         ),
     );
+    (tag, system)
+}
+
+#[test]
+fn a_restart_group_waits_for_its_member_that_backs_off() {
+    let (tag, system) = fragile_pair("group-backoff", 41, 300, "panics = 5");
     // fragile panics 100 ms into each of its first five incarnations, the
     // same way each time: from its second failure on it backs off 300 ms,
     // and ramfs, killed with it each time, must restart with it, not
@@ -658,31 +667,7 @@ strategy = "one_for_all"
 
 #[test]
 fn a_stop_while_a_group_backs_off_restarts_it_and_its_clients_stop_cleanly() {
-    let tag = unique_tag("group-stop");
-    let dir = scratch("group-stop");
-    let system = write(
-        &dir,
-        "group-stop.toml",
-        &with_ramfs(
-            "group-stop",
-            "restart = { max = 100000, window_ms = 1000 }",
-            43,
-            r#"
-[[component]]
-name = "fragile"
-binary = "kintsugi-fragile"
-restart = { max = 100000, window_ms = 1000, backoff = true, backoff_after = 1, backoff_ms = 5000, backoff_max_ms = 5000 }
-[component.config]
-mode = "panic"
-crash_after_ms = 100
-
-[[group]]
-name = "pair"
-members = ["fragile", "ramfs"]
-strategy = "one_for_all"
-"#,
-        ),
-    );
+    let (tag, system) = fragile_pair("group-stop", 43, 5000, "");
     // fragile's second failure (at about 0.2 s) puts it and ramfs off for
     // 5 s; the stop at 2 s comes while they wait, with the workload
     // blocked on ramfs. Both are restarted for the stop, and the workload

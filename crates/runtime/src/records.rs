@@ -600,16 +600,20 @@ mod tests {
         assert_eq!(stub.fetch("Lock", 8).unwrap(), Some(rec(4)));
     }
 
-    #[test]
-    fn records_round_trip_and_subtrees_list_parents_first() {
-        let store = Arc::new(MemoryStore::default());
-        let g = GlobalRecords::new(store.clone(), "mm");
-        let rec = |parent| CreationRecord {
+    /// A page's creation record, a child of `parent`.
+    fn rec(parent: Option<u64>) -> CreationRecord {
+        CreationRecord {
             func: 1,
             creator: 7,
             parent,
             args: vec![1, 2, 3],
-        };
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_subtrees_list_parents_first() {
+        let store = Arc::new(MemoryStore::default());
+        let g = GlobalRecords::new(store.clone(), "mm");
         g.created("Page", 1, &rec(None)).unwrap();
         g.created("Page", 2, &rec(Some(1))).unwrap();
         g.created("Page", 3, &rec(Some(2))).unwrap();
@@ -629,12 +633,6 @@ mod tests {
     fn a_malformed_record_loses_its_descriptor_not_the_server() {
         let store = Arc::new(MemoryStore::default());
         let g = GlobalRecords::new(store.clone(), "mm");
-        let rec = |parent| CreationRecord {
-            func: 1,
-            creator: 7,
-            parent,
-            args: vec![9],
-        };
         g.created("Page", 1, &rec(None)).unwrap();
         g.created("Page", 2, &rec(Some(1))).unwrap();
         // A faulty incarnation wrote page 1's record cut short.

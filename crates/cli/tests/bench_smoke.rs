@@ -79,7 +79,11 @@ fn bench_recovery_prints_every_service() {
         assert!((overhead - (tracked - raw)).abs() <= 1.0, "{r:?}");
         let invocations = r[1].split(" + ").count() as f64;
         let share = overhead / invocations / null * 100.0;
-        assert!((number(r[12]) - share).abs() <= 1.0, "{r:?}");
+        // The table's share comes from the unrounded figures: these cells
+        // are off by up to 1 ns (the difference) and 0.5 ns (the null call),
+        // which on a loaded machine's large figures is more than a point.
+        let slack = share.abs() * (1.0 / overhead.abs().max(1.0) + 0.5 / null) + 0.1;
+        assert!((number(r[12]) - share).abs() <= slack.max(1.0), "{r:?}");
     }
     for r in detail {
         assert_eq!(r.len(), 9, "{r:?}");

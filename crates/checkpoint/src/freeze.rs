@@ -7,7 +7,7 @@
 //! every thread, which then runs on from its (possibly rewritten)
 //! registers.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -48,7 +48,7 @@ pub struct Frozen {
     /// delivery was collected instead of the stop asked for, which takes
     /// the signal away): sent to it again as it is let go, so that none is
     /// lost.
-    signals: Mutex<BTreeMap<u32, Signal>>,
+    signals: Mutex<Vec<(u32, Signal)>>,
 }
 
 impl Frozen {
@@ -59,7 +59,7 @@ impl Frozen {
             pid,
             tids: Vec::new(),
             since,
-            signals: Mutex::new(BTreeMap::new()),
+            signals: Mutex::new(Vec::new()),
         };
         let mut seen = BTreeSet::new();
         loop {
@@ -128,33 +128,60 @@ impl Frozen {
     }
 
     /// Executes one instruction of `tid` and waits until it stops again.
+    ///
+    /// A thread let go from a stop first takes a signal pending for it or
+    /// its process (one that came while it was held), and stops to report
+    /// it before the instruction runs: the signal is kept to be sent again
+    /// on release, and the step made again.
     pub fn step(&self, tid: u32) -> Result<(), Error> {
-        ptrace::step(Pid::from_raw(tid as i32), None::<Signal>)
-            .map_err(|e| Error::ptrace(tid, e))?;
-        match wait_stop(self.pid, tid)? {
-            WaitStatus::PtraceEvent(_, Signal::SIGTRAP, _)
-            | WaitStatus::Stopped(_, Signal::SIGTRAP) => Ok(()),
-            other => Err({
-                self.keep_signal(tid, &other);
-                Error::Malformed {
-                    what: format!("thread {tid}"),
-                    detail: format!("a single step stopped with {other:?}"),
-                }
-            }),
+        for _ in 0..MAX_SIGNALS_PER_STEP {
+            ptrace::step(Pid::from_raw(tid as i32), None::<Signal>)
+                .map_err(|e| Error::ptrace(tid, e))?;
+            let stop = wait_stop(self.pid, tid)?;
+            match delivered_signal(&stop) {
+                None => return Ok(()),
+                Some(_) => self.keep_signal(tid, &stop),
+            }
         }
+        Err(Error::Malformed {
+            what: format!("thread {tid}"),
+            detail: format!(
+                "a single step stopped for a signal {MAX_SIGNALS_PER_STEP} times in a row"
+            ),
+        })
     }
 
     /// Notes the signal of a signal-delivery stop (not a ptrace event's).
     fn keep_signal(&self, tid: u32, stop: &WaitStatus) {
-        if let WaitStatus::Stopped(_, sig) = *stop {
-            if sig != Signal::SIGTRAP {
-                self.signals
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(tid, sig);
-            }
+        if let Some(sig) = delivered_signal(stop) {
+            self.signals
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((tid, sig));
         }
     }
+}
+
+/// How many signals a single step may find pending before it runs (each
+/// standard signal is pending at most once).
+const MAX_SIGNALS_PER_STEP: usize = 64;
+
+/// The signal a stop reports as being delivered, if it is a
+/// signal-delivery stop; `None` for a ptrace event's stop (an interrupt, a
+/// group stop) and for a single step's trap.
+///
+/// `waitid` reports every stop of a traced thread as `CLD_TRAPPED` with
+/// the whole stop code in `si_status`, which nix turns into
+/// [`WaitStatus::PtraceEvent`] even for a signal's delivery: event 0 is
+/// that case. (`waitpid` would give [`WaitStatus::Stopped`]; both are
+/// read.) Reading only the latter lost every signal that reached a thread
+/// during a freeze: detaching without it suppressed it.
+fn delivered_signal(stop: &WaitStatus) -> Option<Signal> {
+    let sig = match *stop {
+        WaitStatus::Stopped(_, sig) | WaitStatus::PtraceEvent(_, sig, 0) => sig,
+        _ => return None,
+    };
+    (sig != Signal::SIGTRAP).then_some(sig)
 }
 
 impl Drop for Frozen {
@@ -173,10 +200,8 @@ impl Drop for Frozen {
             // go, or collect its zombie.
             match wait_stop(self.pid, tid) {
                 Ok(stop) => {
-                    if let WaitStatus::Stopped(_, sig) = stop {
-                        if sig != Signal::SIGTRAP {
-                            signals.insert(tid, sig);
-                        }
+                    if let Some(sig) = delivered_signal(&stop) {
+                        signals.push((tid, sig));
                     }
                     let _ = ptrace::detach(t, None);
                 }
@@ -187,7 +212,7 @@ impl Drop for Frozen {
         // Sent again rather than handed to the detach, which delivers a
         // signal only from the stop that reported it (a thread stepped
         // since is in another).
-        for (&tid, &sig) in &signals {
+        for &(tid, sig) in &signals {
             let _ = crate::sys::tgkill(self.pid as i32, tid as i32, sig as i32);
         }
         wake_for_pending(self.pid, &self.tids);

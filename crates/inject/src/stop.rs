@@ -171,7 +171,7 @@ impl Stopped {
 /// no one else may, and which holds back its process's exit until then.
 fn detach_or_reap(pid: u32, tid: u32) -> Result<(), InjectError> {
     let t = Pid::from_raw(tid as i32);
-    match ptrace::detach(t, None) {
+    match ptrace::detach(t, delivering(t)) {
         Ok(()) => Ok(()),
         Err(Errno::ESRCH) => {
             // Dying, not yet a zombie: wait for it (a process killed while
@@ -191,6 +191,16 @@ fn detach_or_reap(pid: u32, tid: u32) -> Result<(), InjectError> {
         }
         Err(e) => Err(InjectError::Ptrace { tid, source: e }),
     }
+}
+
+/// The signal `t` is stopped to deliver, if its stop is a signal's
+/// delivery (a signal reached it between the seize and the interrupt's
+/// stop) rather than the interrupt's or a group stop: passed back to the
+/// detach, which would otherwise suppress it.
+fn delivering(t: Pid) -> Option<Signal> {
+    let info = ptrace::getsiginfo(t).ok()?;
+    let sig = Signal::try_from(info.si_signo).ok()?;
+    (sig != Signal::SIGTRAP).then_some(sig)
 }
 
 impl std::fmt::Debug for Stopped {

@@ -88,6 +88,21 @@ impl Target {
 }
 
 impl Target {
+    /// The signal that ended the target, waiting at most `timeout`; `None`
+    /// if it still runs then (or ended otherwise).
+    pub fn killed_by(&mut self, timeout: std::time::Duration) -> Option<i32> {
+        use std::os::unix::process::ExitStatusExt;
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            self.reap_traced();
+            if let Some(status) = self.child.try_wait().ok()? {
+                return status.signal();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        None
+    }
+
     /// A thread that died while this thread traced it is a zombie that
     /// only its tracer may collect: collect each, or waiting for the
     /// process hangs.

@@ -138,9 +138,16 @@ impl Frozen {
             ptrace::step(Pid::from_raw(tid as i32), None::<Signal>)
                 .map_err(|e| Error::ptrace(tid, e))?;
             let stop = wait_stop(self.pid, tid)?;
-            match delivered_signal(&stop) {
-                None => return Ok(()),
-                Some(_) => self.keep_signal(tid, &stop),
+            match stop {
+                WaitStatus::PtraceEvent(_, Signal::SIGTRAP, _)
+                | WaitStatus::Stopped(_, Signal::SIGTRAP) => return Ok(()),
+                _ if delivered_signal(&stop).is_some() => self.keep_signal(tid, &stop),
+                other => {
+                    return Err(Error::Malformed {
+                        what: format!("thread {tid}"),
+                        detail: format!("a single step stopped with {other:?}"),
+                    })
+                }
             }
         }
         Err(Error::Malformed {

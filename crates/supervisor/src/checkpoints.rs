@@ -62,8 +62,9 @@ pub(crate) struct Quiet {
     /// Its control block, whose watchdog entries a rollback makes agree
     /// with the threads it rolled back.
     pub control: Arc<Region>,
-    /// Raised at each freeze, for the watchdog (a freeze runs every thread
-    /// a little: no progress of a hung one).
+    /// Raised at each freeze and at each thaw, for the watchdog (both run
+    /// every thread a little, a stopped one too: no progress of a hung
+    /// one).
     pub freezes: Arc<AtomicU64>,
 }
 
@@ -125,7 +126,14 @@ impl Quiet {
 struct Held<'a>(&'a Quiet);
 
 impl Drop for Held<'_> {
+    /// Callers let the process go before the hold: its thaw is counted
+    /// here (under load a thaw can end well after the freeze began, past
+    /// the watchdog's shadow of the freeze, and a stopped thread's CPU time
+    /// moves in it: counted only at the freeze, every checkpoint of a
+    /// stopped kv restarted the watchdog's clock, and its hang was found
+    /// late or, with checkpoints every 20 ms, not at all).
     fn drop(&mut self) {
+        self.0.freezes.fetch_add(1, Ordering::SeqCst);
         for e in &self.0.served {
             e.hold_serving(false);
         }
@@ -341,7 +349,10 @@ impl Holder {
     fn attached(&mut self, freezes: &AtomicU64) -> Result<&mut Checkpointer, String> {
         if let Holder::Live(pid) = *self {
             freezes.fetch_add(1, Ordering::SeqCst);
-            let c = Checkpointer::attach(pid).map_err(|e| e.to_string())?;
+            let c = Checkpointer::attach(pid);
+            // Its thaw (see `Held`'s drop).
+            freezes.fetch_add(1, Ordering::SeqCst);
+            let c = c.map_err(|e| e.to_string())?;
             *self = Holder::Attached(Box::new(c));
         }
         match self {
@@ -550,6 +561,8 @@ fn at_point<'a>(
             if ready(quiet) {
                 return Ok((frozen, held, started.elapsed()));
             }
+            drop(frozen);
+            quiet.freezes.fetch_add(1, Ordering::SeqCst);
         }
         if started.elapsed() >= hold {
             return Err(format!(

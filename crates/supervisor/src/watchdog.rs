@@ -285,9 +285,9 @@ struct CompState {
     rebase_until: Option<Instant>,
 }
 
-/// How long after a checkpoint's freeze began a thread's CPU time or
-/// run-queue wait moving is not taken for progress (the freeze and the
-/// thaw take a few ms at most).
+/// How long after a checkpoint's freeze began, or after its thaw, a
+/// thread's CPU time or run-queue wait moving is not taken for progress
+/// (each takes a few ms at most; the freeze itself may last longer).
 const FREEZE_SHADOW: Duration = Duration::from_millis(20);
 
 struct Sampler {
@@ -324,9 +324,9 @@ impl Sampler {
                     w.unserved = None;
                 }
             }
-            // A checkpoint's freeze runs every thread a little (into and
-            // out of a ptrace-stop, the way out after the count was
-            // raised): not progress of a hung one, for a while after.
+            // A checkpoint's freeze and its thaw run every thread a little
+            // (into and out of a ptrace-stop; the count is raised at both):
+            // not progress of a hung one, for a while after.
             let freezes = roster.freezes(&member.name);
             let now = Instant::now();
             if std::mem::replace(&mut st.freezes, freezes) != freezes {
@@ -594,12 +594,15 @@ fn unserved(
         // caught runnable (into or out of its ptrace-stop, which under
         // load takes a while), it is not seen at all, lest the clock
         // start again at every checkpoint; seen asleep, its times are the
-        // new baseline.
+        // new baseline, and it is judged on that sighting (a second read
+        // could catch it on its way into or out of the stop).
+        let mut seen_asleep = false;
         if let Some(u) = w.unserved.as_mut().filter(|u| rebase && u.taken == taken) {
             if runnable(pid, tid) {
                 continue;
             }
             (u.cpu, u.waited) = (cpu, waited);
+            seen_asleep = true;
         }
         match w.unserved {
             // The worker neither ran nor waited to run since, and is not
@@ -608,7 +611,7 @@ fn unserved(
                 if u.taken == taken
                     && u.cpu == cpu
                     && u.waited == waited
-                    && !runnable(pid, tid) =>
+                    && (seen_asleep || !runnable(pid, tid)) =>
             {
                 let waited = now.duration_since(u.since);
                 if waited >= s.stuck {

@@ -229,6 +229,12 @@ pub const ACTIVE_IN: u32 = 2;
 /// The watchdog's part of [`crate::abi::boot::ControlBlock`].
 #[repr(C)]
 pub struct WatchTable {
+    /// The process id of the incarnation that enabled the watchdog last.
+    /// Kept here, in shared memory, not in the process's own: a restore
+    /// into a new incarnation replaces the process's memory with the
+    /// image's, which holds the dead incarnation's id.
+    pub pid: AtomicU32,
+    _pad: AtomicU32,
     pub workers: [WorkerEntry; WORKERS],
     pub sections: [SectionEntry; SECTIONS],
     pub active: [ActiveEntry; ACTIVE],
@@ -236,41 +242,49 @@ pub struct WatchTable {
 // SAFETY: repr(C), atomics only; all-zero is an empty table.
 unsafe impl SharedPod for WatchTable {}
 
-/// This incarnation's table and process id, once the watchdog is on.
-static TABLE: OnceLock<(&'static WatchTable, u32)> = OnceLock::new();
+/// This incarnation's table, once the watchdog is on.
+static TABLE: OnceLock<&'static WatchTable> = OnceLock::new();
 
 thread_local! {
     /// The worker entry of the calling thread, if it is a watched worker.
     static WORKER: Cell<Option<&'static WorkerEntry>> = const { Cell::new(None) };
-    /// The calling thread's id, once asked.
-    static TID: Cell<u32> = const { Cell::new(0) };
+    /// The calling thread's id, once asked, and the process id it was
+    /// asked in (after a restore into a new incarnation the cache is the
+    /// image's: another process's, and it is asked again).
+    static TID: Cell<(u32, u32)> = const { Cell::new((0, 0)) };
 }
 
-/// The calling thread's id (one system call per thread).
-fn tid() -> u32 {
+/// The calling thread's id in process `pid` (one system call per thread
+/// and incarnation).
+fn tid(pid: u32) -> u32 {
     TID.with(|t| {
-        if t.get() == 0 {
-            t.set(rustix::thread::gettid().as_raw_nonzero().get() as u32);
+        let (cached_in, tid) = t.get();
+        if cached_in == pid && tid != 0 {
+            return tid;
         }
-        t.get()
+        let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+        t.set((pid, tid));
+        tid
     })
 }
 
 /// Runtime: turns the watchdog on for this incarnation.
 pub(crate) fn enable(table: &'static WatchTable) {
     let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
-    let _ = TABLE.set((table, pid));
+    table.pid.store(pid, Ordering::Relaxed);
+    let _ = TABLE.set(table);
 }
 
 /// Runtime: makes the calling thread watched worker number `index`, called
 /// `name`; returns its entry (None with the watchdog off).
 pub(crate) fn register_worker(index: usize, name: &str) -> Option<&'static WorkerEntry> {
-    let (table, pid) = TABLE.get()?;
+    let table = TABLE.get()?;
     let e = table.workers.get(index)?;
+    let pid = table.pid.load(Ordering::Relaxed);
     // A stretch the previous incarnation left open is over.
     e.end();
-    e.pid.store(*pid, Ordering::Relaxed);
-    e.tid.store(tid(), Ordering::Relaxed);
+    e.pid.store(pid, Ordering::Relaxed);
+    e.tid.store(tid(pid), Ordering::Relaxed);
     claim_by_name(std::slice::from_ref(&e.name), name, |n| n);
     WORKER.with(|w| w.set(Some(e)));
     Some(e)
@@ -328,7 +342,7 @@ fn claim_section(name: &str, checked: bool) -> Result<Section, SectionError> {
     if name.is_empty() || name.len() > NAME_LEN {
         return Err(SectionError::BadName(name.to_string()));
     }
-    let Some((table, _)) = TABLE.get() else {
+    let Some(table) = TABLE.get() else {
         return Ok(Section { id: None });
     };
     let s = claim_by_name(&table.sections, name, |s| &s.name)
@@ -364,15 +378,16 @@ impl Section {
     }
 
     fn start(&self, expect: u32) -> Entered {
-        let (Some(id), Some((table, pid))) = (self.id, TABLE.get()) else {
+        let (Some(id), Some(table)) = (self.id, TABLE.get()) else {
             return Entered { slot: None };
         };
-        let tid = tid();
+        let pid = table.pid.load(Ordering::Relaxed);
+        let tid = tid(pid);
         let slot = table.active.iter().position(|a| {
             let st = a.state.load(Ordering::Acquire);
             // An instance left by a dead incarnation is free too.
             let free =
-                st == ACTIVE_FREE || (st == ACTIVE_IN && a.pid.load(Ordering::Relaxed) != *pid);
+                st == ACTIVE_FREE || (st == ACTIVE_IN && a.pid.load(Ordering::Relaxed) != pid);
             free && a
                 .state
                 .compare_exchange(st, ACTIVE_FILLING, Ordering::AcqRel, Ordering::Relaxed)
@@ -389,7 +404,7 @@ impl Section {
             expect,
             cpu_enter: thread_cpu_ns(),
         };
-        table.active[slot].fill(view, *pid);
+        table.active[slot].fill(view, pid);
         Entered {
             slot: Some((table, slot)),
         }
@@ -504,6 +519,20 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         writer.join().unwrap();
         println!("{whole} whole copies in {reads} reads");
+    }
+
+    /// A thread's id cached in another process (as a restore into a new
+    /// incarnation leaves the image's in its thread-local storage) is
+    /// asked again; one cached in this process is kept.
+    #[test]
+    fn a_thread_id_cached_in_another_process_is_asked_again() {
+        let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+        let real = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+        let other = pid.wrapping_add(1);
+        TID.with(|t| t.set((other, 4_000_000)));
+        assert_eq!(tid(other), 4_000_000, "cached for that process");
+        assert_eq!(tid(pid), real, "asked again in this one");
+        assert_eq!(TID.with(Cell::get), (pid, real));
     }
 
     #[test]

@@ -722,6 +722,34 @@ fn rolled_back(c: &Tracked, pid: u32) {
     }
 }
 
+/// After a restore of incarnation `died`'s image into process `pid`: a
+/// worker entry that still names a thread of `died` (its new thread had
+/// not registered when it was frozen: workers register once their
+/// component has initialized, and the restore may come first) names the
+/// thread that took its place (`pairs`: the image's thread, the
+/// process's), which runs on past its registration and never makes it.
+/// Left so, the watchdog passed over the entry, and a hang of the
+/// restored incarnation went unseen.
+fn adopt_worker_entries(c: &Tracked, died: u32, pid: u32, pairs: &[(u32, u32)]) {
+    let ctl: &ControlBlock = c.quiet.control.at(0);
+    let mut adopted = 0;
+    for w in ctl.watch.workers.iter() {
+        let owner = w.pid.load(Ordering::Relaxed);
+        if owner != died && owner != pid {
+            continue;
+        }
+        let tid = w.tid.load(Ordering::Relaxed);
+        if let Some(&(_, new)) = pairs.iter().find(|&&(old, _)| old == tid) {
+            w.tid.store(new, Ordering::Relaxed);
+            w.pid.store(pid, Ordering::Relaxed);
+            adopted += 1;
+        }
+    }
+    if adopted > 0 {
+        tracing::debug!(component = %c.name, pid, "{adopted} watchdog worker entries adopted from {died}");
+    }
+}
+
 /// Sends SIGCONT to `pid` (harmless if it was not stopped).
 fn continue_process(pid: u32) {
     if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
@@ -853,8 +881,12 @@ fn restore_last(
         std::thread::sleep(Duration::from_micros(200));
     };
     let ckpt = c.incarnation.attached(&c.quiet.freezes)?;
+    let (died, threads) = (image.pid, image.threads.iter().map(|t| t.tid));
+    // Thread `i` of the image goes to thread `i` of the process.
+    let pairs: Vec<(u32, u32)> = threads.zip(frozen.tids().iter().copied()).collect();
     let stats = ckpt.restore_new_frozen(&frozen, image);
     if stats.is_ok() {
+        adopt_worker_entries(c, died, pid, &pairs);
         rolled_back(c, pid);
     }
     let pause = frozen.held();

@@ -153,6 +153,9 @@ fn throughput_table(ops: u64, repeats: usize, dir: &Path) -> anyhow::Result<()> 
 /// One checkpoint recovery as the event log tells it.
 struct Recovery {
     entries: u64,
+    /// Pages of the new incarnation written, and compared with the image.
+    pages: u64,
+    compared: u64,
     pause: Duration,
     replay: Duration,
     /// From the death's detection to the incarnation serving again.
@@ -166,14 +169,18 @@ fn recoveries(events: &[Event]) -> Vec<Recovery> {
         match e {
             Event::Replayed {
                 entries,
+                pages,
+                compared,
                 pause,
                 replay,
                 ..
-            } => pending = Some((*entries, *pause, *replay)),
+            } => pending = Some((*entries, (*pages, *compared), *pause, *replay)),
             Event::Rebooted { took, .. } => {
-                if let Some((entries, pause, replay)) = pending.take() {
+                if let Some((entries, (pages, compared), pause, replay)) = pending.take() {
                     out.push(Recovery {
                         entries,
+                        pages,
+                        compared,
                         pause,
                         replay,
                         total: *took,
@@ -209,12 +216,15 @@ fn recovery_table(kills: u32, dir: &Path) -> anyhow::Result<()> {
     let ms_of = |f: fn(&Recovery) -> Duration| -> Vec<f64> {
         r.iter().map(|x| f(x).as_secs_f64() * 1e3).collect()
     };
-    let entries: Vec<f64> = r.iter().map(|x| x.entries as f64).collect();
+    let count_of =
+        |f: fn(&Recovery) -> u64| -> Vec<f64> { r.iter().map(|x| f(x) as f64).collect() };
     for (what, v, digits) in [
         ("restore, kv held (ms)", ms_of(|x| x.pause), 2),
+        ("pages compared with the image", count_of(|x| x.compared), 0),
+        ("pages written", count_of(|x| x.pages), 0),
         ("replay (ms)", ms_of(|x| x.replay), 2),
         ("recovery, detection to serving (ms)", ms_of(|x| x.total), 2),
-        ("requests replayed", entries, 0),
+        ("requests replayed", count_of(|x| x.entries), 0),
     ] {
         let s = Summary::of(&v).expect("non-empty");
         row(&[

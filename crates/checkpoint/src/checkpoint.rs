@@ -32,8 +32,11 @@ pub struct Stats {
     pub areas: usize,
     /// Of which new since the previous checkpoint (copied whole).
     pub new_areas: usize,
-    /// Pages copied.
+    /// Pages copied (by a restore: written).
     pub pages: u64,
+    /// Pages a restore into a sibling process compared with the image
+    /// before writing only those that differ.
+    pub compared: u64,
     pub bytes: u64,
     pub threads: usize,
     /// How long the process was held still.
@@ -310,14 +313,7 @@ impl Checkpointer {
         let ranges = if area.map.is_file() {
             vec![(start, area.map.end)]
         } else {
-            self.scan(
-                &area.map,
-                Scan {
-                    category_anyof_mask: sys::PAGE_IS_PRESENT | sys::PAGE_IS_SWAPPED,
-                    return_mask: sys::PAGE_IS_PRESENT | sys::PAGE_IS_SWAPPED,
-                    ..Scan::default()
-                },
-            )?
+            self.resident(&area.map)?
         };
         let bytes = memio::read_into(self.pid, &self.mem, area, &ranges)
             .map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid), e))?;
@@ -347,6 +343,23 @@ impl Checkpointer {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The target's memory, opened through `/proc`.
+    pub(crate) fn mem(&self) -> &File {
+        &self.mem
+    }
+
+    /// The pages of `map` the process has in memory (or swapped out).
+    pub(crate) fn resident(&self, map: &Mapping) -> Result<Vec<(u64, u64)>, Error> {
+        self.scan(
+            map,
+            Scan {
+                category_anyof_mask: sys::PAGE_IS_PRESENT | sys::PAGE_IS_SWAPPED,
+                return_mask: sys::PAGE_IS_PRESENT | sys::PAGE_IS_SWAPPED,
+                ..Scan::default()
+            },
+        )
     }
 
     fn scan(&self, map: &Mapping, scan: Scan) -> Result<Vec<(u64, u64)>, Error> {

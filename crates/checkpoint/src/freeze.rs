@@ -134,14 +134,28 @@ impl Frozen {
     /// it before the instruction runs: the signal is kept to be sent again
     /// on release, and the step made again.
     pub fn step(&self, tid: u32) -> Result<(), Error> {
+        self.start_step(tid)?;
+        self.finish_step(tid)
+    }
+
+    /// Lets `tid` execute one instruction, without waiting for it: several
+    /// threads can step at once, each collected by [`Frozen::finish_step`].
+    pub fn start_step(&self, tid: u32) -> Result<(), Error> {
+        ptrace::step(Pid::from_raw(tid as i32), None::<Signal>).map_err(|e| Error::ptrace(tid, e))
+    }
+
+    /// Waits until `tid`, let go by [`Frozen::start_step`], has executed its
+    /// instruction and stopped again (see [`Frozen::step`]).
+    pub fn finish_step(&self, tid: u32) -> Result<(), Error> {
         for _ in 0..MAX_SIGNALS_PER_STEP {
-            ptrace::step(Pid::from_raw(tid as i32), None::<Signal>)
-                .map_err(|e| Error::ptrace(tid, e))?;
             let stop = wait_stop(self.pid, tid)?;
             match stop {
                 WaitStatus::PtraceEvent(_, Signal::SIGTRAP, _)
                 | WaitStatus::Stopped(_, Signal::SIGTRAP) => return Ok(()),
-                _ if delivered_signal(&stop).is_some() => self.keep_signal(tid, &stop),
+                _ if delivered_signal(&stop).is_some() => {
+                    self.keep_signal(tid, &stop);
+                    self.start_step(tid)?;
+                }
                 other => {
                     return Err(Error::Malformed {
                         what: format!("thread {tid}"),

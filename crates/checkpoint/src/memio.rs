@@ -53,8 +53,37 @@ pub fn read_into(
     ranges: &[(u64, u64)],
 ) -> std::io::Result<u64> {
     let base = area.map.start;
-    for batch in ranges.chunks(BATCH) {
-        let mut slices = slices_mut(&mut area.data, base, batch);
+    read_slices(pid, mem, slices_mut(&mut area.data, base, ranges), ranges)?;
+    for &(s, e) in ranges {
+        area.mark(s, e);
+    }
+    Ok(total(ranges) as u64)
+}
+
+/// Reads `ranges` (sorted) of process `pid`, one after the other, into a
+/// buffer of their total length.
+pub fn read(pid: u32, mem: &File, ranges: &[(u64, u64)]) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; total(ranges)];
+    let mut slices = Vec::with_capacity(ranges.len());
+    let mut rest = buf.as_mut_slice();
+    for &(s, e) in ranges {
+        let (mine, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
+        slices.push(mine);
+        rest = tail;
+    }
+    read_slices(pid, mem, slices, ranges)?;
+    Ok(buf)
+}
+
+/// Reads range `i` of `ranges` into `slices[i]`, as many runs per system
+/// call as it takes.
+fn read_slices(
+    pid: u32,
+    mem: &File,
+    mut slices: Vec<&mut [u8]>,
+    ranges: &[(u64, u64)],
+) -> std::io::Result<()> {
+    for (slices, batch) in slices.chunks_mut(BATCH).zip(ranges.chunks(BATCH)) {
         let want = total(batch);
         let mut local: Vec<IoSliceMut<'_>> =
             slices.iter_mut().map(|s| IoSliceMut::new(s)).collect();
@@ -66,10 +95,7 @@ pub fn read_into(
             }
         }
     }
-    for &(s, e) in ranges {
-        area.mark(s, e);
-    }
-    Ok(total(ranges) as u64)
+    Ok(())
 }
 
 /// Writes `ranges` of `area` back into process `pid`.

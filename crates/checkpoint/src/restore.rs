@@ -16,7 +16,8 @@ use crate::checkpoint::{Checkpointer, Parts, Stats};
 use crate::freeze::Frozen;
 use crate::image::{Area, Image};
 use crate::maps::{self, Mapping, PAGE};
-use crate::{memio, remote, sys, Error};
+use crate::remote::{Crew, Syscall};
+use crate::{memio, sys, Error};
 
 impl Checkpointer {
     /// Restores the latest checkpoint into the running process.
@@ -33,7 +34,7 @@ impl Checkpointer {
     /// still (and will let go).
     pub fn restore_frozen(&mut self, frozen: &Frozen) -> Result<Stats, Error> {
         let pairs = same_threads(self.image(), frozen)?;
-        self.restore_with(frozen, false, &pairs)
+        self.restore_with(frozen, Memory::Tracked, &pairs)
     }
 
     /// Restores `image` (read from a file, say) into the running process
@@ -63,7 +64,7 @@ impl Checkpointer {
         }
         *self.parts().image = image;
         let pairs = same_threads(self.image(), frozen)?;
-        self.restore_with(frozen, true, &pairs)
+        self.restore_with(frozen, Memory::Unknown, &pairs)
     }
 
     /// Restores the image into the frozen process, `pairs` saying which of
@@ -71,28 +72,39 @@ impl Checkpointer {
     pub(crate) fn restore_with(
         &mut self,
         frozen: &Frozen,
-        whole: bool,
+        into: Memory,
         pairs: &[(u32, u32)],
     ) -> Result<Stats, Error> {
         if self.image().seq == 0 {
             return Err(Error::NoCheckpoint(self.pid()));
         }
-        let remade = self.parts().restore_layout(frozen, whole)?;
+        let remade = self
+            .parts()
+            .restore_layout(frozen, into == Memory::Unknown)?;
         let mut stats = Stats::default();
         let starts: Vec<u64> = self.image().areas.keys().copied().collect();
         for start in starts {
             let map = self.image().areas[&start].map.clone();
-            let ranges = if remade.contains(&start) {
-                self.image().areas[&start].populated_runs()
-            } else {
-                match self.written_ranges(&map)? {
-                    Some(r) => r,
-                    // Mapped anew in the same place since: not tracked, so
-                    // every byte goes back, and it is tracked from now on.
-                    None => {
-                        self.parts().track(&map);
-                        vec![(map.start, map.end)]
-                    }
+            if remade.contains(&start) {
+                let runs = self.image().areas[&start].populated_runs();
+                stats.pages += self.parts().write_back(start, &runs)?;
+                continue;
+            }
+            if into == Memory::Sibling {
+                self.parts().track(&map);
+                let (differ, compared) = self.differing(&map)?;
+                stats.compared += compared;
+                stats.pages += self.parts().write_back(start, &differ)?;
+                self.parts().protect(&map)?;
+                continue;
+            }
+            let ranges = match self.written_ranges(&map)? {
+                Some(r) => r,
+                // Mapped anew in the same place since: not tracked, so
+                // every byte goes back, and it is tracked from now on.
+                None => {
+                    self.parts().track(&map);
+                    vec![(map.start, map.end)]
                 }
             };
             stats.pages += self.parts().write_back(start, &ranges)?;
@@ -104,6 +116,81 @@ impl Checkpointer {
         stats.bytes = stats.pages * PAGE;
         Ok(stats)
     }
+}
+
+/// What a restore may assume of the memory it writes into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Memory {
+    /// The process the image was taken from, write-protected since the
+    /// checkpoint: only the pages written since go back.
+    Tracked,
+    /// Memory that has nothing to do with the image: every checkpointed
+    /// mapping is made anew and written whole.
+    Unknown,
+    /// A process forked from the same pristine image as the one the image
+    /// was taken from (a standby): most of its pages still hold what the
+    /// image holds, both having them from that pristine image, so a
+    /// mapping where the image has one of the same kind is kept, and only
+    /// the pages whose bytes differ are written (reading a page costs
+    /// less than writing it, which breaks its sharing with the pristine
+    /// image).
+    Sibling,
+}
+
+impl Checkpointer {
+    /// The pages of `map` (kept, not made anew) that the process must be
+    /// given to hold what the image holds: the image's pages whose bytes
+    /// differ in the process, and pages the process has that the image
+    /// never captured (which the image holds as zeros). Returns them,
+    /// sorted and merged, with the number of pages compared.
+    fn differing(&self, map: &Mapping) -> Result<(Vec<(u64, u64)>, u64), Error> {
+        let area = &self.image().areas[&map.start];
+        let runs = area.populated_runs();
+        let theirs = memio::read(self.pid(), self.mem(), &runs)
+            .map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid()), e))?;
+        let mut out: Vec<(u64, u64)> = minus(&self.resident(map)?, &runs);
+        let pages = runs
+            .iter()
+            .flat_map(|&(s, e)| (s..e).step_by(PAGE as usize));
+        for (page, now) in pages.zip(theirs.chunks_exact(PAGE as usize)) {
+            if now != area.bytes(page, page + PAGE) {
+                out.push((page, page + PAGE));
+            }
+        }
+        let compared = (theirs.len() as u64) / PAGE;
+        Ok((merged(out), compared))
+    }
+}
+
+/// `ranges` sorted and with touching ones joined.
+fn merged(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (s, e) in ranges {
+        match out.last_mut() {
+            Some(last) if last.1 >= s => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// What of `ranges` none of `minus` covers (both sorted, each disjoint).
+fn minus(ranges: &[(u64, u64)], minus: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for &(start, end) in ranges {
+        let mut at = start;
+        for &(s, e) in minus.iter().filter(|&&(s, e)| e > start && s < end) {
+            if s > at {
+                out.push((at, s));
+            }
+            at = at.max(e);
+        }
+        if at < end {
+            out.push((at, end));
+        }
+    }
+    out
 }
 
 /// In-place restore keeps the threads: the same set must be there; each
@@ -183,27 +270,12 @@ fn coverage(current: &[Mapping], w: &Mapping) -> Cover {
 
 /// The address ranges of `current` that no mapping of `wanted` covers.
 fn subtract(current: &[Mapping], wanted: &[Mapping]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    for m in current {
-        let mut at = m.start;
-        for w in wanted.iter().filter(|w| w.end > m.start && w.start < m.end) {
-            if w.start > at {
-                out.push((at, w.start));
-            }
-            at = at.max(w.end);
-        }
-        if at < m.end {
-            out.push((at, m.end));
-        }
-    }
-    out
+    let ranges =
+        |maps: &[Mapping]| -> Vec<(u64, u64)> { maps.iter().map(|m| (m.start, m.end)).collect() };
+    minus(&ranges(current), &ranges(wanted))
 }
 
 impl Parts<'_> {
-    fn call(&self, frozen: &Frozen, what: &str, nr: i64, args: [u64; 6]) -> Result<u64, Error> {
-        remote::checked(frozen, self.pid, self.insn, what, nr, args)
-    }
-
     /// Puts the break and the private mappings back as the image has
     /// them; returns the start of each checkpointed area mapped anew
     /// (whose every page must then be written). Mappings are compared by
@@ -214,19 +286,20 @@ impl Parts<'_> {
     /// calls: the kernel itself writes a thread's rseq area on each return
     /// to user space), and only then is what the image does not cover
     /// unmapped. With `whole`, every checkpointed mapping is mapped anew.
+    /// The calls of each of those two steps touch disjoint ranges: they
+    /// are made at once, spread over the process's threads.
     fn restore_layout(&mut self, frozen: &Frozen, whole: bool) -> Result<Vec<u64>, Error> {
+        let mut crew = Crew::new(frozen, self.insn);
         let (_, brk) = maps::program_break(self.pid, &maps::read(self.pid)?)?;
         if brk != self.image.brk.1 {
-            let got = self.call(
-                frozen,
-                "brk",
-                libc::SYS_brk,
-                [self.image.brk.1, 0, 0, 0, 0, 0],
-            )?;
-            if got != self.image.brk.1 {
+            let got = crew.run(&[(
+                self.pid,
+                Syscall::new("brk", libc::SYS_brk, [self.image.brk.1, 0, 0, 0, 0, 0]),
+            )])?;
+            if got[0] != self.image.brk.1 {
                 return Err(Error::Unrestorable {
                     pid: self.pid,
-                    detail: format!("brk({:#x}) gave {got:#x}", self.image.brk.1),
+                    detail: format!("brk({:#x}) gave {:#x}", self.image.brk.1, got[0]),
                 });
             }
         }
@@ -238,7 +311,8 @@ impl Parts<'_> {
             .filter(|w| !w.is_special())
             .cloned()
             .collect();
-        let mut remade = Vec::new();
+        let mut calls = Vec::new();
+        let mut remapped = Vec::new();
         for w in &wanted {
             let cover = match coverage(&current, w) {
                 Cover::Same | Cover::OtherProt
@@ -250,10 +324,11 @@ impl Parts<'_> {
             };
             match cover {
                 Cover::Same => {}
-                Cover::OtherProt => {
-                    let args = [w.start, w.len(), w.prot.bits(), 0, 0, 0];
-                    self.call(frozen, "mprotect", libc::SYS_mprotect, args)?;
-                }
+                Cover::OtherProt => calls.push(Syscall::new(
+                    "mprotect",
+                    libc::SYS_mprotect,
+                    [w.start, w.len(), w.prot.bits(), 0, 0, 0],
+                )),
                 Cover::Gaps if w.is_file() && !self.image.areas.contains_key(&w.start) => {
                     return Err(Error::Unrestorable {
                         pid: self.pid,
@@ -264,37 +339,38 @@ impl Parts<'_> {
                     });
                 }
                 Cover::Gaps => {
-                    self.remap(frozen, w)?;
-                    if self.image.areas.contains_key(&w.start) {
-                        remade.push(w.start);
-                    }
+                    // Anonymous and private: its contents come from the image.
+                    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64;
+                    remapped.push((calls.len(), w));
+                    calls.push(Syscall::new(
+                        "mmap",
+                        libc::SYS_mmap,
+                        [w.start, w.len(), w.prot.bits(), flags, u64::MAX, 0],
+                    ));
                 }
             }
         }
-        for (s, e) in subtract(&private_maps(self.pid)?, &wanted) {
-            self.call(frozen, "munmap", libc::SYS_munmap, [s, e - s, 0, 0, 0, 0])?;
+        let got = crew.spread(&calls)?;
+        let mut remade = Vec::new();
+        for (i, w) in remapped {
+            if got[i] != w.start {
+                return Err(Error::Unrestorable {
+                    pid: self.pid,
+                    detail: format!("mmap at {:#x} gave {:#x}", w.start, got[i]),
+                });
+            }
+            self.track(w);
+            if self.image.areas.contains_key(&w.start) {
+                remade.push(w.start);
+            }
         }
+        let unmaps: Vec<Syscall> = subtract(&private_maps(self.pid)?, &wanted)
+            .into_iter()
+            .map(|(s, e)| Syscall::new("munmap", libc::SYS_munmap, [s, e - s, 0, 0, 0, 0]))
+            .collect();
+        crew.spread(&unmaps)?;
+        crew.finish()?;
         Ok(remade)
-    }
-
-    /// Maps `w` again, anonymous and private (its contents come from the
-    /// image), and registers it for write-protection.
-    fn remap(&mut self, frozen: &Frozen, w: &Mapping) -> Result<(), Error> {
-        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u64;
-        let at = self.call(
-            frozen,
-            "mmap",
-            libc::SYS_mmap,
-            [w.start, w.len(), w.prot.bits(), flags, u64::MAX, 0],
-        )?;
-        if at != w.start {
-            return Err(Error::Unrestorable {
-                pid: self.pid,
-                detail: format!("mmap at {:#x} gave {at:#x}", w.start),
-            });
-        }
-        self.track(w);
-        Ok(())
     }
 
     /// Registers the area at `w` for write-protection.
@@ -302,6 +378,19 @@ impl Parts<'_> {
         if let Some(area) = self.image.areas.get_mut(&w.start) {
             area.tracked = sys::uffd_register_wp(self.uffd.as_fd(), w.start, w.len()).is_ok();
         }
+    }
+
+    /// Write-protects the whole of `map`, if its area is tracked.
+    fn protect(&mut self, map: &Mapping) -> Result<(), Error> {
+        if !self.image.areas.get(&map.start).is_some_and(|a| a.tracked) {
+            return Ok(());
+        }
+        sys::uffd_write_protect(self.uffd.as_fd(), map.start, map.len()).map_err(|e| {
+            Error::Kernel {
+                what: "UFFDIO_WRITEPROTECT",
+                source: e,
+            }
+        })
     }
 
     /// Writes `ranges` of the area at `start` back into the process and
@@ -361,6 +450,20 @@ mod tests {
             coverage(&[m(0x1000, 0x5000, true, "/lib/x")], &w),
             Cover::Gaps
         );
+    }
+
+    #[test]
+    fn ranges_are_merged_and_subtracted() {
+        assert_eq!(
+            merged(vec![(30, 40), (0, 10), (10, 20), (35, 50)]),
+            vec![(0, 20), (30, 50)]
+        );
+        assert_eq!(
+            minus(&[(0, 100), (200, 300)], &[(10, 20), (90, 210), (250, 300)]),
+            vec![(0, 10), (20, 90), (210, 250)]
+        );
+        assert_eq!(minus(&[(0, 10)], &[]), vec![(0, 10)]);
+        assert!(minus(&[(0, 10)], &[(0, 10)]).is_empty());
     }
 
     #[test]

@@ -167,6 +167,10 @@ pub struct Summary {
     pub areas: usize,
     pub new_areas: usize,
     pub pages: u64,
+    /// Pages a restore into a new incarnation compared with the image to
+    /// find the ones to write.
+    #[serde(default)]
+    pub compared: u64,
     pub bytes: u64,
     pub threads: usize,
     /// How long the component was held still, µs.
@@ -934,6 +938,7 @@ fn summary(
         areas: stats.areas,
         new_areas: stats.new_areas,
         pages: stats.pages,
+        compared: stats.compared,
         bytes: stats.bytes,
         threads: stats.threads,
         pause_us: stats.pause.as_micros() as u64,

@@ -191,7 +191,11 @@ pub enum Event {
         component: String,
         pid: u32,
         kind: String,
+        /// Pages written into the new incarnation, and pages of it
+        /// compared with the image to find them.
         pages: u64,
+        #[serde(default)]
+        compared: u64,
         #[serde(rename = "pause_us", with = "micros")]
         pause: Duration,
         entries: u64,
@@ -305,6 +309,7 @@ impl fmt::Display for Event {
                 pid,
                 kind,
                 pages,
+                compared,
                 pause,
                 entries,
                 replay,
@@ -312,7 +317,7 @@ impl fmt::Display for Event {
                 diverged,
             } => write!(
                 f,
-                "{component}: checkpoint recovery into pid {pid}: {kind} ({pages} pages, held {} µs), {entries} logged requests replayed in {} µs ({calls} calls to other servers answered from the log, {diverged} divergences)",
+                "{component}: checkpoint recovery into pid {pid}: {kind} ({pages} pages written of {compared} compared, held {} µs), {entries} logged requests replayed in {} µs ({calls} calls to other servers answered from the log, {diverged} divergences)",
                 pause.as_micros(),
                 replay.as_micros()
             ),

@@ -373,6 +373,7 @@ impl Supervisor<'_> {
                     pid: done.pid,
                     kind: done.kind,
                     pages: done.pages,
+                    compared: done.compared,
                     pause: Duration::from_micros(done.pause_us),
                     entries: done.replayed,
                     replay: Duration::from_micros(done.replay_us),

@@ -34,6 +34,7 @@ pub use checkpoint::{Checkpointer, Stats};
 pub use file::ImageError;
 pub use freeze::{thread_ids, Frozen};
 pub use image::{Area, Image, Rseq, ThreadState};
+pub use respawn::thread_pairs;
 
 use thiserror::Error;
 

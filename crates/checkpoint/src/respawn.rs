@@ -61,12 +61,7 @@ impl Checkpointer {
             });
         }
         same_shared_layout(pid, image)?;
-        let pairs: Vec<(u32, u32)> = image
-            .threads
-            .iter()
-            .map(|t| t.tid)
-            .zip(frozen.tids().iter().copied())
-            .collect();
+        let pairs = thread_pairs(image, frozen);
         self.parts().image.pid = pid;
         self.leave_own_words(frozen, &pairs)?;
         let stats = self.restore_with(frozen, Memory::Sibling, &pairs)?;
@@ -192,6 +187,18 @@ impl Checkpointer {
             .tid_addresses
             .retain(|tid, _| pairs.iter().any(|&(_, new)| new == *tid));
     }
+}
+
+/// Which thread of `frozen` takes which thread of `image` in a restore
+/// into a new process (by tid, the image's first): thread `i` of the
+/// image goes to thread `i` of the process.
+pub fn thread_pairs(image: &Image, frozen: &Frozen) -> Vec<(u32, u32)> {
+    image
+        .threads
+        .iter()
+        .map(|t| t.tid)
+        .zip(frozen.tids().iter().copied())
+        .collect()
 }
 
 /// `RSEQ_FLAG_UNREGISTER`.

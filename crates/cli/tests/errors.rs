@@ -148,3 +148,35 @@ fn a_component_past_its_restart_policy_is_given_up_and_its_clients_are_told() {
     );
     assert!(leftovers(&tag).is_empty());
 }
+
+/// A component binary built against another layout of the runtime's
+/// shared memory (here: a boot description from a supervisor that says
+/// another one) refuses to boot, naming both, before it maps anything.
+#[test]
+fn a_component_of_another_runtime_layout_refuses_to_boot() {
+    let ramfs =
+        std::path::Path::new(env!("CARGO_BIN_EXE_kintsugi")).with_file_name("kintsugi-ramfs");
+    let boot = serde_json::json!({
+        "abi": 1,
+        "component": "ramfs",
+        "id": 1,
+        "control_fd": 1000,
+        "zygote_fd": 1001,
+        "vault_fd": 1002,
+        "provides": [],
+        "uses": [],
+        "config": {},
+    });
+    let out = std::process::Command::new(&ramfs)
+        .env("KINTSUGI_BOOT", boot.to_string())
+        .env("KINTSUGI_LOG", "off")
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "stderr:\n{stderr}");
+    assert!(
+        stderr.contains("`ramfs` was built against a kintsugi runtime whose shared memory is laid out otherwise")
+            && stderr.contains("the supervisor's 0x0000000000000001"),
+        "stderr:\n{stderr}"
+    );
+}

@@ -33,7 +33,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 
-use crate::abi::boot::{BootInfo, ControlBlock, BOOT_ENV, LIFELINES};
+use crate::abi::boot::{BootInfo, ControlBlock, ABI, BOOT_ENV, LIFELINES};
 use crate::abi::channel::Edge;
 use crate::abi::fdpass;
 use crate::abi::journal::JournalRegion;
@@ -361,6 +361,12 @@ where
         }
     };
     crate::logging::init(&boot.component);
+    if boot.abi != ABI {
+        fatal(&format!(
+            "`{}` was built against a kintsugi runtime whose shared memory is laid out otherwise than its supervisor's (layout {ABI:#018x}, the supervisor's {:#018x}): build the component and kintsugi from the same version",
+            boot.component, boot.abi
+        ));
+    }
     match Boot::new(boot, syscalls) {
         Ok(b) => b.zygote(init),
         Err(e) => fatal(&format!("boot failed: {e:#}")),

@@ -885,9 +885,10 @@ fn restore_last(
         std::thread::sleep(Duration::from_micros(200));
     };
     let ckpt = c.incarnation.attached(&c.quiet.freezes)?;
-    let (died, threads) = (image.pid, image.threads.iter().map(|t| t.tid));
-    // Thread `i` of the image goes to thread `i` of the process.
-    let pairs: Vec<(u32, u32)> = threads.zip(frozen.tids().iter().copied()).collect();
+    let (died, pairs) = (
+        image.pid,
+        kintsugi_checkpoint::thread_pairs(&image, &frozen),
+    );
     let stats = ckpt.restore_new_frozen(&frozen, image);
     if stats.is_ok() {
         adopt_worker_entries(c, died, pid, &pairs);

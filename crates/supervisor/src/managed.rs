@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kintsugi_runtime::abi::boot::{BootInfo, ProvidedEdge, UsedEdge};
+use kintsugi_runtime::abi::boot::{BootInfo, ProvidedEdge, UsedEdge, ABI};
 use kintsugi_runtime::abi::channel::Edge;
 use kintsugi_runtime::abi::journal::JournalRegion;
 use kintsugi_runtime::abi::shm::Region;
@@ -256,6 +256,7 @@ impl Wiring {
             })
             .collect::<Vec<_>>();
         let boot = BootInfo {
+            abi: ABI,
             component: spec.name.clone(),
             id: spec.id,
             control_fd: self.control.fd().as_raw_fd(),

@@ -18,11 +18,44 @@ use crate::watchdog::WatchTable;
 /// Lifelines per incarnation: its main thread and its slot workers.
 pub const LIFELINES: usize = 128;
 
+/// The layout of the shared memory a component and its supervisor both
+/// map, as this build of the runtime has it: a hand-kept version, bumped
+/// when a shared structure's meaning changes, mixed with the sizes of the
+/// structures in the control block. The supervisor sends its own in
+/// [`BootInfo::abi`]; a component built against another version of the
+/// runtime refuses to boot rather than misread the supervisor's memory.
+pub const ABI: u64 = abi_fingerprint();
+
+/// Bumped by hand when a shared structure changes meaning but not size.
+const ABI_VERSION: u64 = 1;
+
+/// FNV-1a over the version and the sizes.
+const fn abi_fingerprint() -> u64 {
+    let words = [
+        ABI_VERSION,
+        std::mem::size_of::<ControlBlock>() as u64,
+        std::mem::size_of::<WatchTable>() as u64,
+        std::mem::size_of::<CounterTable>() as u64,
+        std::mem::size_of::<Lifeline>() as u64,
+    ];
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < words.len() {
+        hash ^= words[i];
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    hash
+}
+
 /// The environment variable that carries [`BootInfo`].
 pub const BOOT_ENV: &str = "KINTSUGI_BOOT";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BootInfo {
+    /// The supervisor's [`ABI`] (0 from a supervisor that predates it).
+    #[serde(default)]
+    pub abi: u64,
     pub component: String,
     pub id: u32,
     /// Region holding the [`ControlBlock`].

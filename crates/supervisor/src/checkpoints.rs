@@ -125,15 +125,57 @@ impl Quiet {
 /// Calls held for a checkpoint (see [`Quiet::hold`]).
 struct Held<'a>(&'a Quiet);
 
-impl Drop for Held<'_> {
-    /// Callers let the process go before the hold: its thaw is counted
-    /// here (under load a thaw can end well after the freeze began, past
-    /// the watchdog's shadow of the freeze, and a stopped thread's CPU time
-    /// moves in it: counted only at the freeze, every checkpoint of a
-    /// stopped kv restarted the watchdog's clock, and its hang was found
-    /// late or, with checkpoints every 20 ms, not at all).
+/// A freeze of the component, counted for the watchdog at both edges:
+/// when it begins and when this is dropped, after the process was let go
+/// (under load a thaw can end well after the freeze began, past the
+/// watchdog's shadow of the freeze, and a stopped thread's CPU time moves
+/// in it: counted only at the freeze, every checkpoint of a stopped kv
+/// restarted the watchdog's clock, and its hang was found late or, with
+/// checkpoints every 20 ms, not at all).
+struct Counted<'a>(&'a AtomicU64);
+
+impl<'a> Counted<'a> {
+    fn begin(freezes: &'a AtomicU64) -> Self {
+        freezes.fetch_add(1, Ordering::SeqCst);
+        Self(freezes)
+    }
+}
+
+impl Drop for Counted<'_> {
     fn drop(&mut self) {
-        self.0.freezes.fetch_add(1, Ordering::SeqCst);
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The component's threads held still by the checkpoint thread; the
+/// freeze is counted (fields drop in order: the process is let go, then
+/// the thaw counted).
+struct Freeze<'a> {
+    frozen: Frozen,
+    _counted: Counted<'a>,
+}
+
+impl<'a> Freeze<'a> {
+    fn new(pid: u32, freezes: &'a AtomicU64) -> Result<Self, String> {
+        let counted = Counted::begin(freezes);
+        let frozen = Frozen::freeze(pid).map_err(|e| e.to_string())?;
+        Ok(Self {
+            frozen,
+            _counted: counted,
+        })
+    }
+}
+
+impl std::ops::Deref for Freeze<'_> {
+    type Target = Frozen;
+
+    fn deref(&self) -> &Frozen {
+        &self.frozen
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
         for e in &self.0.served {
             e.hold_serving(false);
         }
@@ -352,10 +394,11 @@ impl Holder {
 
     fn attached(&mut self, freezes: &AtomicU64) -> Result<&mut Checkpointer, String> {
         if let Holder::Live(pid) = *self {
-            freezes.fetch_add(1, Ordering::SeqCst);
-            let c = Checkpointer::attach(pid);
-            // Its thaw (see `Held`'s drop).
-            freezes.fetch_add(1, Ordering::SeqCst);
+            // Attaching freezes the process once.
+            let c = {
+                let _counted = Counted::begin(freezes);
+                Checkpointer::attach(pid)
+            };
             let c = c.map_err(|e| e.to_string())?;
             *self = Holder::Attached(Box::new(c));
         }
@@ -524,7 +567,7 @@ fn at_safe_point<'a>(
     name: &str,
     pid: u32,
     hold: Duration,
-) -> Result<(Frozen, Held<'a>, Duration), String> {
+) -> Result<(Freeze<'a>, Held<'a>, Duration), String> {
     at_point(quiet, name, pid, hold, Quiet::holds, "safe point")
 }
 
@@ -536,7 +579,7 @@ fn at_forced_point<'a>(
     name: &str,
     pid: u32,
     hold: Duration,
-) -> Result<(Frozen, Held<'a>, Duration), String> {
+) -> Result<(Freeze<'a>, Held<'a>, Duration), String> {
     at_point(
         quiet,
         name,
@@ -554,19 +597,17 @@ fn at_point<'a>(
     hold: Duration,
     ready: fn(&Quiet) -> bool,
     what: &str,
-) -> Result<(Frozen, Held<'a>, Duration), String> {
+) -> Result<(Freeze<'a>, Held<'a>, Duration), String> {
     let started = Instant::now();
     let held = quiet.hold();
     let mut backoff = Duration::from_micros(5);
     loop {
         if ready(quiet) {
-            quiet.freezes.fetch_add(1, Ordering::SeqCst);
-            let frozen = Frozen::freeze(pid).map_err(|e| e.to_string())?;
+            let frozen = Freeze::new(pid, &quiet.freezes)?;
             if ready(quiet) {
                 return Ok((frozen, held, started.elapsed()));
             }
             drop(frozen);
-            quiet.freezes.fetch_add(1, Ordering::SeqCst);
         }
         if started.elapsed() >= hold {
             return Err(format!(

@@ -68,6 +68,10 @@ pub fn periodic(
         return m.finish();
     };
     let mut seen = [0; 2];
+    let publish = |m: &Measured, seen: &mut [u64; 2]| {
+        let (failures, corrupt) = m.failures();
+        counters.catch_up(seen, failures, corrupt);
+    };
     while (ticks == 0 || m.final_tick < ticks) && !stop() {
         match client.wait(tm) {
             Ok(k) => {
@@ -80,6 +84,13 @@ pub fn periodic(
                 // it refuses for ever, such as a tick its client stub
                 // stored from a faulty reply), and the run goes on.
                 m.fail(format!("wait after tick {}: {e}", m.final_tick));
+                // Published at once: replacing the timer can take a while
+                // (its server may be recovering), and a fault campaign
+                // blames the injection in whose window the count moves
+                // (published after the replacement, a timer error was once
+                // counted in the window after a flip into timer, that of
+                // an injection into ramfs, which shares nothing with it).
+                publish(&m, &mut seen);
                 let _ = client.free(tm);
                 match rearmed(client, &mut m, start_ns, stop) {
                     Some(fresh) => tm = fresh,
@@ -87,8 +98,7 @@ pub fn periodic(
                 }
             }
         }
-        let (failures, corrupt) = m.failures();
-        counters.catch_up(&mut seen, failures, corrupt);
+        publish(&m, &mut seen);
     }
     if let Err(e) = client.disarm(tm) {
         m.fail(format!("disarm: {e}"));

@@ -394,9 +394,7 @@ struct Boot {
 
 impl Boot {
     fn new(info: BootInfo, syscalls: &[Sysno]) -> anyhow::Result<Self> {
-        let supervisor = rustix::process::getppid()
-            .map(|p| p.as_raw_nonzero().get() as u32)
-            .unwrap_or(0);
+        let supervisor = info.supervisor;
         process::die_with_parent(supervisor)?;
         process::disable_core_dumps()?;
         let mut allowed = syscalls.to_vec();

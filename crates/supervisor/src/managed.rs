@@ -259,6 +259,7 @@ impl Wiring {
             abi: ABI,
             component: spec.name.clone(),
             id: spec.id,
+            supervisor: std::process::id(),
             control_fd: self.control.fd().as_raw_fd(),
             zygote_fd: self.zygote_peer.as_raw_fd(),
             vault_fd: self.vault_peer.as_raw_fd(),

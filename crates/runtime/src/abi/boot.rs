@@ -58,6 +58,12 @@ pub struct BootInfo {
     pub abi: u64,
     pub component: String,
     pub id: u32,
+    /// The supervisor's process id: the parent the component must have.
+    /// Read from here, not from `getppid` after the exec: a supervisor
+    /// killed in between leaves the component to a reaper, which it would
+    /// take for its parent and outlive its system by.
+    #[serde(default)]
+    pub supervisor: u32,
     /// Region holding the [`ControlBlock`].
     pub control_fd: RawFd,
     /// Seqpacket socket on which the supervisor asks the pristine image to fork.

@@ -11,7 +11,7 @@
 //! image holds, shared with that pristine image: a mapping where it has
 //! one of the same kind is kept, its pages compared with the image's, and
 //! only those that differ are written (kv after 100 ms under its clients:
-//! about 400 of 1,600 pages).
+//! about 600 of 1,700 pages).
 //!
 //! What differs between the two processes is the threads' ids and two
 //! words per thread that the kernel knows by address: the id the C library

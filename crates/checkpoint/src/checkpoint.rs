@@ -58,38 +58,64 @@ pub struct Checkpointer {
     full_copy: bool,
     /// The last checkpoint failed: the next copies every page.
     resync: bool,
+    /// The undo buffer of the last checkpoint, emptied: its memory is
+    /// already in place for the next one's (a fresh buffer costs a page
+    /// fault per page saved, as much as the copy itself).
+    spare: Vec<u8>,
 }
 
 /// How to put the previous checkpoint back if one fails halfway.
 #[derive(Default)]
 struct Undo {
-    /// Areas updated in place: the bytes and marks they had.
+    /// Areas updated in place: the ranges and marks they had.
     updated: Vec<Saved>,
+    /// The saved ranges' bytes, one after the other in `updated`'s order.
+    bytes: Vec<u8>,
     /// Areas replaced by new ones.
     replaced: Vec<Area>,
 }
 
-/// An area's bytes in some ranges, and its marks, before an update.
+/// An area's marks before an update, and which of its ranges `Undo::bytes`
+/// holds.
 struct Saved {
     start: u64,
-    ranges: Vec<(u64, u64, Vec<u8>)>,
+    ranges: Vec<(u64, u64)>,
     populated: Vec<u64>,
 }
 
-impl Saved {
-    fn of(area: &Area, ranges: &[(u64, u64)]) -> Self {
+impl Undo {
+    /// An undo whose saved bytes go into `buffer` (emptied first).
+    fn with_buffer(mut buffer: Vec<u8>) -> Self {
+        buffer.clear();
         Self {
-            start: area.map.start,
-            ranges: ranges
-                .iter()
-                .map(|&(s, e)| (s, e, area.bytes(s, e).to_vec()))
-                .collect(),
-            populated: area.populated.clone(),
+            bytes: buffer,
+            ..Self::default()
         }
     }
-}
 
-impl Undo {
+    /// Saves `ranges` of `area`, and its marks, before they are updated.
+    fn save(&mut self, area: &Area, ranges: &[(u64, u64)]) {
+        for &(s, e) in ranges {
+            self.bytes.extend_from_slice(area.bytes(s, e));
+        }
+        self.updated.push(Saved {
+            start: area.map.start,
+            ranges: ranges.to_vec(),
+            populated: area.populated.clone(),
+        });
+    }
+
+    /// The buffer, for the next checkpoint; given back to the allocator
+    /// if it is much larger than this one needed.
+    fn into_buffer(self) -> Vec<u8> {
+        let used = self.bytes.len();
+        let mut buffer = self.bytes;
+        if buffer.capacity() > 2 * used + (1 << 20) {
+            buffer.shrink_to(used);
+        }
+        buffer
+    }
+
     /// The previous checkpoint's areas, from the ones a failed checkpoint
     /// `touched` and the ones it did not get to (`rest`).
     fn revert(
@@ -97,14 +123,21 @@ impl Undo {
         touched: BTreeMap<u64, Area>,
         mut rest: BTreeMap<u64, Area>,
     ) -> BTreeMap<u64, Area> {
-        let mut saved: BTreeMap<u64, Saved> =
-            self.updated.into_iter().map(|s| (s.start, s)).collect();
+        let mut saved: BTreeMap<u64, (Saved, usize)> = BTreeMap::new();
+        let mut at = 0;
+        for s in self.updated {
+            let len: u64 = s.ranges.iter().map(|&(from, to)| to - from).sum();
+            saved.insert(s.start, (s, at));
+            at += len as usize;
+        }
         for (start, mut area) in touched {
             // An area made anew is dropped; one updated gets its bytes back.
-            if let Some(s) = saved.remove(&start) {
-                for (from, to, bytes) in s.ranges {
-                    let at = (from - area.map.start) as usize;
-                    area.data[at..at + (to - from) as usize].copy_from_slice(&bytes);
+            if let Some((s, mut from_buffer)) = saved.remove(&start) {
+                for (from, to) in s.ranges {
+                    let (at, len) = ((from - area.map.start) as usize, (to - from) as usize);
+                    area.data[at..at + len]
+                        .copy_from_slice(&self.bytes[from_buffer..from_buffer + len]);
+                    from_buffer += len;
                 }
                 area.populated = s.populated;
                 rest.insert(start, area);
@@ -166,6 +199,7 @@ impl Checkpointer {
             tid_addresses: BTreeMap::new(),
             full_copy: false,
             resync: false,
+            spare: Vec::new(),
         })
     }
 
@@ -211,7 +245,7 @@ impl Checkpointer {
         let current = maps::read(self.pid)?;
         let mut stats = Stats::default();
         let mut old = std::mem::take(&mut self.image.areas);
-        let mut undo = Undo::default();
+        let mut undo = Undo::with_buffer(std::mem::take(&mut self.spare));
         let copied = self.copy_areas(&current, &mut old, &mut undo, &mut stats);
         let threads = copied.and_then(|()| self.capture_threads(frozen));
         let brk = threads.and_then(|t| Ok((t, maps::program_break(self.pid, &current)?)));
@@ -225,6 +259,7 @@ impl Checkpointer {
             }
         };
         self.resync = false;
+        self.spare = undo.into_buffer();
         let (shared, private): (Vec<Mapping>, Vec<Mapping>) = current
             .into_iter()
             .filter(|m| !m.is_special())
@@ -259,7 +294,7 @@ impl Checkpointer {
             let area = match prev {
                 Some(mut a) if incremental => match self.written(&a.map) {
                     Ok(Some(ranges)) => {
-                        undo.updated.push(Saved::of(&a, &ranges));
+                        undo.save(&a, &ranges);
                         let read = memio::read_into(self.pid, &self.mem, &mut a, &ranges);
                         let start = a.map.start;
                         // Where the undo finds it, whatever happens next.
@@ -467,4 +502,62 @@ fn steal_userfaultfd(frozen: &Frozen, insn: u64) -> Result<OwnedFd, Error> {
         [fd, 0, 0, 0, 0, 0],
     )?;
     taken
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::maps::{Prot, PAGE};
+
+    fn area(start: u64, pages: u64, fill: u8) -> Area {
+        let map = Mapping {
+            start,
+            end: start + pages * PAGE,
+            prot: Prot {
+                read: true,
+                write: true,
+                exec: false,
+                shared: false,
+            },
+            offset: 0,
+            name: String::new(),
+        };
+        let mut a = Area::new(map);
+        a.data.fill(fill);
+        a
+    }
+
+    /// A checkpoint that updated two areas and replaced a third, then
+    /// failed: the revert gives back every byte and mark the areas had,
+    /// through an undo buffer reused from an earlier checkpoint.
+    #[test]
+    fn a_failed_checkpoint_is_undone_byte_for_byte() {
+        let (a, b) = (0x10_000, 0x40_000);
+        let before: BTreeMap<u64, Area> = [(a, area(a, 4, 1)), (b, area(b, 3, 2))].into();
+        let mut undo = Undo::with_buffer(vec![9; 3 * PAGE as usize]);
+        let mut touched = BTreeMap::new();
+        for (start, ranges) in [
+            (a, vec![(a, a + PAGE), (a + 2 * PAGE, a + 4 * PAGE)]),
+            (b, vec![(b + PAGE, b + 2 * PAGE)]),
+        ] {
+            let mut x = before[&start].clone();
+            undo.save(&x, &ranges);
+            for &(s, e) in &ranges {
+                let at = (s - start) as usize;
+                x.data[at..at + (e - s) as usize].fill(0xee);
+                x.mark(s, e);
+            }
+            touched.insert(start, x);
+        }
+        let c = 0x80_000;
+        undo.replaced.push(area(c, 1, 3));
+        touched.insert(c, area(c, 2, 4));
+        let reverted = undo.revert(touched, BTreeMap::new());
+        assert_eq!(reverted.len(), 3);
+        for (start, was) in &before {
+            assert_eq!(reverted[start].data, was.data, "area {start:#x}");
+            assert_eq!(reverted[start].populated, was.populated);
+        }
+        assert_eq!(reverted[&c].data, vec![3; PAGE as usize]);
+    }
 }

@@ -226,6 +226,33 @@ fn resolve(
 }
 
 /// Checks that `r` names a descriptor argument of `f` and one of its fields.
+/// `at_most(arg)`: an unsigned integer or a length on both sides.
+fn at_most(f: &Function, arg: &str, span: Span) -> Result<(), Fail> {
+    let measurable =
+        |t: &Type| (t.is_int() && *t != Type::I64) || *t == Type::Bytes || *t == Type::Str;
+    if !measurable(&f.ret) {
+        return Err(Fail::new(
+            f.ret_span,
+            format!(
+                "`at_most({arg})` needs a function returning an unsigned integer, bytes or a string, and `{}` returns `{}`",
+                f.name,
+                f.ret.idl()
+            ),
+        ));
+    }
+    match f.arg_type(arg) {
+        Some(t) if measurable(t) => Ok(()),
+        Some(t) => Err(Fail::new(
+            span,
+            format!("`at_most({arg})`: argument `{arg}` is a `{}`, not an unsigned integer, bytes or a string", t.idl()),
+        )),
+        None => Err(Fail::new(
+            span,
+            format!("`at_most({arg})`: `{}` has no argument `{arg}`", f.name),
+        )),
+    }
+}
+
 fn field_of<'a>(
     iface: &'a Interface,
     f: &Function,
@@ -447,6 +474,9 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
                 format!("`advance({})` needs a function returning an unsigned integer or bytes, and `{}` returns `{}`", r.idl(), f.name, f.ret.idl()),
             ));
         }
+    }
+    if let Some((arg, span)) = &f.at_most {
+        at_most(f, arg, *span)?;
     }
     if let Some(r) = &f.restore {
         field_of(iface, f, r, "restore")?;

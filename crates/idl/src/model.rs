@@ -243,6 +243,10 @@ pub struct Function {
     pub role: Role,
     /// On success, the returned integer (or byte count) is added to this field.
     pub advance: Option<FieldRef>,
+    /// The result (an unsigned integer, or the length of bytes or a
+    /// string) is at most this argument (its value, or its length): the
+    /// client stub takes a reply beyond it for a faulty server's.
+    pub at_most: Option<(String, Span)>,
     /// This function brings this field back during recovery.
     pub restore: Option<FieldRef>,
     /// Errors that mean success when the call is retried after its first
@@ -425,6 +429,9 @@ impl Interface {
             }
             if let Some(r) = &f.advance {
                 let _ = write!(s, " advance({})", r.idl());
+            }
+            if let Some((a, _)) = &f.at_most {
+                let _ = write!(s, " at_most({a})");
             }
             if let Some(r) = &f.restore {
                 let _ = write!(s, " restore({})", r.idl());

@@ -34,6 +34,7 @@ pub(crate) const FN_ANNOTATIONS: &[&str] = &[
     "create",
     "terminal",
     "advance",
+    "at_most",
     "restore",
     "retry_ok",
     "store",
@@ -376,6 +377,7 @@ impl Parser {
             ret_span,
             role: Role::Plain,
             advance: None,
+            at_most: None,
             restore: None,
             retry_ok: Vec::new(),
             store: None,
@@ -409,6 +411,7 @@ impl Parser {
                     f.role = role;
                 }
                 "advance" => f.advance = Some(a.field_ref()?),
+                "at_most" => f.at_most = Some(a.arg_name()?),
                 "restore" => f.restore = Some(a.field_ref()?),
                 "store" => f.store = Some(a.field_ref()?),
                 "block" => {
@@ -681,6 +684,22 @@ impl Annotation {
                 *span,
                 format!(
                     "`{}` expects integers, found {}",
+                    self.name,
+                    other.describe()
+                ),
+            )),
+        }
+    }
+
+    /// The single argument name of `at_most`.
+    fn arg_name(&self) -> Result<(String, Span), Fail> {
+        self.arity(1, "an argument's name")?;
+        match &self.values[0] {
+            (Value::Name(n), span) => Ok((n.clone(), *span)),
+            (other, span) => Err(Fail::new(
+                *span,
+                format!(
+                    "`{}` expects an argument's name, found {}",
                     self.name,
                     other.describe()
                 ),

@@ -118,7 +118,7 @@ fn unknown_argument_annotation() {
 fn unknown_function_annotation() {
     expect(
         "fn f() creat;",
-        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, restore, retry_ok, store, block, wakeup, transition",
+        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, at_most, restore, retry_ok, store, block, wakeup, transition",
     );
 }
 
@@ -126,7 +126,7 @@ fn unknown_function_annotation() {
 fn argument_annotation_on_function() {
     expect(
         "fn f() remember;",
-        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, restore, retry_ok, store, block, wakeup, transition \
+        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, at_most, restore, retry_ok, store, block, wakeup, transition \
          (argument annotations go right after the argument's type)",
     );
 }
@@ -370,6 +370,26 @@ fn descriptor_with_two_creates() {
     expect(
         &format!("{DESC}{MAKE}fn mk2(tag: u64 remember) -> D create;"),
         "t.kidl:5:4: descriptor `D` is already created by `mk`; a local descriptor has one `create` function (a global one may have several)",
+    );
+}
+
+#[test]
+fn at_most_needs_lengths_or_unsigned_integers() {
+    expect(
+        "fn f(n: u32) -> u64 at_most(m);",
+        "t.kidl:3:29: `at_most(m)`: `f` has no argument `m`",
+    );
+    expect(
+        "fn f(n: i64) -> u64 at_most(n);",
+        "t.kidl:3:29: `at_most(n)`: argument `n` is a `i64`, not an unsigned integer, bytes or a string",
+    );
+    expect(
+        "fn f(n: u32) -> bool at_most(n);",
+        "t.kidl:3:17: `at_most(n)` needs a function returning an unsigned integer, bytes or a string, and `f` returns `bool`",
+    );
+    expect(
+        "fn f(n: u32) -> u32 at_most(3);",
+        "t.kidl:3:29: `at_most` expects an argument's name, found `3`",
     );
 }
 

@@ -23,7 +23,24 @@ struct Storage {
     log: Mutex<Vec<String>>,
     /// `open`s with flags 0: in the threaded test, only recovery replays.
     replays: AtomicU64,
+    /// Replies to `read` and `write` to make too large (a faulty server's),
+    /// and by how much: each such reply takes one.
+    lies: AtomicU64,
 }
+
+impl Storage {
+    /// `n` too large by the lie's amount, if one is left to tell.
+    fn maybe_lie(&self, n: u64) -> u64 {
+        let lie = self
+            .lies
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(1))
+            .is_ok();
+        n + if lie { LIE } else { 0 }
+    }
+}
+
+/// How much a lying reply adds (a flip of bit 11).
+const LIE: u64 = 2048;
 
 /// One incarnation of the file server: its open descriptors die with it.
 struct RamFs {
@@ -85,7 +102,7 @@ impl fs::Server for RamFs {
             let n = (len as usize).min(data.len() - start).min(out.len());
             out[..n].copy_from_slice(&data[start..start + n]);
             *offset += n as u64;
-            n
+            self.store.maybe_lie(n as u64) as usize
         })
     }
 
@@ -100,7 +117,7 @@ impl fs::Server for RamFs {
             }
             file[*offset as usize..end].copy_from_slice(data);
             *offset = end as u64;
-            data.len() as u32
+            self.store.maybe_lie(data.len() as u64) as u32
         })
     }
 
@@ -253,6 +270,52 @@ fn descriptors_survive_reboots() {
             counter: 0
         }
     );
+}
+
+/// A write that claims more bytes than it was given, or a read that
+/// returns more than was asked (`at_most` in the IDL), is a faulty
+/// server's reply: the watched client stub has the server rebooted and
+/// runs the call again, and the offset it tracks never takes in the lie.
+/// The test plays the watchdog.
+#[test]
+fn a_reply_beyond_its_call_has_the_server_rebooted() {
+    let store = Arc::new(Storage::default());
+    let lb = Arc::new(Loopback::new(fs::service(RamFs::new(&store, 1))));
+    let client = Arc::new(fs::Client::from_connection(lb.watched_connection()));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let (lb, store, done) = (lb.clone(), store.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                if lb.suspected() == lb.epoch() {
+                    lb.reboot(fs::service(RamFs::new(&store, lb.epoch() + 1)));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        })
+    };
+    let f = client.open("/a", CREATE).unwrap();
+    store.lies.store(1, Ordering::SeqCst);
+    assert_eq!(client.write(f, b"hello").unwrap(), 5);
+    assert_eq!(lb.epoch(), 2, "the lying server was rebooted");
+    assert_eq!(client.write(f, b" world").unwrap(), 6);
+    assert_eq!(store.files.lock().unwrap()["/a"], b"hello world");
+
+    // A read's lie, in another thread (a thread suspects a server at most
+    // once a second).
+    let reader = client.clone();
+    let got = std::thread::spawn(move || {
+        reader.seek(f, 6).unwrap();
+        store.lies.store(1, Ordering::SeqCst);
+        let got = reader.read(f, 3).unwrap();
+        (got, reader.read(f, 100).unwrap())
+    })
+    .join()
+    .unwrap();
+    assert_eq!(got, (b"wor".to_vec(), b"ld".to_vec()));
+    assert_eq!(lb.epoch(), 3);
+    done.store(true, Ordering::SeqCst);
+    watchdog.join().unwrap();
 }
 
 #[test]

@@ -187,6 +187,16 @@ pub fn out_of_range(arg: &'static str) -> Dispatched {
     Dispatched::Refused(Refusal::OutOfRange(arg))
 }
 
+/// A client stub's check of a reply against its call's bound (`at_most`
+/// in the IDL): a reply beyond it does not decode, so the client takes
+/// the server for faulty (see [`crate::client`]).
+pub fn at_most(value: u64, bound: u64) -> Result<(), WireError> {
+    if value > bound {
+        return Err(WireError::Beyond { value, bound });
+    }
+    Ok(())
+}
+
 /// A server stub's refusal when the creation records cannot be read or written.
 pub fn records_unavailable(_: crate::records::RecordError) -> Dispatched {
     Dispatched::Refused(Refusal::Records)

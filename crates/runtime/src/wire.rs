@@ -20,6 +20,10 @@ pub enum WireError {
     Trailing(usize),
     #[error("boolean encoded as {0}")]
     BadBool(u8),
+    /// A reply larger than the call allows (`at_most` in the IDL): a
+    /// write that claims more bytes than it was given, say.
+    #[error("reply of {value} is beyond the call's bound of {bound}")]
+    Beyond { value: u64, bound: u64 },
 }
 
 /// Encodes values into a borrowed buffer.

@@ -10,6 +10,16 @@ use crate::model::*;
 /// `client_fn`, shortened: `retry(|| { match CALL { Ok(ret) => Ok(ret),
 /// Err(e) => Err(e), } })` becomes `retry(|| CALL)`, and
 /// `Ok(id) => Ok(D(id))` becomes `retry(|| CALL).map(D)`.
+/// `value` of type `ty` as the `u64` an `at_most` bound compares: an
+/// integer itself, bytes or a string by length.
+fn measure(ty: &Type, value: &str) -> String {
+    if ty.is_int() {
+        format!("u64::from({value})")
+    } else {
+        format!("{value}.len() as u64")
+    }
+}
+
 fn direct_retry(method: &str) -> String {
     let lines: Vec<&str> = method.lines().collect();
     let at = |i: usize| lines.get(i).map_or("", |l| l.trim());
@@ -214,8 +224,17 @@ impl Ctx<'_> {
                 }
             }
         }
+        let bound = f.at_most.as_ref().map(|(arg, _)| {
+            let ty = f.arg_type(arg).expect("checked");
+            format!(
+                "rt::at_most({}, {})?;",
+                measure(&f.ret, "ret"),
+                measure(ty, &ident(arg))
+            )
+        });
         let decoded = decode(&f.ret, "ret", false, 0, "?");
         let single = match decoded.as_slice() {
+            _ if bound.is_some() => None,
             [one] => one
                 .strip_prefix("let ret = ")
                 .and_then(|e| e.strip_suffix(';')),
@@ -238,6 +257,7 @@ impl Ctx<'_> {
                     .map(|l| l.replace("(&mut r)", "(r)"))
                     .collect(),
             );
+            o.lines(bound.into_iter().collect());
             o.line("rt::Ok(ret)");
             o.close("},");
         }

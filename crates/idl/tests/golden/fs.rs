@@ -3,7 +3,7 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `fs`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "fs",
-    hash: 0x687bea3d3f2daa3c,
+    hash: 0x11366ac2bdfd84b1,
     functions: &[
         "open",
         "read",
@@ -467,7 +467,11 @@ impl Inner {
                     w.u32(len)?;
                     rt::Ok(())
                 },
-                |r| rt::Ok(r.bytes()?.to_vec()),
+                |r| {
+                    let ret = r.bytes()?.to_vec();
+                    rt::at_most(ret.len() as u64, u64::from(len))?;
+                    rt::Ok(ret)
+                },
             )
     }
     fn raw_write(
@@ -485,7 +489,11 @@ impl Inner {
                     w.bytes(data)?;
                     rt::Ok(())
                 },
-                |r| r.u32(),
+                |r| {
+                    let ret = r.u32()?;
+                    rt::at_most(u64::from(ret), data.len() as u64)?;
+                    rt::Ok(ret)
+                },
             )
     }
     fn raw_seek(

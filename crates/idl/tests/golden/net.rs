@@ -3,7 +3,7 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `net`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "net",
-    hash: 0xf40fbae4414566b5,
+    hash: 0xb2cbe12211944a45,
     functions: &[
         "acceptor",
         "accept",
@@ -557,7 +557,11 @@ impl Inner {
                     w.u32(wait_us)?;
                     rt::Ok(())
                 },
-                |r| rt::Ok(r.bytes()?.to_vec()),
+                |r| {
+                    let ret = r.bytes()?.to_vec();
+                    rt::at_most(ret.len() as u64, u64::from(max))?;
+                    rt::Ok(ret)
+                },
             )
     }
     fn raw_send(
@@ -577,7 +581,11 @@ impl Inner {
                     w.bytes(data)?;
                     rt::Ok(())
                 },
-                |r| r.u32(),
+                |r| {
+                    let ret = r.u32()?;
+                    rt::at_most(u64::from(ret), data.len() as u64)?;
+                    rt::Ok(ret)
+                },
             )
     }
     fn raw_shutdown(

@@ -78,36 +78,15 @@ impl Checkpointer {
         if self.image().seq == 0 {
             return Err(Error::NoCheckpoint(self.pid()));
         }
-        let remade = self
-            .parts()
-            .restore_layout(frozen, into == Memory::Unknown)?;
+        let remade = self.parts().restore_layout(frozen, into)?;
         let mut stats = Stats::default();
         let starts: Vec<u64> = self.image().areas.keys().copied().collect();
         for start in starts {
             let map = self.image().areas[&start].map.clone();
-            if remade.contains(&start) {
-                let runs = self.image().areas[&start].populated_runs();
-                stats.pages += self.parts().write_back(start, &runs)?;
-                continue;
-            }
-            if into == Memory::Sibling {
-                self.parts().track(&map);
-                let (differ, compared) = self.differing(&map)?;
-                stats.compared += compared;
-                stats.pages += self.parts().write_back(start, &differ)?;
-                self.parts().protect(&map)?;
-                continue;
-            }
-            let ranges = match self.written_ranges(&map)? {
-                Some(r) => r,
-                // Mapped anew in the same place since: not tracked, so
-                // every byte goes back, and it is tracked from now on.
-                None => {
-                    self.parts().track(&map);
-                    vec![(map.start, map.end)]
-                }
-            };
-            stats.pages += self.parts().write_back(start, &ranges)?;
+            let plan = self.plan(&map, into, remade.contains(&start))?;
+            stats.compared += plan.compared;
+            stats.pages += self.parts().write_back(start, &plan.write)?;
+            self.parts().protect(start, &plan.protect)?;
         }
         restore_threads(self.image(), frozen, pairs)?;
         stats.areas = self.image().areas.len();
@@ -137,7 +116,61 @@ pub(crate) enum Memory {
     Sibling,
 }
 
+/// What a restore does with one checkpointed area.
+struct Plan {
+    /// The ranges whose bytes it writes.
+    write: Vec<(u64, u64)>,
+    /// The ranges it write-protects after, so that the next incremental
+    /// checkpoint sees only what the process writes from then on.
+    protect: Vec<(u64, u64)>,
+    /// Pages compared to find `write` (a restore into a sibling).
+    compared: u64,
+}
+
+impl Plan {
+    /// Write `ranges` and protect them again.
+    fn ranges(ranges: Vec<(u64, u64)>) -> Self {
+        Self {
+            protect: ranges.clone(),
+            write: ranges,
+            compared: 0,
+        }
+    }
+}
+
 impl Checkpointer {
+    /// Which pages of `map` a restore `into` memory writes, `remade` if
+    /// the layout's restore mapped it anew.
+    fn plan(&mut self, map: &Mapping, into: Memory, remade: bool) -> Result<Plan, Error> {
+        if remade {
+            return Ok(Plan::ranges(
+                self.image().areas[&map.start].populated_runs(),
+            ));
+        }
+        match into {
+            // The standby's own pages were never protected: all of them are.
+            Memory::Sibling => {
+                self.parts().track(map);
+                let (write, compared) = self.differing(map)?;
+                Ok(Plan {
+                    write,
+                    protect: vec![(map.start, map.end)],
+                    compared,
+                })
+            }
+            // (`Unknown` remade every area it keeps.)
+            Memory::Tracked | Memory::Unknown => match self.written_ranges(map)? {
+                Some(written) => Ok(Plan::ranges(written)),
+                // Mapped anew in the same place since: not tracked, so
+                // every byte goes back, and it is tracked from now on.
+                None => {
+                    self.parts().track(map);
+                    Ok(Plan::ranges(vec![(map.start, map.end)]))
+                }
+            },
+        }
+    }
+
     /// The pages of `map` (kept, not made anew) that the process must be
     /// given to hold what the image holds: the image's pages whose bytes
     /// differ in the process, and pages the process has that the image
@@ -285,10 +318,11 @@ impl Parts<'_> {
     /// step, so no page the process needs is ever missing between two
     /// calls: the kernel itself writes a thread's rseq area on each return
     /// to user space), and only then is what the image does not cover
-    /// unmapped. With `whole`, every checkpointed mapping is mapped anew.
-    /// The calls of each of those two steps touch disjoint ranges: they
-    /// are made at once, spread over the process's threads.
-    fn restore_layout(&mut self, frozen: &Frozen, whole: bool) -> Result<Vec<u64>, Error> {
+    /// unmapped. Into [`Memory::Unknown`], every checkpointed mapping is
+    /// mapped anew. The calls of each of those two steps touch disjoint
+    /// ranges: they are made at once, spread over the process's threads.
+    fn restore_layout(&mut self, frozen: &Frozen, into: Memory) -> Result<Vec<u64>, Error> {
+        let whole = into == Memory::Unknown;
         let mut crew = Crew::new(frozen, self.insn);
         let (_, brk) = maps::program_break(self.pid, &maps::read(self.pid)?)?;
         if brk != self.image.brk.1 {
@@ -380,35 +414,26 @@ impl Parts<'_> {
         }
     }
 
-    /// Write-protects the whole of `map`, if its area is tracked.
-    fn protect(&mut self, map: &Mapping) -> Result<(), Error> {
-        if !self.image.areas.get(&map.start).is_some_and(|a| a.tracked) {
+    /// Write-protects `ranges` of the area at `start`, if it is tracked.
+    fn protect(&mut self, start: u64, ranges: &[(u64, u64)]) -> Result<(), Error> {
+        if !self.image.areas[&start].tracked {
             return Ok(());
         }
-        sys::uffd_write_protect(self.uffd.as_fd(), map.start, map.len()).map_err(|e| {
-            Error::Kernel {
+        for &(s, e) in ranges {
+            sys::uffd_write_protect(self.uffd.as_fd(), s, e - s).map_err(|e| Error::Kernel {
                 what: "UFFDIO_WRITEPROTECT",
                 source: e,
-            }
-        })
+            })?;
+        }
+        Ok(())
     }
 
-    /// Writes `ranges` of the area at `start` back into the process and
-    /// protects them again; returns the pages written.
+    /// Writes `ranges` of the area at `start` back into the process;
+    /// returns the pages written.
     fn write_back(&mut self, start: u64, ranges: &[(u64, u64)]) -> Result<u64, Error> {
         let area: &Area = &self.image.areas[&start];
         let bytes = memio::write_from(self.pid, self.mem, area, ranges)
             .map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid), e))?;
-        if area.tracked {
-            for &(s, e) in ranges {
-                sys::uffd_write_protect(self.uffd.as_fd(), s, e - s).map_err(|e| {
-                    Error::Kernel {
-                        what: "UFFDIO_WRITEPROTECT",
-                        source: e,
-                    }
-                })?;
-            }
-        }
         Ok(bytes / PAGE)
     }
 }

@@ -225,34 +225,47 @@ fn resolve(
     }
 }
 
-/// Checks that `r` names a descriptor argument of `f` and one of its fields.
-/// `at_most(arg)`: an unsigned integer or a length on both sides.
-fn at_most(f: &Function, arg: &str, span: Span) -> Result<(), Fail> {
-    let measurable =
-        |t: &Type| (t.is_int() && *t != Type::I64) || *t == Type::Bytes || *t == Type::Str;
-    if !measurable(&f.ret) {
+/// `at_most(arg)`: an unsigned integer or a length on both sides;
+/// `above(arg)`: unsigned integers.
+fn bound(f: &Function, b: &Bound) -> Result<(), Fail> {
+    let (name, arg) = (b.kind.idl(), &b.arg);
+    let unsigned = |t: &Type| t.is_int() && *t != Type::I64;
+    let measured = |t: &Type| unsigned(t) || *t == Type::Bytes || *t == Type::Str;
+    let (fits, what) = match b.kind {
+        BoundKind::AtMost => (measured(&f.ret), "an unsigned integer, bytes or a string"),
+        BoundKind::Above => (unsigned(&f.ret), "an unsigned integer"),
+    };
+    if !fits {
         return Err(Fail::new(
             f.ret_span,
             format!(
-                "`at_most({arg})` needs a function returning an unsigned integer, bytes or a string, and `{}` returns `{}`",
+                "`{name}({arg})` needs a function returning {what}, and `{}` returns `{}`",
                 f.name,
                 f.ret.idl()
             ),
         ));
     }
+    let fits = |t: &Type| match b.kind {
+        BoundKind::AtMost => measured(t),
+        BoundKind::Above => unsigned(t),
+    };
     match f.arg_type(arg) {
-        Some(t) if measurable(t) => Ok(()),
+        Some(t) if fits(t) => Ok(()),
         Some(t) => Err(Fail::new(
-            span,
-            format!("`at_most({arg})`: argument `{arg}` is a `{}`, not an unsigned integer, bytes or a string", t.idl()),
+            b.span,
+            format!(
+                "`{name}({arg})`: argument `{arg}` is a `{}`, not {what}",
+                t.idl()
+            ),
         )),
         None => Err(Fail::new(
-            span,
-            format!("`at_most({arg})`: `{}` has no argument `{arg}`", f.name),
+            b.span,
+            format!("`{name}({arg})`: `{}` has no argument `{arg}`", f.name),
         )),
     }
 }
 
+/// Checks that `r` names a descriptor argument of `f` and one of its fields.
 fn field_of<'a>(
     iface: &'a Interface,
     f: &Function,
@@ -475,8 +488,8 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
             ));
         }
     }
-    if let Some((arg, span)) = &f.at_most {
-        at_most(f, arg, *span)?;
+    for b in &f.bounds {
+        bound(f, b)?;
     }
     if let Some(r) = &f.restore {
         field_of(iface, f, r, "restore")?;

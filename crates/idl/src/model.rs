@@ -209,6 +209,33 @@ impl FieldRef {
     }
 }
 
+/// How a function's result relates to one of its arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BoundKind {
+    /// The result (an unsigned integer, or the length of bytes or a
+    /// string) is at most the argument (its value, or its length).
+    AtMost,
+    /// The result (an unsigned integer) is greater than the argument.
+    Above,
+}
+
+impl BoundKind {
+    pub fn idl(self) -> &'static str {
+        match self {
+            BoundKind::AtMost => "at_most",
+            BoundKind::Above => "above",
+        }
+    }
+}
+
+/// A bound of a function's result by one of its arguments.
+#[derive(Debug, Clone)]
+pub struct Bound {
+    pub kind: BoundKind,
+    pub arg: String,
+    pub span: Span,
+}
+
 #[derive(Debug, Clone)]
 pub struct Arg {
     pub name: String,
@@ -243,10 +270,9 @@ pub struct Function {
     pub role: Role,
     /// On success, the returned integer (or byte count) is added to this field.
     pub advance: Option<FieldRef>,
-    /// The result (an unsigned integer, or the length of bytes or a
-    /// string) is at most this argument (its value, or its length): the
-    /// client stub takes a reply beyond it for a faulty server's.
-    pub at_most: Option<(String, Span)>,
+    /// Bounds of the result by arguments (`at_most`, `above`): the client
+    /// stub takes a reply outside them for a faulty server's.
+    pub bounds: Vec<Bound>,
     /// This function brings this field back during recovery.
     pub restore: Option<FieldRef>,
     /// Errors that mean success when the call is retried after its first
@@ -430,8 +456,8 @@ impl Interface {
             if let Some(r) = &f.advance {
                 let _ = write!(s, " advance({})", r.idl());
             }
-            if let Some((a, _)) = &f.at_most {
-                let _ = write!(s, " at_most({a})");
+            for b in &f.bounds {
+                let _ = write!(s, " {}({})", b.kind.idl(), b.arg);
             }
             if let Some(r) = &f.restore {
                 let _ = write!(s, " restore({})", r.idl());

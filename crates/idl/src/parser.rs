@@ -35,6 +35,7 @@ pub(crate) const FN_ANNOTATIONS: &[&str] = &[
     "terminal",
     "advance",
     "at_most",
+    "above",
     "restore",
     "retry_ok",
     "store",
@@ -377,7 +378,7 @@ impl Parser {
             ret_span,
             role: Role::Plain,
             advance: None,
-            at_most: None,
+            bounds: Vec::new(),
             restore: None,
             retry_ok: Vec::new(),
             store: None,
@@ -411,7 +412,14 @@ impl Parser {
                     f.role = role;
                 }
                 "advance" => f.advance = Some(a.field_ref()?),
-                "at_most" => f.at_most = Some(a.arg_name()?),
+                "at_most" | "above" => {
+                    let kind = match a.name.as_str() {
+                        "at_most" => BoundKind::AtMost,
+                        _ => BoundKind::Above,
+                    };
+                    let (arg, span) = a.arg_name()?;
+                    f.bounds.push(Bound { kind, arg, span });
+                }
                 "restore" => f.restore = Some(a.field_ref()?),
                 "store" => f.store = Some(a.field_ref()?),
                 "block" => {
@@ -691,7 +699,7 @@ impl Annotation {
         }
     }
 
-    /// The single argument name of `at_most`.
+    /// The single argument name of `at_most` and `above`.
     fn arg_name(&self) -> Result<(String, Span), Fail> {
         self.arity(1, "an argument's name")?;
         match &self.values[0] {

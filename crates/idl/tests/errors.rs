@@ -118,7 +118,7 @@ fn unknown_argument_annotation() {
 fn unknown_function_annotation() {
     expect(
         "fn f() creat;",
-        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, at_most, restore, retry_ok, store, block, wakeup, transition",
+        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, store, block, wakeup, transition",
     );
 }
 
@@ -126,7 +126,7 @@ fn unknown_function_annotation() {
 fn argument_annotation_on_function() {
     expect(
         "fn f() remember;",
-        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, at_most, restore, retry_ok, store, block, wakeup, transition \
+        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, store, block, wakeup, transition \
          (argument annotations go right after the argument's type)",
     );
 }
@@ -390,6 +390,14 @@ fn at_most_needs_lengths_or_unsigned_integers() {
     expect(
         "fn f(n: u32) -> u32 at_most(3);",
         "t.kidl:3:29: `at_most` expects an argument's name, found `3`",
+    );
+    expect(
+        "fn f(n: bytes) -> u64 above(n);",
+        "t.kidl:3:29: `above(n)`: argument `n` is a `bytes`, not an unsigned integer",
+    );
+    expect(
+        "fn f(n: u64) -> str above(n);",
+        "t.kidl:3:17: `above(n)` needs a function returning an unsigned integer, and `f` returns `str`",
     );
 }
 

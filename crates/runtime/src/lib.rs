@@ -85,9 +85,9 @@ pub mod generated {
     pub use crate::component::{ConnectError, Runtime};
     pub use crate::records::{GlobalRecords, RecordStore};
     pub use crate::stub::{
-        app_error, at_most, malformed, out_of_range, records_unavailable, retry, retry_idempotent,
-        serve, CallError, Caller, DescTable, Dispatched, Fault, FieldTable, InterfaceInfo,
-        Location, Refusal, Service,
+        above, app_error, at_most, malformed, out_of_range, records_unavailable, retry,
+        retry_idempotent, serve, CallError, Caller, DescTable, Dispatched, Fault, FieldTable,
+        InterfaceInfo, Location, Refusal, Service,
     };
     pub use crate::upcall::Recover;
     pub use crate::wire::{Reader, WireError, Writer};

@@ -197,6 +197,15 @@ pub fn at_most(value: u64, bound: u64) -> Result<(), WireError> {
     Ok(())
 }
 
+/// [`at_most`]'s other side (`above` in the IDL): the reply must be
+/// greater than `bound`.
+pub fn above(value: u64, bound: u64) -> Result<(), WireError> {
+    if value <= bound {
+        return Err(WireError::NotAbove { value, bound });
+    }
+    Ok(())
+}
+
 /// A server stub's refusal when the creation records cannot be read or written.
 pub fn records_unavailable(_: crate::records::RecordError) -> Dispatched {
     Dispatched::Refused(Refusal::Records)
@@ -326,4 +335,27 @@ pub struct Tracked<R> {
     pub epoch: u64,
     /// The interface-specific record: creation data and tracked fields.
     pub record: R,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_bounds_admit_the_edge_and_refuse_past_it() {
+        assert_eq!(at_most(5, 5), Ok(()));
+        assert_eq!(
+            at_most(2053, 5),
+            Err(WireError::Beyond {
+                value: 2053,
+                bound: 5
+            })
+        );
+        assert_eq!(above(8, 7), Ok(()));
+        assert_eq!(above(7, 7), Err(WireError::NotAbove { value: 7, bound: 7 }));
+        assert_eq!(
+            Fault::from(above(3, 7).unwrap_err()).to_string(),
+            "reply decoding: reply of 3 is not above 7"
+        );
+    }
 }

@@ -24,6 +24,10 @@ pub enum WireError {
     /// write that claims more bytes than it was given, say.
     #[error("reply of {value} is beyond the call's bound of {bound}")]
     Beyond { value: u64, bound: u64 },
+    /// A reply not above what the call allows (`above` in the IDL): a
+    /// timer tick that goes back.
+    #[error("reply of {value} is not above {bound}")]
+    NotAbove { value: u64, bound: u64 },
 }
 
 /// Encodes values into a borrowed buffer.

@@ -10,7 +10,7 @@ use crate::model::*;
 /// `client_fn`, shortened: `retry(|| { match CALL { Ok(ret) => Ok(ret),
 /// Err(e) => Err(e), } })` becomes `retry(|| CALL)`, and
 /// `Ok(id) => Ok(D(id))` becomes `retry(|| CALL).map(D)`.
-/// `value` of type `ty` as the `u64` an `at_most` bound compares: an
+/// `value` of type `ty` as the `u64` a bound compares: an
 /// integer itself, bytes or a string by length.
 fn measure(ty: &Type, value: &str) -> String {
     if ty.is_int() {
@@ -224,17 +224,22 @@ impl Ctx<'_> {
                 }
             }
         }
-        let bound = f.at_most.as_ref().map(|(arg, _)| {
-            let ty = f.arg_type(arg).expect("checked");
-            format!(
-                "rt::at_most({}, {})?;",
-                measure(&f.ret, "ret"),
-                measure(ty, &ident(arg))
-            )
-        });
+        let bounds: Vec<String> = f
+            .bounds
+            .iter()
+            .map(|b| {
+                let ty = f.arg_type(&b.arg).expect("checked");
+                format!(
+                    "rt::{}({}, {})?;",
+                    b.kind.idl(),
+                    measure(&f.ret, "ret"),
+                    measure(ty, &ident(&b.arg))
+                )
+            })
+            .collect();
         let decoded = decode(&f.ret, "ret", false, 0, "?");
         let single = match decoded.as_slice() {
-            _ if bound.is_some() => None,
+            _ if !bounds.is_empty() => None,
             [one] => one
                 .strip_prefix("let ret = ")
                 .and_then(|e| e.strip_suffix(';')),
@@ -257,7 +262,7 @@ impl Ctx<'_> {
                     .map(|l| l.replace("(&mut r)", "(r)"))
                     .collect(),
             );
-            o.lines(bound.into_iter().collect());
+            o.lines(bounds);
             o.line("rt::Ok(ret)");
             o.close("},");
         }

@@ -3,7 +3,7 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `timer`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "timer",
-    hash: 0x6f7d561aada239d2,
+    hash: 0x831d9748c661f35c,
     functions: &["create", "arm", "disarm", "wait", "free"],
 };
 pub const FN_CREATE: u32 = 0;
@@ -339,7 +339,11 @@ impl Inner {
                     w.u64(after)?;
                     rt::Ok(())
                 },
-                |r| r.u64(),
+                |r| {
+                    let ret = r.u64()?;
+                    rt::above(u64::from(ret), u64::from(after))?;
+                    rt::Ok(ret)
+                },
             )
     }
     fn raw_free(

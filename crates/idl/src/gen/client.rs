@@ -13,7 +13,9 @@ use crate::model::*;
 /// `value` of type `ty` as the `u64` a bound compares: an
 /// integer itself, bytes or a string by length.
 fn measure(ty: &Type, value: &str) -> String {
-    if ty.is_int() {
+    if *ty == Type::U64 {
+        value.to_string()
+    } else if ty.is_int() {
         format!("u64::from({value})")
     } else {
         format!("{value}.len() as u64")

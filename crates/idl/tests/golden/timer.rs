@@ -341,7 +341,7 @@ impl Inner {
                 },
                 |r| {
                     let ret = r.u64()?;
-                    rt::above(u64::from(ret), u64::from(after))?;
+                    rt::above(ret, after)?;
                     rt::Ok(ret)
                 },
             )

@@ -64,19 +64,37 @@ pub fn read_into(
     Ok(total(ranges) as u64)
 }
 
-/// Reads `ranges` (sorted) of process `pid`, one after the other, into a
-/// buffer of their total length.
-pub fn read(pid: u32, mem: &File, ranges: &[(u64, u64)]) -> std::io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; total(ranges)];
+/// Reads `ranges` (sorted) of process `pid`, one after the other, into
+/// the start of `buf` (as long as their total at least).
+pub fn read(pid: u32, mem: &File, ranges: &[(u64, u64)], buf: &mut [u8]) -> std::io::Result<()> {
     let mut slices = Vec::with_capacity(ranges.len());
-    let mut rest = buf.as_mut_slice();
+    let mut rest = buf;
     for &(s, e) in ranges {
         let (mine, tail) = std::mem::take(&mut rest).split_at_mut((e - s) as usize);
         slices.push(mine);
         rest = tail;
     }
-    read_slices(pid, mem, slices, ranges)?;
-    Ok(buf)
+    read_slices(pid, mem, slices, ranges)
+}
+
+/// `ranges` (sorted) cut into batches of at most `max` bytes each (a range
+/// longer than that is split; `max` a multiple of the page size).
+pub fn batches(ranges: &[(u64, u64)], max: u64) -> Vec<Vec<(u64, u64)>> {
+    let mut out = vec![Vec::new()];
+    let mut room = max;
+    for &(mut s, e) in ranges {
+        while s < e {
+            if room == 0 {
+                out.push(Vec::new());
+                room = max;
+            }
+            let end = e.min(s + room);
+            out.last_mut().expect("one batch at least").push((s, end));
+            room -= end - s;
+            s = end;
+        }
+    }
+    out
 }
 
 /// Reads range `i` of `ranges` into `slices[i]`: in two threads, half the
@@ -169,5 +187,20 @@ mod tests {
         assert_eq!(&*s[0], &[0, 1, 2]);
         assert_eq!(&*s[1], &[10, 11]);
         assert_eq!(&*s[2], &[99]);
+    }
+
+    #[test]
+    fn batches_hold_at_most_their_size_and_every_byte_once() {
+        let ranges = [(0, 3 * 4096), (8 * 4096, 9 * 4096), (10 * 4096, 15 * 4096)];
+        let b = batches(&ranges, 4 * 4096);
+        assert_eq!(
+            b,
+            [
+                vec![(0, 3 * 4096), (8 * 4096, 9 * 4096)],
+                vec![(10 * 4096, 14 * 4096)],
+                vec![(14 * 4096, 15 * 4096)],
+            ]
+        );
+        assert_eq!(batches(&[], 4096), [Vec::<(u64, u64)>::new()]);
     }
 }

@@ -179,21 +179,30 @@ impl Checkpointer {
     fn differing(&self, map: &Mapping) -> Result<(Vec<(u64, u64)>, u64), Error> {
         let area = &self.image().areas[&map.start];
         let runs = area.populated_runs();
-        let theirs = memio::read(self.pid(), self.mem(), &runs)
-            .map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid()), e))?;
         let mut out: Vec<(u64, u64)> = minus(&self.resident(map)?, &runs);
-        let pages = runs
-            .iter()
-            .flat_map(|&(s, e)| (s..e).step_by(PAGE as usize));
-        for (page, now) in pages.zip(theirs.chunks_exact(PAGE as usize)) {
-            if now != area.bytes(page, page + PAGE) {
-                out.push((page, page + PAGE));
+        // A batch at a time into one buffer: a buffer as large as the
+        // mapping would cost a page fault per page, as much as the read.
+        let mut theirs = vec![0u8; COMPARED_AT_ONCE as usize];
+        let mut compared = 0;
+        for batch in memio::batches(&runs, COMPARED_AT_ONCE) {
+            memio::read(self.pid(), self.mem(), &batch, &mut theirs)
+                .map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid()), e))?;
+            let pages = batch
+                .iter()
+                .flat_map(|&(s, e)| (s..e).step_by(PAGE as usize));
+            for (page, now) in pages.zip(theirs.chunks_exact(PAGE as usize)) {
+                if now != area.bytes(page, page + PAGE) {
+                    out.push((page, page + PAGE));
+                }
+                compared += 1;
             }
         }
-        let compared = (theirs.len() as u64) / PAGE;
         Ok((merged(out), compared))
     }
 }
+
+/// Bytes a restore into a sibling reads from it at a time to compare.
+const COMPARED_AT_ONCE: u64 = 1024 * PAGE;
 
 /// `ranges` sorted and with touching ones joined.
 fn merged(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {

@@ -507,22 +507,10 @@ fn steal_userfaultfd(frozen: &Frozen, insn: u64) -> Result<OwnedFd, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::maps::{Prot, PAGE};
+    use crate::maps::PAGE;
 
     fn area(start: u64, pages: u64, fill: u8) -> Area {
-        let map = Mapping {
-            start,
-            end: start + pages * PAGE,
-            prot: Prot {
-                read: true,
-                write: true,
-                exec: false,
-                shared: false,
-            },
-            offset: 0,
-            name: String::new(),
-        };
-        let mut a = Area::new(map);
+        let mut a = Area::new(Mapping::private(start, start + pages * PAGE, true, ""));
         a.data.fill(fill);
         a
     }

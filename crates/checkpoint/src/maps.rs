@@ -49,6 +49,24 @@ pub struct Mapping {
 }
 
 impl Mapping {
+    /// A private mapping, readable, writable if `write`, named `name`
+    /// (empty: anonymous), for the unit tests.
+    #[cfg(test)]
+    pub(crate) fn private(start: u64, end: u64, write: bool, name: &str) -> Self {
+        Mapping {
+            start,
+            end,
+            prot: Prot {
+                read: true,
+                write,
+                exec: false,
+                shared: false,
+            },
+            offset: 0,
+            name: name.into(),
+        }
+    }
+
     pub fn len(&self) -> u64 {
         self.end - self.start
     }

@@ -450,21 +450,9 @@ impl Parts<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::maps::Prot;
 
     fn m(start: u64, end: u64, write: bool, name: &str) -> Mapping {
-        Mapping {
-            start,
-            end,
-            prot: Prot {
-                read: true,
-                write,
-                exec: false,
-                shared: false,
-            },
-            offset: 0,
-            name: name.into(),
-        }
+        Mapping::private(start, end, write, name)
     }
 
     #[test]

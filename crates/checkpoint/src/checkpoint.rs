@@ -76,10 +76,11 @@ struct Undo {
 }
 
 /// An area's marks before an update, and which of its ranges `Undo::bytes`
-/// holds.
+/// holds, from offset `at` on.
 struct Saved {
     start: u64,
     ranges: Vec<(u64, u64)>,
+    at: usize,
     populated: Vec<u64>,
 }
 
@@ -95,12 +96,14 @@ impl Undo {
 
     /// Saves `ranges` of `area`, and its marks, before they are updated.
     fn save(&mut self, area: &Area, ranges: &[(u64, u64)]) {
+        let at = self.bytes.len();
         for &(s, e) in ranges {
             self.bytes.extend_from_slice(area.bytes(s, e));
         }
         self.updated.push(Saved {
             start: area.map.start,
             ranges: ranges.to_vec(),
+            at,
             populated: area.populated.clone(),
         });
     }
@@ -123,16 +126,12 @@ impl Undo {
         touched: BTreeMap<u64, Area>,
         mut rest: BTreeMap<u64, Area>,
     ) -> BTreeMap<u64, Area> {
-        let mut saved: BTreeMap<u64, (Saved, usize)> = BTreeMap::new();
-        let mut at = 0;
-        for s in self.updated {
-            let len: u64 = s.ranges.iter().map(|&(from, to)| to - from).sum();
-            saved.insert(s.start, (s, at));
-            at += len as usize;
-        }
+        let mut saved: BTreeMap<u64, Saved> =
+            self.updated.into_iter().map(|s| (s.start, s)).collect();
         for (start, mut area) in touched {
             // An area made anew is dropped; one updated gets its bytes back.
-            if let Some((s, mut from_buffer)) = saved.remove(&start) {
+            if let Some(s) = saved.remove(&start) {
+                let mut from_buffer = s.at;
                 for (from, to) in s.ranges {
                     let (at, len) = ((from - area.map.start) as usize, (to - from) as usize);
                     area.data[at..at + len]

@@ -11,12 +11,13 @@ use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
 
 use crate::image::Area;
+use crate::maps::PAGE;
 
 const BATCH: usize = 512;
 
 /// Bytes above which a read is split between two threads (a thread costs
 /// tens of µs to start; 256 pages take about half a millisecond to read).
-const SPLIT: usize = 256 * 4096;
+const SPLIT: usize = 256 * PAGE as usize;
 
 /// Disjoint mutable slices of `data` (which starts at `base`) for sorted,
 /// non-overlapping absolute ranges.
@@ -45,7 +46,7 @@ fn remote(ranges: &[(u64, u64)]) -> Vec<RemoteIoVec> {
         .collect()
 }
 
-fn total(ranges: &[(u64, u64)]) -> usize {
+pub(crate) fn total(ranges: &[(u64, u64)]) -> usize {
     ranges.iter().map(|&(s, e)| (e - s) as usize).sum()
 }
 

@@ -182,7 +182,8 @@ impl Checkpointer {
         let mut out: Vec<(u64, u64)> = minus(&self.resident(map)?, &runs);
         // A batch at a time into one buffer: a buffer as large as the
         // mapping would cost a page fault per page, as much as the read.
-        let mut theirs = vec![0u8; COMPARED_AT_ONCE as usize];
+        let longest = memio::total(&runs).min(COMPARED_AT_ONCE as usize);
+        let mut theirs = vec![0u8; longest];
         let mut compared = 0;
         for batch in memio::batches(&runs, COMPARED_AT_ONCE) {
             memio::read(self.pid(), self.mem(), &batch, &mut theirs)

@@ -230,12 +230,15 @@ fn resolve(
 fn bound(f: &Function, b: &Bound) -> Result<(), Fail> {
     let (name, arg) = (b.kind.idl(), &b.arg);
     let unsigned = |t: &Type| t.is_int() && *t != Type::I64;
-    let measured = |t: &Type| unsigned(t) || *t == Type::Bytes || *t == Type::Str;
-    let (fits, what) = match b.kind {
-        BoundKind::AtMost => (measured(&f.ret), "an unsigned integer, bytes or a string"),
-        BoundKind::Above => (unsigned(&f.ret), "an unsigned integer"),
+    let fits = |t: &Type| match b.kind {
+        BoundKind::AtMost => unsigned(t) || *t == Type::Bytes || *t == Type::Str,
+        BoundKind::Above => unsigned(t),
     };
-    if !fits {
+    let what = match b.kind {
+        BoundKind::AtMost => "an unsigned integer, bytes or a string",
+        BoundKind::Above => "an unsigned integer",
+    };
+    if !fits(&f.ret) {
         return Err(Fail::new(
             f.ret_span,
             format!(
@@ -245,10 +248,6 @@ fn bound(f: &Function, b: &Bound) -> Result<(), Fail> {
             ),
         ));
     }
-    let fits = |t: &Type| match b.kind {
-        BoundKind::AtMost => measured(t),
-        BoundKind::Above => unsigned(t),
-    };
     match f.arg_type(arg) {
         Some(t) if fits(t) => Ok(()),
         Some(t) => Err(Fail::new(

@@ -413,10 +413,10 @@ impl Parser {
                 }
                 "advance" => f.advance = Some(a.field_ref()?),
                 "at_most" | "above" => {
-                    let kind = match a.name.as_str() {
-                        "at_most" => BoundKind::AtMost,
-                        _ => BoundKind::Above,
-                    };
+                    let kind = [BoundKind::AtMost, BoundKind::Above]
+                        .into_iter()
+                        .find(|k| k.idl() == a.name)
+                        .expect("matched");
                     let (arg, span) = a.arg_name()?;
                     f.bounds.push(Bound { kind, arg, span });
                 }

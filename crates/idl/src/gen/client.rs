@@ -7,9 +7,6 @@ use super::{ident, snake, Ctx, Out};
 use crate::model::*;
 
 /// A client method whose retried call needs no bookkeeping, as written by
-/// `client_fn`, shortened: `retry(|| { match CALL { Ok(ret) => Ok(ret),
-/// Err(e) => Err(e), } })` becomes `retry(|| CALL)`, and
-/// `Ok(id) => Ok(D(id))` becomes `retry(|| CALL).map(D)`.
 /// `value` of type `ty` as the `u64` a bound compares: an
 /// integer itself, bytes or a string by length.
 fn measure(ty: &Type, value: &str) -> String {
@@ -22,6 +19,9 @@ fn measure(ty: &Type, value: &str) -> String {
     }
 }
 
+/// `client_fn`, shortened: `retry(|| { match CALL { Ok(ret) => Ok(ret),
+/// Err(e) => Err(e), } })` becomes `retry(|| CALL)`, and
+/// `Ok(id) => Ok(D(id))` becomes `retry(|| CALL).map(D)`.
 fn direct_retry(method: &str) -> String {
     let lines: Vec<&str> = method.lines().collect();
     let at = |i: usize| lines.get(i).map_or("", |l| l.trim());

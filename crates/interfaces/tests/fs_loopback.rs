@@ -483,6 +483,12 @@ fn threads_share_a_client_across_reboots() {
         s.reboot();
         reboots += 1;
         std::thread::sleep(std::time::Duration::from_micros(200));
+        // The next reboot waits for the new incarnation to serve a call:
+        // beside CPU hogs, rebooting on a clock alone could come faster
+        // than the clients rebuild, and the test would make no progress.
+        while s.log().is_empty() && finished.load(Ordering::SeqCst) < 3 {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
     }
     let expected: Vec<u8> = (0..WRITES).flat_map(|i| i.to_le_bytes()).collect();
     for t in threads {

@@ -8,12 +8,16 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::abi::channel::{flags, state, status, Edge};
 use crate::futex;
 use crate::journal::{Full, Journal};
 use crate::priority;
 use crate::stub::{Caller, Dispatched, Service};
+
+/// How often a sleeping worker looks at its retirement flag.
+const RETIRE_RECHECK: Duration = Duration::from_millis(100);
 
 /// What a worker needs to serve one slot.
 pub struct SlotWorker {
@@ -207,7 +211,11 @@ impl SlotWorker {
             if self.retire.load(Ordering::SeqCst) {
                 break false;
             }
-            futex::wait(&s.state, v, None);
+            // Bounded: `retire` is not the futex word, so a retirement
+            // and its wake between the check above and this wait would
+            // otherwise be missed for good (a Loopback reboot beside two
+            // CPU hogs hung joining such a worker).
+            futex::wait(&s.state, v, Some(RETIRE_RECHECK));
         };
         s.server_sleeping.store(0, Ordering::Relaxed);
         arrived

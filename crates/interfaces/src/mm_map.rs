@@ -19,6 +19,7 @@
 //! mm serves `locate` while its revoke waits for that `UNMAP`.
 
 use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -198,6 +199,26 @@ impl<'c> Mapper<'c> {
             Self::check(page, m, at, buf.len())?;
             m.copy_out(at, buf);
             Ok(())
+        })?
+    }
+
+    /// Sends `head`, then `len` bytes of `page` from byte `at`, on the
+    /// socket `fd`, without copying the page (see
+    /// [`Mapping::send_after`]); what the kernel took, or its error
+    /// (`WouldBlock` when the socket's buffer is full: the page stays
+    /// mapped only during the call, so the caller waits for the socket
+    /// without holding it, and a revoke is never held up by a slow peer).
+    pub fn send(
+        &self,
+        page: Page,
+        at: usize,
+        len: usize,
+        head: &[u8],
+        fd: BorrowedFd<'_>,
+    ) -> Result<std::io::Result<usize>, MapError> {
+        self.with(page, |m| {
+            Self::check(page, m, at, len)?;
+            Ok(m.send_after(fd, head, at, len, 0))
         })?
     }
 

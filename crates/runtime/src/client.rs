@@ -65,6 +65,7 @@ struct Inner {
     edge: Arc<Edge>,
     upcalls: Arc<Listener>,
     server: String,
+    server_id: u32,
     info: &'static InterfaceInfo,
     /// Names the connection in a request log ([`crate::journal`]): a hash
     /// of the server's name, the same in every incarnation.
@@ -89,6 +90,7 @@ impl Connection {
     pub(crate) fn new(
         upcalls: Arc<Listener>,
         server: String,
+        server_id: u32,
         info: &'static InterfaceInfo,
         watched: bool,
     ) -> std::io::Result<Self> {
@@ -105,6 +107,7 @@ impl Connection {
                 edge: upcalls.edge().clone(),
                 upcalls,
                 server,
+                server_id,
                 info,
                 id,
                 watched,
@@ -119,6 +122,14 @@ impl Connection {
     /// The server component's name.
     pub fn server(&self) -> &str {
         &self.inner.server
+    }
+
+    /// The server component's id (its place in the system description,
+    /// from 1; 0 outside a system): how the server knows this client's
+    /// component among its callers, and how it may be named to a third
+    /// (an mm page aliased to it).
+    pub fn server_id(&self) -> u32 {
+        self.inner.server_id
     }
 
     /// The server's current epoch (incarnation number); while a

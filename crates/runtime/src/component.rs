@@ -254,6 +254,7 @@ impl Runtime {
         Connection::new(
             listener.clone(),
             used.server.clone(),
+            used.server_id,
             info,
             self.boot.watchdog,
         )

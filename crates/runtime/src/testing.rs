@@ -75,14 +75,14 @@ impl Loopback {
 
     /// A client connection; the first one starts the client's upcall thread.
     pub fn connection(&self) -> Connection {
-        Connection::new(self.upcalls.clone(), "loopback".into(), self.info, false)
+        Connection::new(self.upcalls.clone(), "loopback".into(), 0, self.info, false)
             .expect("start the loopback upcall thread")
     }
 
     /// A connection whose client suspects the server of an impossible reply
     /// (as in a system with a watchdog); the test plays the watchdog.
     pub fn watched_connection(&self) -> Connection {
-        Connection::new(self.upcalls.clone(), "loopback".into(), self.info, true)
+        Connection::new(self.upcalls.clone(), "loopback".into(), 0, self.info, true)
             .expect("start the loopback upcall thread")
     }
 
@@ -157,6 +157,7 @@ pub fn connection_for_tests(edge: Arc<Edge>, info: &'static InterfaceInfo) -> Co
     Connection::new(
         Arc::new(Listener::new(edge, info.name, None)),
         "test-server".into(),
+        0,
         info,
         false,
     )

@@ -168,6 +168,7 @@ pub(crate) struct Served {
 pub(crate) struct Used {
     pub interface: String,
     pub server: String,
+    pub server_id: u32,
     pub edge: Arc<Edge>,
     /// The server's pool, if it has one.
     pub pool: Option<Arc<Region>>,
@@ -251,6 +252,7 @@ impl Wiring {
             .map(|u| UsedEdge {
                 interface: u.interface.clone(),
                 server: u.server.clone(),
+                server_id: u.server_id,
                 fd: u.edge.region().fd().as_raw_fd(),
                 pool_fd: raw_fd(u.pool.as_deref()),
             })

@@ -303,6 +303,7 @@ impl<'a> Supervisor<'a> {
                 .map(|(_, s, i, e)| Used {
                     interface: i.to_string(),
                     server: s.to_string(),
+                    server_id: system.component(s).map_or(0, |c| c.id),
                     edge: e.clone(),
                     pool: pools.get(s).cloned(),
                 })

@@ -27,11 +27,13 @@
 
 #![forbid(unsafe_code)]
 
+mod cache;
 mod http;
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +46,7 @@ use kintsugi_runtime::client::Changes;
 use kintsugi_runtime::{CallError, Incarnation, Runtime};
 use serde::Deserialize;
 
+use cache::{CachePage, Cached};
 use http::{Method, Parse};
 
 /// Where the document root lives in ramfs.
@@ -83,6 +86,14 @@ struct Config {
     /// join the batch without waking it again.
     #[serde(default = "log_every_ms")]
     log_every_ms: u64,
+    /// Cached files are sent by netd from their mm pages (`net.send_page`),
+    /// not copied to it; off, or netd without mm: copied.
+    #[serde(default = "yes")]
+    send_pages: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn workers() -> u32 {
@@ -109,13 +120,11 @@ fn log_event() -> u64 {
     0x0068_7474_706c_6f67
 }
 
-/// A cached file: in a page granted by mm and mapped here; current while
-/// ramfs publishes no change of its name or contents since `when`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Cached {
-    page: mm::Page,
-    len: u64,
-    when: Changes,
+/// A file found: its ramfs path, and its cached page if the response is
+/// to be sent from it.
+struct Found {
+    path: String,
+    page: Option<Cached>,
 }
 
 /// A stat of ramfs, current while ramfs publishes no change of the path's
@@ -156,6 +165,9 @@ struct Httpd {
     cache: Mutex<HashMap<String, Cached>>,
     mm: &'static mm::Client,
     pages: Mapper<'static>,
+    /// Whether netd sends bodies from cached pages (`net.send_page`); off
+    /// for the incarnation once netd refuses one (it has no mm).
+    send_pages: AtomicBool,
     events: evt::Client,
     log_event: evt::Evt,
     log_every: Duration,
@@ -282,13 +294,24 @@ impl Httpd {
     ) -> anyhow::Result<u16> {
         let head_only = req.method == Method::Head;
         let keep_alive = req.keep_alive;
-        let (status, ctype) = match req.method {
-            Method::Other => (405, "text/plain"),
-            Method::Get | Method::Head => match self.file(&req.path, body)? {
-                Some(path) => (200, http::content_type(&path)),
-                None => (404, "text/plain"),
+        let from_page = !head_only && self.send_pages.load(Ordering::Relaxed);
+        let (status, ctype, page) = match req.method {
+            Method::Other => (405, "text/plain", None),
+            Method::Get | Method::Head => match self.file(&req.path, body, from_page)? {
+                Some(f) => (200, http::content_type(&f.path), f.page),
+                None => (404, "text/plain", None),
             },
         };
+        if let Some(cached) = page {
+            match self.respond_page(worker, c, ctype, &cached, keep_alive) {
+                Err(CallError::Server(e @ (net::Error::Invalid | net::Error::NotFound))) => {
+                    self.refused_page(&cached, e)?;
+                    body.resize(cached.len as usize, 0);
+                    self.pages.read(cached.page.page, 0, body)?;
+                }
+                sent => return sent.map(|()| 200).map_err(Into::into),
+            }
+        }
         let sent = match status {
             200 => &body[..],
             _ => http::reason(status).as_bytes(),
@@ -347,9 +370,43 @@ impl Httpd {
         Ok(())
     }
 
-    /// Sends bytes (the last ones, closing the connection, if `end`), with
-    /// the connection in `worker`'s waiting slot for the reaper, which ends
-    /// it if the peer does not take them within `idle`.
+    /// Sends a whole response to a GET of a cached file: its head, and its
+    /// body from the cached page, which netd sends without a copy through
+    /// the channel (one call, whatever the size).
+    fn respond_page(
+        &self,
+        worker: usize,
+        c: net::Conn,
+        ctype: &str,
+        cached: &Cached,
+        keep_alive: bool,
+    ) -> Result<(), CallError<net::Error>> {
+        let alias = cached.page.alias.ok_or(CallError::Server(net::Error::Invalid))?;
+        let head = http::head(200, ctype, cached.len, keep_alive).into_bytes();
+        let total = (head.len() as u64 + cached.len) as u32;
+        self.sending(worker, c, || match keep_alive {
+            true => self.net.send_page(c, &head, alias.0, 0, total).map(drop),
+            false => self.net.finish_page(c, &head, alias.0, 0, total),
+        })
+    }
+
+    /// netd sent nothing from `cached`'s page: it has no mm (`Invalid`:
+    /// bodies are copied to it from now on), or not this alias (`NotFound`:
+    /// mm revoked it when a netd died; the file is cached again, with an
+    /// alias for the netd of now).
+    fn refused_page(&self, cached: &Cached, e: net::Error) -> anyhow::Result<()> {
+        if e == net::Error::Invalid {
+            tracing::warn!("netd sends no mm pages: responses are copied to it");
+            self.send_pages.store(false, Ordering::Relaxed);
+            return Ok(());
+        }
+        let _held = self.cache_lock.take()?;
+        let mut cache = self.cache.lock().unwrap();
+        cache.retain(|_, c| c != cached);
+        Ok(())
+    }
+
+    /// Sends bytes (the last ones, closing the connection, if `end`).
     fn send(
         &self,
         worker: usize,
@@ -357,18 +414,36 @@ impl Httpd {
         data: &[u8],
         end: bool,
     ) -> Result<(), CallError<net::Error>> {
-        *self.waiting[worker].lock().unwrap() = Some((c, Instant::now()));
-        let sent = match end {
+        self.sending(worker, c, || match end {
             true => self.net.finish(c, data),
             false => self.net.send(c, data).map(drop),
-        };
+        })
+    }
+
+    /// Runs `send` with the connection in `worker`'s waiting slot for the
+    /// reaper, which ends it if the peer does not take the bytes within
+    /// `idle`.
+    fn sending(
+        &self,
+        worker: usize,
+        c: net::Conn,
+        send: impl FnOnce() -> Result<(), CallError<net::Error>>,
+    ) -> Result<(), CallError<net::Error>> {
+        *self.waiting[worker].lock().unwrap() = Some((c, Instant::now()));
+        let sent = send();
         *self.waiting[worker].lock().unwrap() = None;
         sent
     }
 
-    /// The ramfs path of the file `path` names, its contents read into
-    /// `body`; or none.
-    fn file(&self, path: &str, body: &mut Vec<u8>) -> anyhow::Result<Option<String>> {
+    /// The ramfs path of the file `path` names, and its cached page if
+    /// `from_page` and netd may send from it; else its contents read into
+    /// `body`. None if there is no such file.
+    fn file(
+        &self,
+        path: &str,
+        body: &mut Vec<u8>,
+        from_page: bool,
+    ) -> anyhow::Result<Option<Found>> {
         let mut at = format!("{ROOT}{path}");
         if at.ends_with('/') {
             at.push_str("index.html");
@@ -387,18 +462,25 @@ impl Httpd {
             };
         }
         let held = self.cache_lock.take()?;
-        let hit = self.cache.lock().unwrap().get(&at).copied();
-        let cached = match hit {
-            Some(c) if c.len == stat.size && self.current(&c.when, &stat) => {
+        let hit = self.cache.lock().unwrap().get(&at).cloned();
+        let current = hit
+            .as_ref()
+            .filter(|c| c.len == stat.size && self.current(&c.when, &stat));
+        let cached = match current {
+            Some(c) if from_page && c.page.alias.is_some() => {
+                let page = Some(c.clone());
+                return Ok(Some(Found { path: at, page }));
+            }
+            Some(c) => {
                 // Only the bytes past the buffer's last length are zeroed.
                 body.resize(c.len as usize, 0);
-                self.pages.read(c.page, 0, body).is_ok()
+                self.pages.read(c.page.page, 0, body).is_ok()
             }
-            _ => false,
+            None => false,
         };
         drop(held);
         if cached {
-            return Ok(Some(at));
+            return Ok(Some(Found { path: at, page: None }));
         }
         let when = self.fs.connection().changes();
         let data = match self.read(&at) {
@@ -413,7 +495,7 @@ impl Httpd {
             tracing::debug!("not cached: {at}: {e}");
         }
         *body = data;
-        Ok(Some(at))
+        Ok(Some(Found { path: at, page: None }))
     }
 
     /// Puts `data` in a page of its own from mm, in place of `stale`.
@@ -425,19 +507,26 @@ impl Httpd {
         stale: Option<Cached>,
         when: Changes,
     ) -> anyhow::Result<()> {
-        if self.cache.lock().unwrap().get(at).copied() != stale {
+        if self.cache.lock().unwrap().get(at) != stale.as_ref() {
             return Ok(()); // another worker cached it meanwhile
         }
-        if let Some(old) = stale {
+        if stale.is_some() {
+            // Revoked once no worker sends from it any more.
             self.cache.lock().unwrap().remove(at);
-            self.mm.revoke(old.page)?;
         }
         if data.is_empty() || data.len() as u64 > CACHE_MAX {
             return Ok(());
         }
-        let page = self.mm.grant(data.len().div_ceil(4096) as u32)?;
-        self.pages.map(page)?;
-        self.pages.write(page, 0, data)?;
+        let granted = self.mm.grant(data.len().div_ceil(4096) as u32)?;
+        // Revoked on drop: also if what follows fails.
+        let mut page = CachePage::new(self.mm, granted);
+        self.pages.map(granted)?;
+        self.pages.write(granted, 0, data)?;
+        let netd = self.net.connection().server_id();
+        if self.send_pages.load(Ordering::Relaxed) && netd != 0 {
+            page.alias = Some(self.mm.alias(granted, netd)?);
+        }
+        let page = Arc::new(page);
         let len = data.len() as u64;
         self.cache
             .lock()
@@ -722,6 +811,7 @@ fn main() {
                 cache: Mutex::new(HashMap::new()),
                 mm,
                 pages: Mapper::new(mm, pool),
+                send_pages: AtomicBool::new(config.send_pages),
                 events,
                 log_event,
                 log_every: Duration::from_millis(config.log_every_ms),

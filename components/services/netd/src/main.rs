@@ -49,6 +49,7 @@
 mod conn;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod keeper;
+mod pages;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod sockinfo;
 mod table;
@@ -67,6 +68,7 @@ use kintsugi_runtime::{Caller, Incarnation, Runtime, Sysno};
 use rustix::net::{RecvFlags, SendFlags, Shutdown};
 use serde::Deserialize;
 
+use pages::Pages;
 use conn::{Entry, Holder, Io, Kept, Slot, State};
 use table::Table;
 use watch::{Event, Watch};
@@ -123,6 +125,8 @@ struct Netd {
     /// Wakes `accept` threads waiting for a ready connection or the lead.
     wake: Condvar,
     watch: Watch,
+    /// mm's pages, if netd uses mm: bodies sent without a copy.
+    pages: Option<Pages>,
 }
 
 fn io_error(e: rustix::io::Errno) -> Error {
@@ -238,6 +242,24 @@ impl Netd {
 
     /// Reads the receive queue up to the client's `keep` (bytes of requests
     /// it has answered) and marks where its unanswered request begins.
+    /// How many of the `len` bytes a send at the client's offset `at`
+    /// carries the kernel already has (a call re-issued after a reboot).
+    fn already_sent(
+        &self,
+        c: u64,
+        e: &Entry,
+        io: &mut Io,
+        at: u64,
+        len: usize,
+    ) -> Result<usize, Error> {
+        self.rebase(c, e, io);
+        let start = io.tb + at;
+        if start > io.sent {
+            return Err(Error::Invalid);
+        }
+        Ok(((io.sent - start) as usize).min(len))
+    }
+
     fn discard_to(&self, e: &Entry, io: &mut Io, seen: u64, keep: u64) -> Result<(), Error> {
         let want = io.rb + keep;
         if keep > seen || want < io.discarded {
@@ -515,12 +537,7 @@ impl net::Server for Netd {
     fn send(&self, caller: &Caller, c: u64, at: u64, data: &[u8]) -> Result<u32, Error> {
         let (e, deaths) = self.entry(caller, c)?;
         let mut io = e.io(deaths)?;
-        self.rebase(c, &e, &mut io);
-        let start = io.tb + at;
-        if start > io.sent {
-            return Err(Error::Invalid);
-        }
-        let mut done = ((io.sent - start) as usize).min(data.len());
+        let mut done = self.already_sent(c, &e, &mut io, at, data.len())?;
         while done < data.len() {
             match rustix::net::send(&e.fd, &data[done..], SendFlags::NOSIGNAL) {
                 Ok(n) => {
@@ -532,6 +549,28 @@ impl net::Server for Netd {
             }
         }
         Ok(data.len() as u32)
+    }
+
+    fn send_page(
+        &self,
+        caller: &Caller,
+        c: u64,
+        at: u64,
+        head: &[u8],
+        page: u64,
+        offset: u32,
+        total: u32,
+    ) -> Result<u32, Error> {
+        let pages = self.pages.as_ref().ok_or(Error::Invalid)?;
+        let body = (total as usize)
+            .checked_sub(head.len())
+            .ok_or(Error::Invalid)?;
+        let (e, deaths) = self.entry(caller, c)?;
+        let mut io = e.io(deaths)?;
+        let done = self.already_sent(c, &e, &mut io, at, total as usize)?;
+        let body = (page, offset as usize, body);
+        pages.send(&e.fd, head, body, done, |n| io.sent += n as u64)?;
+        Ok(total)
     }
 
     fn shutdown(&self, caller: &Caller, c: u64) -> Result<(), Error> {
@@ -604,6 +643,20 @@ impl net::Server for Netd {
 
     fn finish(&self, caller: &Caller, c: u64, at: u64, data: &[u8]) -> Result<(), Error> {
         self.send(caller, c, at, data)?;
+        self.close(caller, c)
+    }
+
+    fn finish_page(
+        &self,
+        caller: &Caller,
+        c: u64,
+        at: u64,
+        head: &[u8],
+        page: u64,
+        offset: u32,
+        total: u32,
+    ) -> Result<(), Error> {
+        self.send_page(caller, c, at, head, page, offset, total)?;
         self.close(caller, c)
     }
 
@@ -784,6 +837,7 @@ fn main() {
             table: Mutex::new(table),
             wake: Condvar::new(),
             watch,
+            pages: Pages::connect(rt)?,
         });
         let reaper = Arc::downgrade(&netd);
         std::thread::Builder::new()

@@ -129,6 +129,12 @@ pub struct ProvidedEdge {
 pub struct UsedEdge {
     pub interface: String,
     pub server: String,
+    /// The server's component id (its place in the system description,
+    /// from 1): what the server's [`crate::Caller::component`] would say of
+    /// it, for a client that hands it something by id (an mm page aliased
+    /// to it).
+    #[serde(default)]
+    pub server_id: u32,
     pub fd: RawFd,
     /// The server's pool (`pool_kib`), if it has one; the same descriptor on
     /// every edge to that server.

@@ -11,7 +11,7 @@
 //! server granted it).
 
 use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -223,6 +223,52 @@ impl Mapping {
         for (i, b) in src[tail..].iter().enumerate() {
             // SAFETY: in bounds (asserted).
             unsafe { std::ptr::write_volatile(dst.add(tail + i), *b) };
+        }
+    }
+}
+
+impl Mapping {
+    /// Sends `head` and then the mapping's bytes `offset..offset+len` on the
+    /// socket `fd` in one `sendmsg` (`MSG_DONTWAIT | MSG_NOSIGNAL`, plus
+    /// `flags`); what the kernel took. The kernel copies the mapped bytes
+    /// itself: they are never seen through a Rust reference, so a peer
+    /// writing them meanwhile puts garbage on the wire, nothing worse.
+    /// Never blocks: a caller that holds the mapping alive (under a lock
+    /// its unmapping waits for) waits for the socket elsewhere.
+    pub fn send_after(
+        &self,
+        fd: BorrowedFd<'_>,
+        head: &[u8],
+        offset: usize,
+        len: usize,
+        flags: i32,
+    ) -> std::io::Result<usize> {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len()),
+            "shared bytes out of bounds"
+        );
+        let iov = [
+            libc::iovec {
+                iov_base: head.as_ptr() as *mut libc::c_void,
+                iov_len: head.len(),
+            },
+            libc::iovec {
+                iov_base: self.as_ptr().wrapping_add(offset) as *mut libc::c_void,
+                iov_len: len,
+            },
+        ];
+        // SAFETY: an all-zero msghdr is valid (no name, no control data).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = iov.len();
+        let flags = flags | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+        // SAFETY: both iovecs lie in live memory for the call (`head` is
+        // borrowed; the mapped range is in bounds, asserted, and mapped as
+        // long as `self`); the kernel only reads them.
+        let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, flags) };
+        match n {
+            n if n >= 0 => Ok(n as usize),
+            _ => Err(std::io::Error::last_os_error()),
         }
     }
 }

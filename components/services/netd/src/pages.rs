@@ -1,0 +1,103 @@
+//! Responses sent from mm pages: `send_page` and `finish_page` (issue 13's
+//! "`sendfile`/`writev` from mm pages rather than copies").
+//!
+//! httpd keeps its file cache in pages mm granted it, and aliases each
+//! cached page to netd. Instead of copying a body into the channel 64 KiB
+//! at a time (a call each) and netd copying it out again, httpd names the
+//! page, and netd maps it (once: [`Mapper`] keeps the mapping until mm's
+//! `UNMAP` upcall drops it) and hands the head and the mapped bytes to one
+//! `sendmsg`: the kernel copies them straight into the socket. COMPOSITE's
+//! web server passes cbufs the same way.
+//!
+//! The page stays mapped only while the kernel takes bytes: the send never
+//! blocks with the mapper's lock held, so a slow client cannot hold up a
+//! revoke (and with it httpd's cache); a full socket is waited for with
+//! `poll`, unlocked. Pages are mapped before any byte is sent: a page netd
+//! cannot map (revoked, or not aliased to it) is refused with `NotFound`,
+//! and every page with `Invalid` if netd has no mm; nothing is sent then,
+//! so the caller may fall back to copying. mm revokes a dead netd's
+//! aliases: its next incarnation refuses them, and httpd makes new ones.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use kintsugi_interfaces::mm::{self, Page};
+use kintsugi_interfaces::mm_map::Mapper;
+use kintsugi_interfaces::net::Error;
+use kintsugi_runtime::Runtime;
+use rustix::event::{poll, PollFd, PollFlags};
+
+use crate::io_error;
+
+pub struct Pages {
+    mapper: Mapper<'static>,
+}
+
+impl Pages {
+    /// netd's view of mm's pages, if its system gives it mm (`uses`).
+    pub fn connect(rt: &Arc<Runtime>) -> anyhow::Result<Option<Self>> {
+        let Some(pool) = rt.server_pool(mm::INFO.name) else {
+            return Ok(None);
+        };
+        // One client for the incarnation's life, which the mapper borrows.
+        let client: &'static mm::Client = Box::leak(Box::new(mm::Client::connect(rt)?));
+        Ok(Some(Self {
+            mapper: Mapper::new(client, pool),
+        }))
+    }
+
+    /// Sends `head`, then `body` bytes of `page` from byte `offset`,
+    /// skipping the first `done` bytes of the whole (the kernel has them
+    /// from a call before a reboot); `sent` is told of every byte taken.
+    pub fn send(
+        &self,
+        fd: &OwnedFd,
+        head: &[u8],
+        (page, offset, body): (u64, usize, usize),
+        mut done: usize,
+        mut sent: impl FnMut(usize),
+    ) -> Result<(), Error> {
+        let page = Page(page);
+        if let Err(e) = self.mapper.map(page) {
+            tracing::debug!("page {:#x}: {e}", page.0);
+            return Err(Error::NotFound);
+        }
+        let total = head.len() + body;
+        while done < total {
+            let (h, at) = match head.get(done..) {
+                Some(h) if !h.is_empty() => (h, offset),
+                _ => (&[][..], offset + done - head.len()),
+            };
+            let len = total - done - h.len();
+            match self.mapper.send(page, at, len, h, fd.as_fd()) {
+                Err(e) => {
+                    // Revoked meanwhile: the caller died or dropped the page.
+                    tracing::debug!("page {:#x}: {e}", page.0);
+                    return Err(Error::Closed);
+                }
+                Ok(Ok(n)) => {
+                    done += n;
+                    sent(n);
+                }
+                Ok(Err(e)) => match e.kind() {
+                    std::io::ErrorKind::WouldBlock => writable(fd)?,
+                    std::io::ErrorKind::Interrupted => {}
+                    _ => {
+                        tracing::debug!("socket: {e}");
+                        return Err(Error::Closed);
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Waits until `fd` takes bytes again, or has failed (the next send says how).
+fn writable(fd: &OwnedFd) -> Result<(), Error> {
+    let mut fds = [PollFd::new(fd, PollFlags::OUT)];
+    match poll(&mut fds, None) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(e) => Err(io_error(e)),
+    }
+}

@@ -67,13 +67,16 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Starts the web system; returns once it accepts connections.
+/// Starts the web system; returns once it accepts connections. Its roster
+/// is in the directory above `root` (the test's own: `kintsugi status`
+/// there names this system, not another test's).
 #[allow(
     clippy::zombie_processes,
     reason = "returned to the caller, which waits for it; killed and waited for on a timeout"
 )]
 fn start(tag: &str, root: &Path, port: u16, extra: &[String]) -> Child {
     let mut child = run_system(tag, &system())
+        .env("XDG_RUNTIME_DIR", root.parent().unwrap())
         .arg("--set")
         .arg(format!(
             "httpd.docroot={}",
@@ -349,6 +352,107 @@ fn idle_slow_and_stalled_clients_do_not_starve_a_normal_one() {
     eprintln!("{served} requests, the slowest answered in {slowest:?}");
     assert_eq!(crashes(&log, "httpd").len(), 1, "{log}");
     assert!(leftovers(&tag).is_empty());
+}
+
+/// httpd's counter `name`, from `kintsugi status` of the system whose
+/// roster is in `dir`.
+fn httpd_counter(tag: &str, dir: &Path, name: &str) -> u64 {
+    let out = kintsugi(tag)
+        .env("XDG_RUNTIME_DIR", dir)
+        .args(["status", "web", "--json"])
+        .output()
+        .unwrap();
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "{o}{e}");
+    let status: serde_json::Value = serde_json::from_str(&o).unwrap();
+    let httpd = status["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "httpd")
+        .unwrap_or_else(|| panic!("no httpd in {o}"));
+    httpd["counters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c[0] == name)
+        .and_then(|c| c[1].as_u64())
+        .unwrap_or_else(|| panic!("no counter {name} in {httpd}"))
+}
+
+/// Restarts `component` of the web system whose roster is in `dir`.
+fn restart(tag: &str, dir: &Path, component: &str) {
+    let out = kintsugi(tag)
+        .env("XDG_RUNTIME_DIR", dir)
+        .args(["restart", component])
+        .output()
+        .unwrap();
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "restart {component}: {o}{e}");
+}
+
+/// Cached files go out from their mm pages (`net.send_page`: netd sends
+/// the head and the page in one `sendmsg`, nothing copied through the
+/// channel). mm revokes a dead netd's aliases: the next netd refuses each
+/// once, httpd caches the file again with an alias for it, and every body
+/// stays right; a rebooted mm has httpd's aliases rebuilt by its stub, and
+/// a rebooted httpd makes new ones.
+#[test]
+fn cached_files_are_sent_from_mm_pages_across_reboots() {
+    let tag = unique_tag("web-pages");
+    let dir = scratch("web-pages");
+    let files = docroot(&dir.join("www"), seed("web-pages"));
+    let cached: Vec<_> = files
+        .iter()
+        .filter(|(_, d)| !d.is_empty() && d.len() <= 1 << 20)
+        .collect();
+    let port = free_port();
+    let child = start(&tag, &dir.join("www"), port, &[]);
+    let fetch_all = |keep: bool| {
+        for (path, data) in &cached {
+            let mut s = connect(port).unwrap();
+            let r = request(&mut s, "GET", path, keep).unwrap();
+            assert_eq!((r.status, r.body.len()), (200, data.len()), "{path}");
+            assert!(r.body == *data, "{path}: the body differs");
+        }
+    };
+    let counter = |name| httpd_counter(&tag, &dir, name);
+    // The first round fills the cache; the second is sent from it.
+    fetch_all(true);
+    let before = counter("sent_from_pages");
+    fetch_all(false);
+    let sent = counter("sent_from_pages") - before;
+    assert_eq!(sent, cached.len() as u64, "the second round, from pages");
+    for component in ["netd", "mm", "httpd", "netd"] {
+        let (sent, refused) = (counter("sent_from_pages"), counter("pages_refused"));
+        restart(&tag, &dir, component);
+        // Twice: after a netd reboot the first round re-caches the files.
+        fetch_all(true);
+        fetch_all(false);
+        let now = (counter("sent_from_pages"), counter("pages_refused"));
+        eprintln!(
+            "after {component}'s reboot: sent from pages {sent} -> {}, refused {refused} -> {}",
+            now.0, now.1
+        );
+        // A rebooted httpd counts from 0.
+        let (sent, refused) = if component == "httpd" {
+            (0, 0)
+        } else {
+            (sent, refused)
+        };
+        assert!(
+            now.0 - sent >= cached.len() as u64,
+            "{component}: the second round, from pages"
+        );
+        if component == "netd" {
+            assert!(
+                now.1 > refused,
+                "the new netd refused the dead one's aliases"
+            );
+        }
+    }
+    let log = stop(child);
+    assert!(!log.contains("sends no mm pages"), "{log}");
 }
 
 #[test]

@@ -2,7 +2,9 @@
 //!
 //! Every request crosses several of them: netd (accept, adopt, recv, send,
 //! and `finish` for the last bytes of a response that closes the
-//! connection: the connection itself), ramfs (`stat`, and open/read/close when a
+//! connection: the connection itself; a cached file's response is one
+//! `send_page`/`finish_page`, which netd sends from the file's mm page
+//! without a copy, see `cache.rs`), ramfs (`stat`, and open/read/close when a
 //! file is not cached; a stat and a cached file are kept while the change
 //! counters ramfs publishes say they are current, so a cached file costs no
 //! call), lock (the file cache is shared by the workers under
@@ -19,7 +21,9 @@
 //! stays silent for what is left of `idle_ms`. A request must arrive whole
 //! within `idle_ms` of its first byte. So idle, slow and stalled
 //! connections hold no worker. The system gives each edge a channel slot
-//! per thread. Requests served are counted in counter `requests`.
+//! per thread. Requests served are counted in counter `requests`; those
+//! netd sent from a page in `sent_from_pages`, and pages netd refused (so
+//! the response was copied) in `pages_refused`.
 //!
 //! With `docroot` set, the first incarnation copies that directory into
 //! ramfs under `/www` (and marks it done), so later incarnations and a crash
@@ -270,9 +274,7 @@ impl Httpd {
             r.buf.drain(..total);
             let status = self.answer(worker, c, &req, body)?;
             self.log(&req, status);
-            if let Ok(n) = self.rt.counter("requests") {
-                n.add(1);
-            }
+            self.count("requests");
             if !req.keep_alive {
                 return Ok(After::Closed);
             }
@@ -303,14 +305,12 @@ impl Httpd {
             },
         };
         if let Some(cached) = page {
-            match self.respond_page(worker, c, ctype, &cached, keep_alive) {
-                Err(CallError::Server(e @ (net::Error::Invalid | net::Error::NotFound))) => {
-                    self.refused_page(&cached, e)?;
-                    body.resize(cached.len as usize, 0);
-                    self.pages.read(cached.page.page, 0, body)?;
-                }
-                sent => return sent.map(|()| 200).map_err(Into::into),
+            if self.answer_from_page(worker, c, ctype, &cached, keep_alive)? {
+                return Ok(200);
             }
+            // Refused: copied to netd instead.
+            body.resize(cached.len as usize, 0);
+            self.pages.read(cached.page.page, 0, body)?;
         }
         let sent = match status {
             200 => &body[..],
@@ -370,6 +370,33 @@ impl Httpd {
         Ok(())
     }
 
+    /// Answers a GET of a cached file from its page; false if netd refused
+    /// the page twice (its alias renewed in between), or has no mm.
+    fn answer_from_page(
+        &self,
+        worker: usize,
+        c: net::Conn,
+        ctype: &str,
+        cached: &Cached,
+        keep_alive: bool,
+    ) -> Result<bool, CallError<net::Error>> {
+        for _ in 0..2 {
+            match self.respond_page(worker, c, ctype, cached, keep_alive) {
+                Err(CallError::Server(e @ (net::Error::Invalid | net::Error::NotFound))) => {
+                    if !self.refused_page(cached, e) {
+                        return Ok(false);
+                    }
+                }
+                sent => {
+                    sent?;
+                    self.count("sent_from_pages");
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
     /// Sends a whole response to a GET of a cached file: its head, and its
     /// body from the cached page, which netd sends without a copy through
     /// the channel (one call, whatever the size).
@@ -381,7 +408,7 @@ impl Httpd {
         cached: &Cached,
         keep_alive: bool,
     ) -> Result<(), CallError<net::Error>> {
-        let alias = cached.page.alias.ok_or(CallError::Server(net::Error::Invalid))?;
+        let alias = (cached.page.alias()).ok_or(CallError::Server(net::Error::Invalid))?;
         let head = http::head(200, ctype, cached.len, keep_alive).into_bytes();
         let total = (head.len() as u64 + cached.len) as u32;
         self.sending(worker, c, || match keep_alive {
@@ -392,18 +419,23 @@ impl Httpd {
 
     /// netd sent nothing from `cached`'s page: it has no mm (`Invalid`:
     /// bodies are copied to it from now on), or not this alias (`NotFound`:
-    /// mm revoked it when a netd died; the file is cached again, with an
-    /// alias for the netd of now).
-    fn refused_page(&self, cached: &Cached, e: net::Error) -> anyhow::Result<()> {
+    /// mm revoked it when a netd died). Whether to try again: the page
+    /// aliased anew for the netd of now.
+    fn refused_page(&self, cached: &Cached, e: net::Error) -> bool {
+        self.count("pages_refused");
         if e == net::Error::Invalid {
             tracing::warn!("netd sends no mm pages: responses are copied to it");
             self.send_pages.store(false, Ordering::Relaxed);
-            return Ok(());
+            return false;
         }
-        let _held = self.cache_lock.take()?;
-        let mut cache = self.cache.lock().unwrap();
-        cache.retain(|_, c| c != cached);
-        Ok(())
+        let netd = self.net.connection().server_id();
+        match cached.page.realias(netd) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::debug!("aliasing cache page {:#x}: {e}", cached.page.page.0);
+                false
+            }
+        }
     }
 
     /// Sends bytes (the last ones, closing the connection, if `end`).
@@ -467,7 +499,7 @@ impl Httpd {
             .as_ref()
             .filter(|c| c.len == stat.size && self.current(&c.when, &stat));
         let cached = match current {
-            Some(c) if from_page && c.page.alias.is_some() => {
+            Some(c) if from_page && c.page.alias().is_some() => {
                 let page = Some(c.clone());
                 return Ok(Some(Found { path: at, page }));
             }
@@ -480,7 +512,10 @@ impl Httpd {
         };
         drop(held);
         if cached {
-            return Ok(Some(Found { path: at, page: None }));
+            return Ok(Some(Found {
+                path: at,
+                page: None,
+            }));
         }
         let when = self.fs.connection().changes();
         let data = match self.read(&at) {
@@ -495,7 +530,10 @@ impl Httpd {
             tracing::debug!("not cached: {at}: {e}");
         }
         *body = data;
-        Ok(Some(Found { path: at, page: None }))
+        Ok(Some(Found {
+            path: at,
+            page: None,
+        }))
     }
 
     /// Puts `data` in a page of its own from mm, in place of `stale`.
@@ -519,12 +557,12 @@ impl Httpd {
         }
         let granted = self.mm.grant(data.len().div_ceil(4096) as u32)?;
         // Revoked on drop: also if what follows fails.
-        let mut page = CachePage::new(self.mm, granted);
+        let page = CachePage::new(self.mm, granted);
         self.pages.map(granted)?;
         self.pages.write(granted, 0, data)?;
         let netd = self.net.connection().server_id();
         if self.send_pages.load(Ordering::Relaxed) && netd != 0 {
-            page.alias = Some(self.mm.alias(granted, netd)?);
+            page.realias(netd)?;
         }
         let page = Arc::new(page);
         let len = data.len() as u64;
@@ -561,6 +599,13 @@ impl Httpd {
         };
         known.insert(path.to_string(), k);
         Ok(stat)
+    }
+
+    /// Adds one to counter `name`.
+    fn count(&self, name: &str) {
+        if let Ok(n) = self.rt.counter(name) {
+            n.add(1);
+        }
     }
 
     /// Queues an access log line; the first line of a batch wakes the
@@ -822,7 +867,9 @@ fn main() {
                 linger: Duration::from_micros(config.linger_us),
                 rt: rt.clone(),
             });
-            rt.counter("requests")?;
+            for name in ["requests", "sent_from_pages", "pages_refused"] {
+                rt.counter(name)?;
+            }
             for w in 0..config.workers as usize {
                 let h = httpd.clone();
                 std::thread::Builder::new()

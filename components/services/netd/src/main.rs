@@ -68,8 +68,8 @@ use kintsugi_runtime::{Caller, Incarnation, Runtime, Sysno};
 use rustix::net::{RecvFlags, SendFlags, Shutdown};
 use serde::Deserialize;
 
-use pages::Pages;
 use conn::{Entry, Holder, Io, Kept, Slot, State};
+use pages::Pages;
 use table::Table;
 use watch::{Event, Watch};
 

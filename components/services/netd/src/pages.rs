@@ -14,7 +14,8 @@
 //! revoke (and with it httpd's cache); a full socket is waited for with
 //! `poll`, unlocked. Pages are mapped before any byte is sent: a page netd
 //! cannot map (revoked, or not aliased to it) is refused with `NotFound`,
-//! and every page with `Invalid` if netd has no mm; nothing is sent then,
+//! bytes past the page's end and every page if netd has no mm with
+//! `Invalid`; nothing is sent then,
 //! so the caller may fall back to copying. mm revokes a dead netd's
 //! aliases: its next incarnation refuses them, and httpd makes new ones.
 
@@ -58,9 +59,12 @@ impl Pages {
         mut sent: impl FnMut(usize),
     ) -> Result<(), Error> {
         let page = Page(page);
-        if let Err(e) = self.mapper.map(page) {
+        let mapped = self.mapper.map(page).map_err(|e| {
             tracing::debug!("page {:#x}: {e}", page.0);
-            return Err(Error::NotFound);
+            Error::NotFound
+        })?;
+        if offset.checked_add(body).is_none_or(|end| end > mapped.len) {
+            return Err(Error::Invalid);
         }
         let total = head.len() + body;
         while done < total {

@@ -309,6 +309,47 @@ mod tests {
     }
 
     #[test]
+    fn send_after_puts_the_head_then_the_mapped_bytes_on_the_socket() {
+        use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+        let r = Region::create("send-after", 3 * page_size()).unwrap();
+        let data: Vec<u8> = (0..r.len()).map(|i| (i * 13 + 5) as u8).collect();
+        r.copy_in(0, &data);
+        let (a, b) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let (offset, len) = (page_size() - 3, page_size() + 10);
+        let n = r.send_after(a.as_fd(), b"head:", offset, len, 0).unwrap();
+        assert_eq!(n, 5 + len);
+        let mut got = vec![0u8; n];
+        let mut at = 0;
+        while at < n {
+            at += rustix::io::read(&b, &mut got[at..]).unwrap();
+        }
+        assert_eq!(&got[..5], b"head:");
+        assert!(got[5..] == data[offset..offset + len], "the mapped bytes");
+        // A full socket: `WouldBlock`, never a wait.
+        let err = loop {
+            match r.send_after(a.as_fd(), &[], 0, r.len(), 0) {
+                Ok(_) => {}
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of bounds")]
+    fn send_after_past_the_end_panics() {
+        let r = Region::create("send-after-end", 64).unwrap();
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let _ = r.send_after(a.as_fd(), &[], r.len() - 4, 8, 0);
+    }
+
+    #[test]
     fn two_mappings_of_one_memfd_share_bytes() {
         let a = Region::create("test", 100).unwrap();
         assert_eq!(a.len(), page_size());

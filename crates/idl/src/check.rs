@@ -264,6 +264,41 @@ fn bound(f: &Function, b: &Bound) -> Result<(), Fail> {
     }
 }
 
+/// `named_by(arg)`: only on a function that creates a local descriptor,
+/// and `arg` a remembered `u64` (the server's id, kept to rebuild it).
+fn named_by(iface: &Interface, f: &Function, arg: &str, span: Span) -> Result<(), Fail> {
+    let local = match (&f.role, &f.ret) {
+        (Role::Create, Type::Descriptor(d)) => iface
+            .descriptor(d)
+            .is_some_and(|d| d.namespace == Namespace::Local),
+        _ => false,
+    };
+    if !local {
+        return Err(Fail::new(
+            span,
+            format!(
+                "`named_by({arg})` needs a `create` function returning a local descriptor, and `{}` is not one",
+                f.name
+            ),
+        ));
+    }
+    match f.arg(arg) {
+        Some(a) if a.ty == Type::U64 && a.remember => Ok(()),
+        Some(a) => Err(Fail::new(
+            span,
+            format!(
+                "`named_by({arg})`: argument `{arg}` must be a `u64` marked `remember` (the stub rebuilds the descriptor from it), and it is a `{}`{}",
+                a.ty.idl(),
+                if a.remember { "" } else { " without `remember`" }
+            ),
+        )),
+        None => Err(Fail::new(
+            span,
+            format!("`named_by({arg})`: `{}` has no argument `{arg}`", f.name),
+        )),
+    }
+}
+
 /// Checks that `r` names a descriptor argument of `f` and one of its fields.
 fn field_of<'a>(
     iface: &'a Interface,
@@ -489,6 +524,9 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
     }
     for b in &f.bounds {
         bound(f, b)?;
+    }
+    if let Some((arg, span)) = &f.named_by {
+        named_by(iface, f, arg, *span)?;
     }
     if let Some(r) = &f.restore {
         field_of(iface, f, r, "restore")?;

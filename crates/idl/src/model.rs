@@ -280,6 +280,11 @@ pub struct Function {
     pub retry_ok: Vec<String>,
     /// On success, the returned integer becomes this field's value.
     pub store: Option<FieldRef>,
+    /// A `create` whose server-side object already exists, named by this
+    /// argument (`named_by(arg)`): the client stub makes the descriptor
+    /// without a call (the server's id is the argument), and calls only to
+    /// rebuild it on a new incarnation.
+    pub named_by: Option<(String, Span)>,
     /// May wait inside the server (re-issued after the server's reboot).
     pub block: bool,
     /// Wakes threads that wait inside the server.
@@ -467,6 +472,9 @@ impl Interface {
             }
             if let Some(r) = &f.store {
                 let _ = write!(s, " store({})", r.idl());
+            }
+            if let Some((arg, _)) = &f.named_by {
+                let _ = write!(s, " named_by({arg})");
             }
             if f.block {
                 s += " block";

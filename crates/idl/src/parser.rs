@@ -39,6 +39,7 @@ pub(crate) const FN_ANNOTATIONS: &[&str] = &[
     "restore",
     "retry_ok",
     "store",
+    "named_by",
     "block",
     "wakeup",
     "transition",
@@ -382,6 +383,7 @@ impl Parser {
             restore: None,
             retry_ok: Vec::new(),
             store: None,
+            named_by: None,
             block: false,
             wakeup: false,
             transition: None,
@@ -422,6 +424,7 @@ impl Parser {
                 }
                 "restore" => f.restore = Some(a.field_ref()?),
                 "store" => f.store = Some(a.field_ref()?),
+                "named_by" => f.named_by = Some(a.arg_name()?),
                 "block" => {
                     a.arity(0, "")?;
                     f.block = true;

@@ -118,7 +118,7 @@ fn unknown_argument_annotation() {
 fn unknown_function_annotation() {
     expect(
         "fn f() creat;",
-        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, store, block, wakeup, transition",
+        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, store, named_by, block, wakeup, transition",
     );
 }
 
@@ -126,7 +126,7 @@ fn unknown_function_annotation() {
 fn argument_annotation_on_function() {
     expect(
         "fn f() remember;",
-        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, store, block, wakeup, transition \
+        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, store, named_by, block, wakeup, transition \
          (argument annotations go right after the argument's type)",
     );
 }
@@ -398,6 +398,27 @@ fn at_most_needs_lengths_or_unsigned_integers() {
     expect(
         "fn f(n: u64) -> str above(n);",
         "t.kidl:3:17: `above(n)` needs a function returning an unsigned integer, and `f` returns `str`",
+    );
+}
+
+#[test]
+fn named_by_needs_a_local_create_and_a_remembered_u64() {
+    let desc = "descriptor C { namespace: local; close: self; parent: none; }\n";
+    expect(
+        &format!("{desc}fn adopt(id: u64 remember) -> C create named_by(n);"),
+        "t.kidl:4:49: `named_by(n)`: `adopt` has no argument `n`",
+    );
+    expect(
+        &format!("{desc}fn adopt(id: u32 remember) -> C create named_by(id);"),
+        "t.kidl:4:49: `named_by(id)`: argument `id` must be a `u64` marked `remember` (the stub rebuilds the descriptor from it), and it is a `u32`",
+    );
+    expect(
+        &format!("{desc}fn adopt(id: u64 replay(0)) -> C create named_by(id);"),
+        "t.kidl:4:50: `named_by(id)`: argument `id` must be a `u64` marked `remember` (the stub rebuilds the descriptor from it), and it is a `u64` without `remember`",
+    );
+    expect(
+        "fn f(id: u64) -> u64 named_by(id);",
+        "t.kidl:3:31: `named_by(id)` needs a `create` function returning a local descriptor, and `f` is not one",
     );
 }
 

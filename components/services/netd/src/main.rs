@@ -182,11 +182,20 @@ impl Netd {
             .store(u64::from(for_client.is_some()), Ordering::SeqCst);
     }
 
-    /// A connection, and how many deaths of the caller's component netd knows of.
+    /// A connection, and how many deaths of the caller's component netd
+    /// knows of. A connection restored from the vault is claimed by the
+    /// first call its client makes on it: a client whose `adopt` made the
+    /// descriptor without a call (`named_by`) as this netd came up has not
+    /// re-adopted it.
     fn entry(&self, caller: &Caller, id: u64) -> Result<(Arc<Entry>, u64), Error> {
-        let t = self.table.lock().unwrap();
+        let mut t = self.table.lock().unwrap();
         let deaths = t.deaths_of(caller.component);
-        let entry = t.conns.get(&id).ok_or(Error::NotFound)?.entry.clone();
+        let slot = t.conns.get(&id).ok_or(Error::NotFound)?;
+        let entry = slot.entry.clone();
+        if matches!(slot.state, State::Restored(_)) && slot.kept.holder.client() == caller.component
+        {
+            t.claim(id, &self.watch);
+        }
         Ok((entry, deaths))
     }
 

@@ -309,6 +309,9 @@ impl Ctx<'_> {
                 .map(|a| format!("{}: {}", ident(&a.name), client_param(&a.ty))),
         );
         let role = match f.role {
+            Role::Create if f.named_by.is_some() => {
+                " Creates a descriptor without a call (the server's object is named by an argument); a call rebuilds it on a new incarnation."
+            }
             Role::Create => " Creates a descriptor.",
             Role::Terminal => " Closes the descriptor.",
             Role::Plain if f.block => " May block; re-issued if the server reboots meanwhile.",
@@ -435,11 +438,18 @@ impl Ctx<'_> {
             Type::Descriptor(_) => format!("{}_now.server_id", a.name),
             _ => ident(&a.name),
         }));
-        o.open(format!(
-            "match self.0.raw_{}({}) {{",
-            f.name,
-            args.join(", ")
-        ));
+        match &f.named_by {
+            // The server's object exists already: its id is the argument.
+            Some((arg, _)) => o.open(format!(
+                "match rt::Result::<u64, rt::CallError<Error>>::Ok({}) {{",
+                ident(arg)
+            )),
+            None => o.open(format!(
+                "match self.0.raw_{}({}) {{",
+                f.name,
+                args.join(", ")
+            )),
+        }
         // Success: apply the call's effect on the tracked descriptors.
         let mut effects: Vec<String> = Vec::new();
         let as_u64 = |ty: &Type| match ty {

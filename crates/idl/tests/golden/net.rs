@@ -3,17 +3,19 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `net`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "net",
-    hash: 0xb2cbe12211944a45,
+    hash: 0x9828ce5d3eee2931,
     functions: &[
         "acceptor",
         "accept",
         "adopt",
         "recv",
         "send",
+        "send_page",
         "shutdown",
         "park",
         "close",
         "finish",
+        "finish_page",
     ],
 };
 pub const FN_ACCEPTOR: u32 = 0;
@@ -21,10 +23,12 @@ pub const FN_ACCEPT: u32 = 1;
 pub const FN_ADOPT: u32 = 2;
 pub const FN_RECV: u32 = 3;
 pub const FN_SEND: u32 = 4;
-pub const FN_SHUTDOWN: u32 = 5;
-pub const FN_PARK: u32 = 6;
-pub const FN_CLOSE: u32 = 7;
-pub const FN_FINISH: u32 = 8;
+pub const FN_SEND_PAGE: u32 = 5;
+pub const FN_SHUTDOWN: u32 = 6;
+pub const FN_PARK: u32 = 7;
+pub const FN_CLOSE: u32 = 8;
+pub const FN_FINISH: u32 = 9;
+pub const FN_FINISH_PAGE: u32 = 10;
 kintsugi_runtime::interface_errors!(
     "net" { Closed = "closed", NotFound = "not found", Invalid = "invalid", Again =
     "again" }
@@ -86,6 +90,17 @@ pub trait Server: rt::Send + rt::Sync + 'static {
         at_: u64,
         data: &[u8],
     ) -> rt::Result<u32, Error>;
+    #[allow(clippy::too_many_arguments)]
+    fn send_page(
+        &self,
+        caller: &rt::Caller,
+        c: u64,
+        at_: u64,
+        head: &[u8],
+        page: u64,
+        offset: u32,
+        total: u32,
+    ) -> rt::Result<u32, Error>;
     fn shutdown(&self, caller: &rt::Caller, c: u64) -> rt::Result<(), Error>;
     fn park(
         &self,
@@ -102,6 +117,17 @@ pub trait Server: rt::Send + rt::Sync + 'static {
         c: u64,
         at_: u64,
         data: &[u8],
+    ) -> rt::Result<(), Error>;
+    #[allow(clippy::too_many_arguments)]
+    fn finish_page(
+        &self,
+        caller: &rt::Caller,
+        c: u64,
+        at_: u64,
+        head: &[u8],
+        page: u64,
+        offset: u32,
+        total: u32,
     ) -> rt::Result<(), Error>;
     /// Client component `client` died: release what it held.
     fn client_died(&self, client: u32) {
@@ -204,6 +230,34 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     w.u32(ret).map_err(rt::malformed)?;
                     rt::Ok(())
                 }
+                FN_SEND_PAGE => {
+                    let c = r.u64().map_err(rt::malformed)?;
+                    let at_ = r.u64().map_err(rt::malformed)?;
+                    let head = r.bytes().map_err(rt::malformed)?;
+                    let page = r.u64().map_err(rt::malformed)?;
+                    let offset = r.u32().map_err(rt::malformed)?;
+                    let total = r.u32().map_err(rt::malformed)?;
+                    r.finish().map_err(rt::malformed)?;
+                    if head.len() > 65536 {
+                        return rt::Err(rt::out_of_range("head"));
+                    }
+                    if !(1..=16777216).contains(&total) {
+                        return rt::Err(rt::out_of_range("total"));
+                    }
+                    let ret = S::send_page(
+                            &self.server,
+                            caller,
+                            c,
+                            at_,
+                            head,
+                            page,
+                            offset,
+                            total,
+                        )
+                        .map_err(rt::app_error)?;
+                    w.u32(ret).map_err(rt::malformed)?;
+                    rt::Ok(())
+                }
                 FN_SHUTDOWN => {
                     let c = r.u64().map_err(rt::malformed)?;
                     r.finish().map_err(rt::malformed)?;
@@ -235,6 +289,32 @@ impl<S: Server> rt::Service for ServerStub<S> {
                         return rt::Err(rt::out_of_range("data"));
                     }
                     S::finish(&self.server, caller, c, at_, data).map_err(rt::app_error)
+                }
+                FN_FINISH_PAGE => {
+                    let c = r.u64().map_err(rt::malformed)?;
+                    let at_ = r.u64().map_err(rt::malformed)?;
+                    let head = r.bytes().map_err(rt::malformed)?;
+                    let page = r.u64().map_err(rt::malformed)?;
+                    let offset = r.u32().map_err(rt::malformed)?;
+                    let total = r.u32().map_err(rt::malformed)?;
+                    r.finish().map_err(rt::malformed)?;
+                    if head.len() > 65536 {
+                        return rt::Err(rt::out_of_range("head"));
+                    }
+                    if !(1..=16777216).contains(&total) {
+                        return rt::Err(rt::out_of_range("total"));
+                    }
+                    S::finish_page(
+                            &self.server,
+                            caller,
+                            c,
+                            at_,
+                            head,
+                            page,
+                            offset,
+                            total,
+                        )
+                        .map_err(rt::app_error)
                 }
                 _ => rt::Err(rt::Dispatched::Refused(rt::Refusal::UnknownFunction(func))),
             },
@@ -333,11 +413,11 @@ impl Client {
             }
         })
     }
-    /// Invokes `adopt`. Creates a descriptor.
+    /// Invokes `adopt`. Creates a descriptor without a call (the server's object is named by an argument); a call rebuilds it on a new incarnation.
     pub fn adopt(&self, id_: u64) -> rt::Result<Conn, rt::CallError<Error>> {
         rt::retry(|| {
             let epoch = self.0.conn.epoch();
-            match self.0.raw_adopt(rt::Some(epoch), id_) {
+            match rt::Result::<u64, rt::CallError<Error>>::Ok(id_) {
                 rt::Ok(server_id) => {
                     let record = ConnRecord {
                         id: id_,
@@ -407,6 +487,54 @@ impl Client {
                 .record
                 .tx;
             match self.0.raw_send(rt::Some(c_now.epoch), c_now.server_id, at_, data) {
+                rt::Ok(ret) => {
+                    self.0
+                        .conns
+                        .update(
+                            c.0,
+                            |t| {
+                                t.record.tx = t.record.tx.wrapping_add(u64::from(ret));
+                                if t.epoch != c_now.epoch {
+                                    t.epoch = 0;
+                                }
+                            },
+                        );
+                    rt::Ok(ret)
+                }
+                rt::Err(e) => rt::Err(e),
+            }
+        })
+    }
+    /// Invokes `send_page`.
+    pub fn send_page(
+        &self,
+        c: Conn,
+        head: &[u8],
+        page: u64,
+        offset: u32,
+        total: u32,
+    ) -> rt::Result<u32, rt::CallError<Error>> {
+        rt::retry(|| {
+            let c_now = self.0.current_conn(c)?;
+            let at_ = self
+                .0
+                .conns
+                .get(c.0)
+                .ok_or(rt::CallError::BadDescriptor(c.0))?
+                .record
+                .tx;
+            match self
+                .0
+                .raw_send_page(
+                    rt::Some(c_now.epoch),
+                    c_now.server_id,
+                    at_,
+                    head,
+                    page,
+                    offset,
+                    total,
+                )
+            {
                 rt::Ok(ret) => {
                     self.0
                         .conns
@@ -502,6 +630,46 @@ impl Client {
             }
         })
     }
+    /// Invokes `finish_page`. Closes the descriptor.
+    pub fn finish_page(
+        &self,
+        c: Conn,
+        head: &[u8],
+        page: u64,
+        offset: u32,
+        total: u32,
+    ) -> rt::Result<(), rt::CallError<Error>> {
+        rt::retry(|| {
+            let rt::Some(c_now) = self.0.kept_conn(c)? else {
+                return rt::Ok(());
+            };
+            let at_ = self
+                .0
+                .conns
+                .get(c.0)
+                .ok_or(rt::CallError::BadDescriptor(c.0))?
+                .record
+                .tx;
+            match self
+                .0
+                .raw_finish_page(
+                    rt::Some(c_now.epoch),
+                    c_now.server_id,
+                    at_,
+                    head,
+                    page,
+                    offset,
+                    total,
+                )
+            {
+                rt::Ok(()) => {
+                    self.0.conns.remove(c.0);
+                    rt::Ok(())
+                }
+                rt::Err(e) => rt::Err(e),
+            }
+        })
+    }
 }
 impl Inner {
     fn raw_acceptor(
@@ -588,6 +756,37 @@ impl Inner {
                 },
             )
     }
+    #[allow(clippy::too_many_arguments)]
+    fn raw_send_page(
+        &self,
+        epoch: rt::Option<u64>,
+        c: u64,
+        at_: u64,
+        head: &[u8],
+        page: u64,
+        offset: u32,
+        total: u32,
+    ) -> rt::Result<u32, rt::CallError<Error>> {
+        self.conn
+            .invoke(
+                FN_SEND_PAGE,
+                epoch,
+                |w| {
+                    w.u64(c)?;
+                    w.u64(at_)?;
+                    w.bytes(head)?;
+                    w.u64(page)?;
+                    w.u32(offset)?;
+                    w.u32(total)?;
+                    rt::Ok(())
+                },
+                |r| {
+                    let ret = r.u32()?;
+                    rt::at_most(u64::from(ret), u64::from(total))?;
+                    rt::Ok(ret)
+                },
+            )
+    }
     fn raw_shutdown(
         &self,
         epoch: rt::Option<u64>,
@@ -639,6 +838,33 @@ impl Inner {
                     w.u64(c)?;
                     w.u64(at_)?;
                     w.bytes(data)?;
+                    rt::Ok(())
+                },
+                |_| rt::Ok(()),
+            )
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn raw_finish_page(
+        &self,
+        epoch: rt::Option<u64>,
+        c: u64,
+        at_: u64,
+        head: &[u8],
+        page: u64,
+        offset: u32,
+        total: u32,
+    ) -> rt::Result<(), rt::CallError<Error>> {
+        self.conn
+            .invoke(
+                FN_FINISH_PAGE,
+                epoch,
+                |w| {
+                    w.u64(c)?;
+                    w.u64(at_)?;
+                    w.bytes(head)?;
+                    w.u64(page)?;
+                    w.u32(offset)?;
+                    w.u32(total)?;
                     rt::Ok(())
                 },
                 |_| rt::Ok(()),

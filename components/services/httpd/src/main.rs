@@ -1,6 +1,6 @@
 //! httpd: an HTTP/1.1 server of static files, built of components.
 //!
-//! Every request crosses several of them: netd (accept, adopt, recv, send,
+//! Every request crosses several of them: netd (accept, recv, send,
 //! and `finish` for the last bytes of a response that closes the
 //! connection: the connection itself; a cached file's response is one
 //! `send_page`/`finish_page`, which netd sends from the file's mm page

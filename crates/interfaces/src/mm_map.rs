@@ -218,7 +218,7 @@ impl<'c> Mapper<'c> {
     ) -> Result<std::io::Result<usize>, MapError> {
         self.with(page, |m| {
             Self::check(page, m, at, len)?;
-            Ok(m.send_after(fd, head, at, len, 0))
+            Ok(m.send_after(fd, head, at, len))
         })?
     }
 

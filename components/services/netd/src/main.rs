@@ -249,8 +249,6 @@ impl Netd {
         self.keep(id, kept, None);
     }
 
-    /// Reads the receive queue up to the client's `keep` (bytes of requests
-    /// it has answered) and marks where its unanswered request begins.
     /// How many of the `len` bytes a send at the client's offset `at`
     /// carries the kernel already has (a call re-issued after a reboot).
     fn already_sent(
@@ -269,6 +267,8 @@ impl Netd {
         Ok(((io.sent - start) as usize).min(len))
     }
 
+    /// Reads the receive queue up to the client's `keep` (bytes of requests
+    /// it has answered) and marks where its unanswered request begins.
     fn discard_to(&self, e: &Entry, io: &mut Io, seen: u64, keep: u64) -> Result<(), Error> {
         let want = io.rb + keep;
         if keep > seen || want < io.discarded {

@@ -13,11 +13,11 @@
 //! blocks with the mapper's lock held, so a slow client cannot hold up a
 //! revoke (and with it httpd's cache); a full socket is waited for with
 //! `poll`, unlocked. Pages are mapped before any byte is sent: a page netd
-//! cannot map (revoked, or not aliased to it) is refused with `NotFound`,
-//! bytes past the page's end and every page if netd has no mm with
-//! `Invalid`; nothing is sent then,
-//! so the caller may fall back to copying. mm revokes a dead netd's
-//! aliases: its next incarnation refuses them, and httpd makes new ones.
+//! cannot map (revoked, or not aliased to it) is refused with `NotFound`;
+//! bytes past the page's end, and every page if netd has no mm, with
+//! `Invalid`. Nothing is sent then, so the caller may fall back to
+//! copying. mm revokes a dead netd's aliases: its next incarnation refuses
+//! them, and httpd aliases the pages again.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;

@@ -229,8 +229,8 @@ impl Mapping {
 
 impl Mapping {
     /// Sends `head` and then the mapping's bytes `offset..offset+len` on the
-    /// socket `fd` in one `sendmsg` (`MSG_DONTWAIT | MSG_NOSIGNAL`, plus
-    /// `flags`); what the kernel took. The kernel copies the mapped bytes
+    /// socket `fd` in one `sendmsg` (`MSG_DONTWAIT | MSG_NOSIGNAL`); what
+    /// the kernel took. The kernel copies the mapped bytes
     /// itself: they are never seen through a Rust reference, so a peer
     /// writing them meanwhile puts garbage on the wire, nothing worse.
     /// Never blocks: a caller that holds the mapping alive (under a lock
@@ -241,7 +241,6 @@ impl Mapping {
         head: &[u8],
         offset: usize,
         len: usize,
-        flags: i32,
     ) -> std::io::Result<usize> {
         assert!(
             offset.checked_add(len).is_some_and(|end| end <= self.len()),
@@ -261,7 +260,7 @@ impl Mapping {
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
         msg.msg_iovlen = iov.len();
-        let flags = flags | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+        let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
         // SAFETY: both iovecs lie in live memory for the call (`head` is
         // borrowed; the mapped range is in bounds, asserted, and mapped as
         // long as `self`); the kernel only reads them.
@@ -322,7 +321,7 @@ mod tests {
         )
         .unwrap();
         let (offset, len) = (page_size() - 3, page_size() + 10);
-        let n = r.send_after(a.as_fd(), b"head:", offset, len, 0).unwrap();
+        let n = r.send_after(a.as_fd(), b"head:", offset, len).unwrap();
         assert_eq!(n, 5 + len);
         let mut got = vec![0u8; n];
         let mut at = 0;
@@ -333,7 +332,7 @@ mod tests {
         assert!(got[5..] == data[offset..offset + len], "the mapped bytes");
         // A full socket: `WouldBlock`, never a wait.
         let err = loop {
-            match r.send_after(a.as_fd(), &[], 0, r.len(), 0) {
+            match r.send_after(a.as_fd(), &[], 0, r.len()) {
                 Ok(_) => {}
                 Err(e) => break e,
             }
@@ -346,7 +345,7 @@ mod tests {
     fn send_after_past_the_end_panics() {
         let r = Region::create("send-after-end", 64).unwrap();
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
-        let _ = r.send_after(a.as_fd(), &[], r.len() - 4, 8, 0);
+        let _ = r.send_after(a.as_fd(), &[], r.len() - 4, 8);
     }
 
     #[test]

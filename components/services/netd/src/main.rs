@@ -95,6 +95,9 @@ const FOLLOW: Duration = Duration::from_millis(100);
 /// than a socket's receive queue holds (`tcp_rmem`'s default maximum is
 /// 6 MiB), so no correct client reaches it.
 const MAX_UNANSWERED: usize = 16 << 20;
+/// Deletions of ended connections' vault records kept back at most (see
+/// `Netd::forget`).
+const ENDED_BATCH: usize = 32;
 /// A connection restored from the vault that no client claims for this long
 /// was closed by a call that died with the previous incarnation.
 const UNCLAIMED: Duration = Duration::from_secs(2);
@@ -127,6 +130,10 @@ struct Netd {
     watch: Watch,
     /// mm's pages, if netd uses mm: bodies sent without a copy.
     pages: Option<Pages>,
+    /// Connections ended whose vault records are still to be deleted: the
+    /// deletions ride on the next post (a new connection's, as a rule), so
+    /// a connection costs the vault one message, not two.
+    ended: Mutex<Vec<u64>>,
 }
 
 fn io_error(e: rustix::io::Errno) -> Error {
@@ -144,14 +151,43 @@ impl Netd {
         self.rt.vault()
     }
 
+    /// Posts `ops` to the vault, after the deletions of ended connections.
     fn post(&self, ops: Vec<VaultOp>, fd: Option<&OwnedFd>) {
         if !self.tracking {
             return;
         }
         let fds: Vec<_> = fd.iter().map(|f| f.as_fd()).collect();
+        let ops = self.take_ended().into_iter().chain(ops).collect();
         if let Err(e) = self.vault().post(ops, &fds) {
             tracing::warn!("vault: {e}");
         }
+    }
+
+    /// The vault forgets connection `id` with the next post, or now if
+    /// `ENDED_BATCH` are waiting. Meanwhile the vault holds the socket
+    /// open (netd has shut it down): a crash in between restores it, and
+    /// the new incarnation's reaper closes it as unclaimed.
+    fn forget(&self, id: u64) {
+        if !self.tracking {
+            return;
+        }
+        let now = {
+            let mut ended = self.ended.lock().unwrap();
+            ended.push(id);
+            ended.len() >= ENDED_BATCH
+        };
+        if now {
+            self.post(Vec::new(), None);
+        }
+    }
+
+    /// The deletions waiting to be posted.
+    fn take_ended(&self) -> Vec<VaultOp> {
+        let ended = std::mem::take(&mut *self.ended.lock().unwrap());
+        ended
+            .into_iter()
+            .map(|id| VaultOp::Delete { key: conn_key(id) })
+            .collect()
     }
 
     fn keep(&self, id: u64, kept: Kept, fd: Option<&OwnedFd>) {
@@ -206,7 +242,7 @@ impl Netd {
     fn finish(&self, id: u64, entry: Arc<Entry>) {
         let _ = rustix::net::shutdown(&entry.fd, Shutdown::Write);
         let done = drained(&entry.fd);
-        self.post(vec![VaultOp::Delete { key: conn_key(id) }], None);
+        self.forget(id);
         if !done {
             let mut t = self.table.lock().unwrap();
             t.lingering.push((entry, Instant::now()));
@@ -226,7 +262,10 @@ impl Netd {
         for (id, slot) in dead {
             tracing::debug!(id, "closing a connection nobody claimed");
             let _ = rustix::net::shutdown(&slot.entry.fd, Shutdown::Both);
-            self.post(vec![VaultOp::Delete { key: conn_key(id) }], None);
+            self.forget(id);
+        }
+        if !self.ended.lock().unwrap().is_empty() {
+            self.post(Vec::new(), None);
         }
     }
 
@@ -347,13 +386,20 @@ impl Netd {
             rb: 0,
             tb: 0,
         };
-        let record = self
-            .tracking
-            .then(|| Prepared::new(vec![put(id, kept, true)]));
+        // Deletions waiting ride along (put back if nothing is accepted).
+        let ended = match self.tracking {
+            true => std::mem::take(&mut *self.ended.lock().unwrap()),
+            false => Vec::new(),
+        };
+        let record = self.tracking.then(|| {
+            let deletes = ended.iter().map(|&id| VaultOp::Delete { key: conn_key(id) });
+            Prepared::new(deletes.chain([put(id, kept, true)]).collect())
+        });
         self.accepting(Some(client));
         let fd = match rustix::net::accept_with(&self.listener, rustix::net::SocketFlags::CLOEXEC) {
             Ok(fd) => fd,
             Err(e) => {
+                self.ended.lock().unwrap().extend(ended);
                 self.accepting(None);
                 if !matches!(e, rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) {
                     tracing::warn!("accept: {e}");
@@ -847,6 +893,7 @@ fn main() {
             wake: Condvar::new(),
             watch,
             pages: Pages::connect(rt)?,
+            ended: Mutex::new(Vec::new()),
         });
         let reaper = Arc::downgrade(&netd);
         std::thread::Builder::new()

@@ -392,7 +392,9 @@ impl Netd {
             false => Vec::new(),
         };
         let record = self.tracking.then(|| {
-            let deletes = ended.iter().map(|&id| VaultOp::Delete { key: conn_key(id) });
+            let deletes = ended
+                .iter()
+                .map(|&id| VaultOp::Delete { key: conn_key(id) });
             Prepared::new(deletes.chain([put(id, kept, true)]).collect())
         });
         self.accepting(Some(client));

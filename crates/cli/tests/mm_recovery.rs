@@ -35,6 +35,7 @@ uses = ["mm"]
 [component.config]
 role = "sink"
 seed = {seed}
+owner = 3
 
 [[component]]
 name = "owner"
@@ -124,6 +125,8 @@ fn mm_survives_200_kills_with_every_alias_valid_and_every_revoke_total() {
     // every alias the owner made (but those of a round cut short by the stop).
     assert!(n(&sink, "aliases_mapped") > 0);
     assert_eq!(n(&sink, "aliases_verified"), n(&sink, "aliases_mapped"));
+    // mm named the owner as the maker of every alias (`origin`).
+    assert_eq!(n(&sink, "origins_verified"), n(&sink, "aliases_mapped"));
     assert!(n(&sink, "aliases_mapped") <= n(&owner, "aliases"));
     assert!(n(&sink, "aliases_mapped") + grants >= n(&owner, "aliases"));
     assert!(n(&sink, "bytes_verified") >= n(&sink, "aliases_mapped") * 4096);

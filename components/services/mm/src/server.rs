@@ -324,6 +324,19 @@ impl mm::Server for Mm {
         })
     }
 
+    fn origin(&self, caller: &Caller, p: u64) -> Result<u32, Error> {
+        let mut ix = self.index();
+        let d = *ix.live(p)?;
+        if d.holder != caller.component {
+            return Err(Error::Denied);
+        }
+        ix.recorded.insert(p);
+        match d.parent {
+            0 => Ok(d.holder),
+            parent => Ok(ix.live(parent)?.holder),
+        }
+    }
+
     fn revoke(&self, caller: &Caller, p: u64) -> Result<(), Error> {
         {
             let ix = self.index();

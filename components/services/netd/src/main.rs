@@ -626,7 +626,8 @@ impl net::Server for Netd {
         let mut io = e.io(deaths)?;
         let done = self.already_sent(c, &e, &mut io, at, total as usize)?;
         let body = (page, offset as usize, body);
-        pages.send(&e.fd, head, body, done, |n| io.sent += n as u64)?;
+        let caller = caller.component;
+        pages.send(caller, &e.fd, head, body, done, |n| io.sent += n as u64)?;
         Ok(total)
     }
 

@@ -18,9 +18,16 @@
 //! `Invalid`. Nothing is sent then, so the caller may fall back to
 //! copying. mm revokes a dead netd's aliases: its next incarnation refuses
 //! them, and httpd aliases the pages again.
+//!
+//! netd holds every alias made for it, so any client could name any of
+//! them: each page is sent only to the connection of the component that
+//! aliased it to netd (mm's `origin`, asked once per page), and refused
+//! with `NotFound` to every other, so no client reads another's pages
+//! through netd.
 
+use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use kintsugi_interfaces::mm::{self, Page};
 use kintsugi_interfaces::mm_map::Mapper;
@@ -31,8 +38,14 @@ use rustix::event::{poll, PollFd, PollFlags};
 use crate::io_error;
 
 pub struct Pages {
+    client: &'static mm::Client,
     mapper: Mapper<'static>,
+    /// Who aliased each page to netd (mm's `origin`; ids are never reused).
+    origins: Mutex<HashMap<u64, u32>>,
 }
+
+/// Origins kept before those of pages no longer mapped are forgotten.
+const ORIGINS_MAX: usize = 4096;
 
 impl Pages {
     /// netd's view of mm's pages, if its system gives it mm (`uses`).
@@ -43,15 +56,37 @@ impl Pages {
         // One client for the incarnation's life, which the mapper borrows.
         let client: &'static mm::Client = Box::leak(Box::new(mm::Client::connect(rt)?));
         Ok(Some(Self {
+            client,
             mapper: Mapper::new(client, pool),
+            origins: Mutex::new(HashMap::new()),
         }))
+    }
+
+    /// Whether component `caller` aliased `page` to netd.
+    fn aliased_by(&self, page: Page, caller: u32) -> Result<bool, Error> {
+        if let Some(&origin) = self.origins.lock().unwrap().get(&page.0) {
+            return Ok(origin == caller);
+        }
+        let origin = self.client.origin(page).map_err(|e| {
+            tracing::debug!("page {:#x}: {e}", page.0);
+            Error::NotFound
+        })?;
+        let mut origins = self.origins.lock().unwrap();
+        if origins.len() >= ORIGINS_MAX {
+            origins.retain(|&p, _| self.mapper.is_mapped(Page(p)));
+        }
+        origins.insert(page.0, origin);
+        Ok(origin == caller)
     }
 
     /// Sends `head`, then `body` bytes of `page` from byte `offset`,
     /// skipping the first `done` bytes of the whole (the kernel has them
-    /// from a call before a reboot); `sent` is told of every byte taken.
+    /// from a call before a reboot), for component `caller`, which must be
+    /// the one that aliased the page to netd; `sent` is told of every byte
+    /// taken.
     pub fn send(
         &self,
+        caller: u32,
         fd: &OwnedFd,
         head: &[u8],
         (page, offset, body): (u64, usize, usize),
@@ -59,6 +94,10 @@ impl Pages {
         mut sent: impl FnMut(usize),
     ) -> Result<(), Error> {
         let page = Page(page);
+        if !self.aliased_by(page, caller)? {
+            tracing::debug!(caller, "page {:#x} is not the caller's", page.0);
+            return Err(Error::NotFound);
+        }
         let mapped = self.mapper.map(page).map_err(|e| {
             tracing::debug!("page {:#x}: {e}", page.0);
             Error::NotFound

@@ -49,6 +49,9 @@ pub struct Config {
     pub seed: u64,
     /// The owner's: the sink's component id (its place in the system description, from 1).
     pub sink: u32,
+    /// The sink's: the owner's component id, which mm's `origin` must name
+    /// for every alias (0: not checked).
+    pub owner: u32,
     /// Grants per round (at most 64).
     pub grants: usize,
     /// Pages per grant: from 1 to this.
@@ -65,6 +68,7 @@ impl Default for Config {
             role: Role::Owner,
             seed: 42,
             sink: 0,
+            owner: 0,
             grants: 4,
             max_pages: 4,
             keeper_pages: 4,

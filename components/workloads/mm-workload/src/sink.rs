@@ -19,6 +19,8 @@ pub struct Report {
     pub aliases_mapped: u64,
     /// Aliases whose every byte was the owner's.
     pub aliases_verified: u64,
+    /// Aliases mm said the owner had made (`origin`), when `owner` is set.
+    pub origins_verified: u64,
     pub bytes_verified: u64,
     /// Aliases checked gone (mapper and kernel) once their revoke had returned.
     pub revokes_checked: u64,
@@ -242,6 +244,15 @@ fn serve_round(
         }
         let m = env.mapper.map(alias)?;
         report.aliases_mapped += 1;
+        if env.config.owner != 0 {
+            match env.client.origin(alias)? {
+                from if from == env.config.owner => report.origins_verified += 1,
+                from => report.tally.corrupt(format!(
+                    "round {round}: mm says alias {:#x} came from component {from}, not the owner ({})",
+                    alias.0, env.config.owner
+                )),
+            }
+        }
         if env.verify(alias, m.len, u64::from(round), i as u64)? {
             report.aliases_verified += 1;
             report.bytes_verified += m.len as u64;

@@ -3,14 +3,15 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `mm`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "mm",
-    hash: 0x9b75daf06ea40103,
-    functions: &["grant", "alias", "locate", "revoke", "held"],
+    hash: 0x6460f4304b3bee5d,
+    functions: &["grant", "alias", "locate", "origin", "revoke", "held"],
 };
 pub const FN_GRANT: u32 = 0;
 pub const FN_ALIAS: u32 = 1;
 pub const FN_LOCATE: u32 = 2;
-pub const FN_REVOKE: u32 = 3;
-pub const FN_HELD: u32 = 4;
+pub const FN_ORIGIN: u32 = 3;
+pub const FN_REVOKE: u32 = 4;
+pub const FN_HELD: u32 = 5;
 kintsugi_runtime::interface_errors!(
     "mm" { NoMemory = "no memory", NotFound = "not found", Denied = "denied" }
 );
@@ -58,6 +59,7 @@ pub trait Server: rt::Send + rt::Sync + 'static {
         to: u32,
     ) -> rt::Result<u64, Error>;
     fn locate(&self, caller: &rt::Caller, p: u64) -> rt::Result<Extent, Error>;
+    fn origin(&self, caller: &rt::Caller, p: u64) -> rt::Result<u32, Error>;
     fn revoke(&self, caller: &rt::Caller, p: u64) -> rt::Result<(), Error>;
     fn held(&self, caller: &rt::Caller) -> rt::Result<rt::Vec<u64>, Error>;
     /// Client component `client` died: release what it held.
@@ -141,6 +143,14 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     self.ensure_page(p)?;
                     let ret = S::locate(&self.server, caller, p).map_err(rt::app_error)?;
                     ret.encode(w).map_err(rt::malformed)?;
+                    rt::Ok(())
+                }
+                FN_ORIGIN => {
+                    let p = r.u64().map_err(rt::malformed)?;
+                    r.finish().map_err(rt::malformed)?;
+                    self.ensure_page(p)?;
+                    let ret = S::origin(&self.server, caller, p).map_err(rt::app_error)?;
+                    w.u32(ret).map_err(rt::malformed)?;
                     rt::Ok(())
                 }
                 FN_REVOKE => {
@@ -245,6 +255,10 @@ impl Client {
     pub fn locate(&self, p: Page) -> rt::Result<Extent, rt::CallError<Error>> {
         rt::retry(|| self.0.raw_locate(rt::None, p.0))
     }
+    /// Invokes `origin`.
+    pub fn origin(&self, p: Page) -> rt::Result<u32, rt::CallError<Error>> {
+        rt::retry(|| self.0.raw_origin(rt::None, p.0))
+    }
     /// Invokes `revoke`. Closes the descriptor.
     pub fn revoke(&self, p: Page) -> rt::Result<(), rt::CallError<Error>> {
         rt::retry_idempotent(
@@ -298,6 +312,13 @@ impl Inner {
                     rt::Ok(ret)
                 },
             )
+    }
+    fn raw_origin(
+        &self,
+        epoch: rt::Option<u64>,
+        p: u64,
+    ) -> rt::Result<u32, rt::CallError<Error>> {
+        self.conn.invoke(FN_ORIGIN, epoch, |w| w.u64(p), |r| r.u32())
     }
     fn raw_revoke(
         &self,

@@ -777,3 +777,88 @@ fn events_component(e: &Event) -> Option<&str> {
         _ => None,
     }
 }
+
+/// A net client names, in `send_page`, a page another component aliased to
+/// netd (page ids are guessable; here the owner hands it over): netd
+/// refuses with `NotFound` and sends none of it, while the thief's own page
+/// goes out as it should (`components/fixtures/page-thief`).
+#[test]
+fn a_net_client_cannot_have_another_components_page_sent() {
+    let tag = unique_tag("page-thief");
+    let dir = scratch("page-thief");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let system = write(
+        &dir,
+        "thief.toml",
+        &format!(
+            r#"
+[system]
+name = "page-thief"
+
+[[component]]
+name = "mm"
+binary = "kintsugi-mm"
+provides = ["mm"]
+pool_kib = 256
+arena_kib = 64
+
+[[component]]
+name = "netd"
+binary = "kintsugi-netd"
+provides = ["net"]
+uses = ["mm"]
+arena_kib = 4
+capabilities = ["sys_ptrace"]
+[component.config]
+port = {port}
+
+[[component]]
+name = "thief"
+binary = "kintsugi-page-thief"
+uses = ["net", "mm"]
+[component.config]
+role = "thief"
+
+[[component]]
+name = "owner"
+binary = "kintsugi-page-thief"
+uses = ["mm"]
+[component.config]
+role = "owner"
+netd = 2
+thief = 3
+"#
+        ),
+    );
+    let child = run_system(&tag, &system)
+        .env("XDG_RUNTIME_DIR", &dir)
+        .args(["--duration", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = Reaped(child);
+    let until = Instant::now() + Duration::from_secs(30);
+    let response = loop {
+        assert!(child.alive(), "the system stopped");
+        let got = std::net::TcpStream::connect(("127.0.0.1", port)).and_then(|mut s| {
+            use std::io::Read;
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            let mut all = Vec::new();
+            s.read_to_end(&mut all)?;
+            Ok(all)
+        });
+        match got {
+            Ok(all) if !all.is_empty() => break all,
+            _ if Instant::now() < until => std::thread::sleep(Duration::from_millis(50)),
+            other => panic!("no response from the thief: {other:?}"),
+        }
+    };
+    let text = String::from_utf8_lossy(&response);
+    assert_eq!(text, "own:the thief's own pagerefused");
+    assert!(!text.contains("secret"));
+}

@@ -205,6 +205,70 @@ impl Drop for Kintsugi {
 struct Measured {
     rps: f64,
     failed: u64,
+    /// What the machine did per request besides the load generator.
+    cost: Cost,
+}
+
+/// The whole machine's busy CPU time and context switches so far
+/// (`/proc/stat`), and the CPU time of the commands this process has
+/// waited for (the load generators).
+#[derive(Debug, Clone, Copy, Default)]
+struct Usage {
+    busy_us: f64,
+    switches: f64,
+    children_us: f64,
+}
+
+impl Usage {
+    fn now() -> Self {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let mut u = Usage::default();
+        for line in stat.lines() {
+            let mut words = line.split_whitespace();
+            match words.next() {
+                // user nice system idle iowait irq softirq steal ...: busy
+                // is all but idle, iowait and steal, in USER_HZ (100) ticks.
+                Some("cpu") => {
+                    let t: Vec<f64> = words.filter_map(|w| w.parse().ok()).collect();
+                    let busy = [0, 1, 2, 5, 6]
+                        .iter()
+                        .filter_map(|&i| t.get(i))
+                        .sum::<f64>();
+                    u.busy_us = busy * 10_000.0;
+                }
+                Some("ctxt") => {
+                    u.switches = words.next().and_then(|w| w.parse().ok()).unwrap_or(0.0)
+                }
+                _ => {}
+            }
+        }
+        if let Ok(r) = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        {
+            let us = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e6 + t.tv_usec() as f64;
+            u.children_us = us(r.user_time()) + us(r.system_time());
+        }
+        u
+    }
+
+    /// What happened since `before`, per request of `requests`.
+    fn per_request(self, before: Usage, requests: f64) -> Cost {
+        let n = requests.max(1.0);
+        Cost {
+            cpu_us: ((self.busy_us - before.busy_us) - (self.children_us - before.children_us))
+                .max(0.0)
+                / n,
+            switches: (self.switches - before.switches) / n,
+        }
+    }
+}
+
+/// Per request, on the whole machine but the load generator: CPU time
+/// (µs; 10 ms ticks, so runs of thousands of requests) and context
+/// switches (the load generator's included).
+#[derive(Debug, Clone, Copy, Default)]
+struct Cost {
+    cpu_us: f64,
+    switches: f64,
 }
 
 /// Set on Ctrl-C (or SIGTERM): the bench stops at the next step.
@@ -288,14 +352,17 @@ fn ab(url: &str, args: &WebArgs, secs: Option<u32>, stop: &Interrupt) -> anyhow:
             .arg((u64::from(s) * 200_000).to_string()),
         None => cmd.arg("-n").arg(args.requests.to_string()),
     };
+    let before = Usage::now();
     let text = output_of(cmd.arg(url), stop)?;
     let rps = field(&text, "Requests per second:")
         .with_context(|| format!("ab printed no rate:\n{text}"))?;
     let failed = field(&text, "Failed requests:").unwrap_or(0.0)
         + field(&text, "Non-2xx responses:").unwrap_or(0.0);
+    let requests = field(&text, "Complete requests:").unwrap_or(0.0);
     Ok(Measured {
         rps,
         failed: failed as u64,
+        cost: Usage::now().per_request(before, requests),
     })
 }
 
@@ -303,6 +370,7 @@ fn ab(url: &str, args: &WebArgs, secs: Option<u32>, stop: &Interrupt) -> anyhow:
 /// non-2xx/3xx responses.
 fn wrk(url: &str, args: &WebArgs, stop: &Interrupt) -> anyhow::Result<Measured> {
     let threads = args.concurrency.clamp(1, 2);
+    let before = Usage::now();
     let text = output_of(
         Command::new("wrk")
             .arg("-t")
@@ -326,9 +394,16 @@ fn wrk(url: &str, args: &WebArgs, stop: &Interrupt) -> anyhow::Result<Measured> 
             .filter_map(|p| p.split_whitespace().last()?.parse::<f64>().ok())
             .sum::<f64>();
     }
+    // "  123456 requests in 5.00s, …"
+    let requests = text
+        .lines()
+        .find_map(|l| l.trim_start().split_once(" requests in "))
+        .and_then(|(n, _)| n.trim().parse().ok())
+        .unwrap_or(0.0);
     Ok(Measured {
         rps,
         failed: failed as u64,
+        cost: Usage::now().per_request(before, requests),
     })
 }
 
@@ -453,6 +528,15 @@ impl Row {
 
     fn failed(&self) -> u64 {
         self.runs.iter().map(|m| m.failed).sum()
+    }
+
+    /// The runs' mean cost per request.
+    fn cost(&self) -> Cost {
+        let n = self.runs.len() as f64;
+        Cost {
+            cpu_us: self.runs.iter().map(|m| m.cost.cpu_us).sum::<f64>() / n,
+            switches: self.runs.iter().map(|m| m.cost.switches).sum::<f64>() / n,
+        }
     }
 }
 
@@ -725,9 +809,9 @@ fn print_table(rows: &[Row], args: &WebArgs) {
 fn print_sized(rows: &[Row], sized: &[&Row], bytes: usize, args: &WebArgs) {
     let base = |server: &str, tool: &str| mean_of(rows, server, tool, bytes);
     println!(
-        "| server | load | runs | req/s (mean ± sd) | vs nginx | vs Apache | failed requests |"
+        "| server | load | runs | req/s (mean ± sd) | vs nginx | vs Apache | failed requests | CPU µs per request | context switches per request |"
     );
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in sized {
         // The fault run is compared with the servers' ab figures.
         let tool = if r.tool == "wrk" { "wrk" } else { "ab" };
@@ -747,14 +831,23 @@ fn print_sized(rows: &[Row], sized: &[&Row], bytes: usize, args: &WebArgs) {
             1 => String::new(),
             _ => format!(" ± {:.0}", r.stddev()),
         };
+        // Under faults the incarnations killed and reaped (by the
+        // supervisor, in this process) count as waited-for commands.
+        let cost = match r.tool {
+            "ab" | "wrk" => {
+                let c = r.cost();
+                format!("{:.0} | {:.1}", c.cpu_us, c.switches)
+            }
+            _ => "– | –".to_string(),
+        };
         println!(
-            "| {} | {load} | {} | {:.0}{sd} | {} | {} | {} |",
+            "| {} | {load} | {} | {:.0}{sd} | {} | {} | {} | {cost} |",
             r.server,
             r.runs.len(),
             r.mean(),
             ratio(base("nginx", tool)),
             ratio(base("Apache", tool)),
-            r.failed()
+            r.failed(),
         );
     }
 }

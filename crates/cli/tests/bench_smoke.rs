@@ -201,9 +201,10 @@ fn bench_kv_prints_throughput_and_recovery_tables() {
     assert_eq!(recovery[0][1], "3", "one row per kill: {stdout}");
     let (p50, p99) = (number(recovery[0][2]), number(recovery[0][3]));
     assert!(p50 > 0.0 && p99 >= p50, "{stdout}");
-    // The log's length table: a row per kill, each with requests replayed
-    // (how many depends on the machine's speed, and on when the one
-    // checkpoint landed).
+    // The log's length table: a row per kill, with requests replayed (how
+    // many depends on the machine's speed, and on when the one checkpoint
+    // landed: a kill right after it, before the clients' next request,
+    // replays none, as CI saw once on 2026-11-27 with 0 then 9,065 …).
     let lengths: Vec<f64> = stdout
         .lines()
         .skip_while(|l| !l.starts_with("### Recovery against the log"))
@@ -211,7 +212,8 @@ fn bench_kv_prints_throughput_and_recovery_tables() {
         .map(|l| number(l.split('|').nth(1).unwrap_or("").trim()))
         .collect();
     assert!(lengths.len() >= 2, "{stdout}");
-    assert!(lengths.iter().all(|&n| n > 0.0), "{lengths:?}");
+    let none = lengths.iter().filter(|&&n| n == 0.0).count();
+    assert!(none <= 1 && lengths[lengths.len() - 1] > 0.0, "{lengths:?}");
 }
 
 #[test]

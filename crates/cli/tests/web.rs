@@ -365,7 +365,7 @@ fn idle_slow_and_stalled_clients_do_not_starve_a_normal_one() {
 
 /// httpd's counter `name`, from `kintsugi status` of the system whose
 /// roster is in `dir`.
-fn httpd_counter(tag: &str, dir: &Path, name: &str) -> u64 {
+fn counter(tag: &str, dir: &Path, component: &str, name: &str) -> u64 {
     let out = kintsugi(tag)
         .env("XDG_RUNTIME_DIR", dir)
         .args(["status", "web", "--json"])
@@ -374,19 +374,19 @@ fn httpd_counter(tag: &str, dir: &Path, name: &str) -> u64 {
     let (o, e) = text(&out);
     assert!(out.status.success(), "{o}{e}");
     let status: serde_json::Value = serde_json::from_str(&o).unwrap();
-    let httpd = status["components"]
+    let found = status["components"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|c| c["name"] == "httpd")
-        .unwrap_or_else(|| panic!("no httpd in {o}"));
-    httpd["counters"]
+        .find(|c| c["name"] == component)
+        .unwrap_or_else(|| panic!("no {component} in {o}"));
+    found["counters"]
         .as_array()
         .unwrap()
         .iter()
         .find(|c| c[0] == name)
         .and_then(|c| c[1].as_u64())
-        .unwrap_or_else(|| panic!("no counter {name} in {httpd}"))
+        .unwrap_or_else(|| panic!("no counter {name} in {found}"))
 }
 
 /// Restarts `component` of the web system whose roster is in `dir`.
@@ -425,29 +425,29 @@ fn cached_files_are_sent_from_mm_pages_across_reboots() {
             assert!(r.body == *data, "{path}: the body differs");
         }
     };
-    let counter = |name| httpd_counter(&tag, &dir, name);
+    let httpd_counter = |name| counter(&tag, &dir, "httpd", name);
     // A round whose every response netd sent from a page, within three
     // (the first after a start or a netd reboot fills or renews the cache;
     // a change ramfs publishes meanwhile, such as the access log's
     // creation, has files read and cached again).
     let from_pages = || {
         (0..3).any(|_| {
-            let before = counter("sent_from_pages");
+            let before = httpd_counter("sent_from_pages");
             fetch_all(false);
-            counter("sent_from_pages") - before == cached.len() as u64
+            httpd_counter("sent_from_pages") - before == cached.len() as u64
         })
     };
     fetch_all(true);
     assert!(from_pages(), "no round sent from pages after the start");
     for component in ["netd", "mm", "httpd", "netd"] {
-        let refused = counter("pages_refused");
+        let refused = httpd_counter("pages_refused");
         restart(&tag, &dir, component);
         fetch_all(true);
         assert!(
             from_pages(),
             "no round sent from pages after {component}'s reboot"
         );
-        let now = counter("pages_refused");
+        let now = httpd_counter("pages_refused");
         eprintln!("after {component}'s reboot: pages refused {refused} -> {now}");
         if component == "netd" {
             assert!(now > refused, "the new netd refused the dead one's aliases");
@@ -480,9 +480,13 @@ fn a_netd_without_mm_has_responses_copied() {
             assert!(r.body == *data, "{path}: the body differs");
         }
     }
-    let counter = |name| httpd_counter(&tag, &dir, name);
-    assert_eq!(counter("sent_from_pages"), 0);
-    assert_eq!(counter("pages_refused"), 1, "refused once, then not asked");
+    let httpd_counter = |name| counter(&tag, &dir, "httpd", name);
+    assert_eq!(httpd_counter("sent_from_pages"), 0);
+    assert_eq!(
+        httpd_counter("pages_refused"),
+        1,
+        "refused once, then not asked"
+    );
     stop(child);
 }
 
@@ -779,17 +783,24 @@ fn netd_killed_often_resets_no_connection() {
         failures,
         retried,
     } = clients(port, &small, 8, Duration::from_millis(7000), seed);
+    // Connections accepted and not yet posted to the vault (netd posts many
+    // to a message), taken from a dead incarnation's keeper.
+    let unposted = counter(&tag, &dir, "netd", "kept_unposted");
     let log = stop(child);
     let crashes = crashes(&log, "netd").len();
     let kept = log
         .matches("took a connection accepted by a dead incarnation")
         .count();
     eprintln!(
-        "netd: {crashes} crashes, {kept} connections taken from a keeper, {served} requests verified, {} failed, {} retried on a new connection: {retried:?}",
+        "netd: {crashes} crashes, {kept} connections taken from a keeper in accept, {unposted} not yet in the vault, {served} requests verified, {} failed, {} retried on a new connection: {retried:?}",
         failures.len(),
         retried.len()
     );
     assert!(crashes >= 20, "netd crashed {crashes} times:\n{log}");
+    assert!(
+        unposted > 0,
+        "no kill found a connection not yet in the vault:\n{log}"
+    );
     // A keep-alive connection closed before a response is a loss HTTP
     // clients retry; it is not yet gone (issue 13: about 1 request in
     // 2,000 under these 40 kills, in 1 run of 3), so it is counted and
@@ -817,9 +828,7 @@ fn netd_killed_often_resets_no_connection() {
 /// netd, httpd and the services through shared memory, not through the
 /// supervisor, so none fails; and once it runs again the supervisor takes
 /// none of the time it was stopped for a hang of a component, so nothing
-/// is rebooted (every component keeps its pid). What a stopped supervisor
-/// still delays: netd puts each new connection in the vault before it is
-/// handed out, so connections accepted while it is stopped wait for it.
+/// is rebooted (every component keeps its pid).
 #[test]
 fn the_supervisor_stopped_again_and_again_fails_no_request_and_reboots_nothing() {
     let _heavy = HEAVY.lock().unwrap_or_else(|p| p.into_inner());

@@ -127,53 +127,77 @@ pub fn inode(fd: BorrowedFd<'_>) -> Option<u64> {
     rustix::fs::fstat(fd).ok().map(|s| s.st_ino)
 }
 
-/// Kills a keeper no longer needed.
-pub fn retire(keeper: Keeper) {
-    if let Some(pidfd) = keeper.pidfd() {
-        let _ = rustix::process::pidfd_send_signal(&pidfd, Signal::KILL);
+impl Keeper {
+    /// The keeper of a dead incarnation, to take descriptors from; killed
+    /// when dropped. None if it is gone (or its pid reused).
+    pub fn open(self) -> Option<Dying> {
+        let pidfd = self.pidfd()?;
+        Some(Dying {
+            keeper: self,
+            pidfd,
+        })
     }
 }
 
-/// Takes from `keeper` the connected TCP sockets of `port` whose inodes are
-/// not in `known`, then kills it. Lingering (half-closed) connections are
-/// left: netd had closed them.
-pub fn take(keeper: Keeper, known: &HashSet<u64>, port: u16) -> Vec<OwnedFd> {
-    let Some(pidfd) = keeper.pidfd() else {
-        return Vec::new(); // gone, or its pid reused
-    };
-    let mut taken = Vec::new();
-    // A socket may be in the table under several numbers: taken once.
-    let mut known = known.clone();
-    let dir = format!("/proc/{}/fd", keeper.pid.as_raw_nonzero());
-    for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-        let Some(num) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(link) = std::fs::read_link(entry.path()) else {
-            continue;
-        };
-        let ino = link
-            .to_str()
-            .and_then(|l| l.strip_prefix("socket:["))
-            .and_then(|l| l.strip_suffix(']'))
-            .and_then(|n| n.parse::<u64>().ok());
-        let Some(ino) = ino.filter(|i| !known.contains(i)) else {
-            continue;
-        };
-        let Ok(fd) = rustix::process::pidfd_getfd(&pidfd, num, PidfdGetfdFlags::empty()) else {
-            continue;
-        };
-        if accepted_on(fd.as_fd(), port) {
-            known.insert(ino);
-            taken.push(fd);
-        }
+/// A dead incarnation's keeper, while its descriptors are taken.
+pub struct Dying {
+    keeper: Keeper,
+    pidfd: OwnedFd,
+}
+
+impl Drop for Dying {
+    fn drop(&mut self) {
+        let _ = rustix::process::pidfd_send_signal(&self.pidfd, Signal::KILL);
     }
-    let _ = rustix::process::pidfd_send_signal(&pidfd, Signal::KILL);
-    taken
+}
+
+impl Dying {
+    /// The socket at `num` in the shared table, if it is still the one of
+    /// inode `ino` (not a later one given the same number) and a
+    /// connection accepted on `port`.
+    pub fn get(&self, num: i32, ino: u64, port: u16) -> Option<OwnedFd> {
+        let fd = rustix::process::pidfd_getfd(&self.pidfd, num, PidfdGetfdFlags::empty()).ok()?;
+        (inode(fd.as_fd()) == Some(ino) && accepted_on(fd.as_fd(), port)).then_some(fd)
+    }
+
+    /// The connected TCP sockets of `port` in the shared table whose inodes
+    /// are not in `known`. Lingering (half-closed) connections are left:
+    /// netd had closed them.
+    pub fn unknown(&self, known: &HashSet<u64>, port: u16) -> Vec<OwnedFd> {
+        let mut taken = Vec::new();
+        // A socket may be in the table under several numbers: taken once.
+        let mut known = known.clone();
+        let dir = format!("/proc/{}/fd", self.keeper.pid.as_raw_nonzero());
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let Some(num) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(link) = std::fs::read_link(entry.path()) else {
+                continue;
+            };
+            let ino = link
+                .to_str()
+                .and_then(|l| l.strip_prefix("socket:["))
+                .and_then(|l| l.strip_suffix(']'))
+                .and_then(|n| n.parse::<u64>().ok());
+            let Some(ino) = ino.filter(|i| !known.contains(i)) else {
+                continue;
+            };
+            let Ok(fd) = rustix::process::pidfd_getfd(&self.pidfd, num, PidfdGetfdFlags::empty())
+            else {
+                continue;
+            };
+            if accepted_on(fd.as_fd(), port) {
+                known.insert(ino);
+                taken.push(fd);
+            }
+        }
+        taken
+    }
 }
 
 /// A connection accepted on `port` and still open both ways, or closed by
@@ -207,15 +231,23 @@ mod tests {
         // test's own: taken once all the same).
         let raw = server.as_raw_fd();
         std::mem::forget(server);
-        let taken = take(keeper, &HashSet::new(), port);
+        let dying = keeper.open().expect("the keeper lives");
+        let named = dying.get(raw, ino, port).expect("taken by its number");
+        assert_eq!(inode(named.as_fd()), Some(ino));
+        assert!(dying.get(raw, ino + 1, port).is_none(), "another inode");
+        assert!(dying.get(raw, ino, port + 1).is_none(), "another port");
+        let taken = dying.unknown(&HashSet::new(), port);
         assert_eq!(taken.len(), 1, "the accepted socket, not the listener");
         assert_eq!(inode(taken[0].as_fd()), Some(ino));
+        assert!(dying.unknown(&[ino].into(), port).is_empty(), "nothing new");
+        drop(dying);
         // SAFETY: `raw` was forgotten above and is closed exactly once here.
         drop(unsafe { OwnedFd::from_raw_fd(raw) });
-        let known: HashSet<u64> = [ino].into();
-        assert!(
-            take(keeper, &known, port).is_empty(),
-            "killed, or nothing new"
-        );
+        // Killed when dropped (then reaped here, its parent).
+        let status =
+            rustix::process::waitpid(Some(keeper.pid), rustix::process::WaitOptions::empty())
+                .unwrap()
+                .unwrap();
+        assert_eq!(status.1.terminating_signal(), Some(libc::SIGKILL));
     }
 }

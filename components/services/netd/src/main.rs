@@ -2,11 +2,12 @@
 //! connections it accepts, serving them over the `net` interface.
 //!
 //! The state vault holds the listener and every accepted socket (posted
-//! without waiting, before `accept` returns), so a crash of netd loses no
-//! connection: the next incarnation takes them back from the vault and
-//! learns each stream's offsets from the kernel (`sockinfo`). A socket
-//! accepted but not yet posted survives in the keeper, a process sharing
-//! netd's descriptor table (`keeper`). Clients pass
+//! without waiting, many connections to a message: `owed`), so a crash of
+//! netd loses no connection: the next incarnation takes them back from the
+//! vault and learns each stream's offsets from the kernel (`sockinfo`). A
+//! socket accepted but not yet posted survives in the keeper, a process
+//! sharing netd's descriptor table (`keeper`), named in netd's arena
+//! (`owed`). Clients pass
 //! their stream offsets with every call, so a re-issued call neither loses
 //! nor repeats a byte:
 //!
@@ -49,6 +50,7 @@
 mod conn;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod keeper;
+mod owed;
 mod pages;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod sockinfo;
@@ -63,12 +65,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kintsugi_interfaces::net::{self, Error};
-use kintsugi_runtime::vault::{Prepared, Vault, VaultOp};
+use kintsugi_runtime::vault::{Vault, VaultOp};
 use kintsugi_runtime::{Caller, Incarnation, Runtime, Sysno};
 use rustix::net::{RecvFlags, SendFlags, Shutdown};
 use serde::Deserialize;
 
 use conn::{Entry, Holder, Io, Kept, Slot, State};
+use owed::{Owed, Unposted};
 use pages::Pages;
 use table::Table;
 use watch::{Event, Watch};
@@ -95,9 +98,6 @@ const FOLLOW: Duration = Duration::from_millis(100);
 /// than a socket's receive queue holds (`tcp_rmem`'s default maximum is
 /// 6 MiB), so no correct client reaches it.
 const MAX_UNANSWERED: usize = 16 << 20;
-/// Deletions of ended connections' vault records kept back at most (see
-/// `Netd::forget`).
-const ENDED_BATCH: usize = 32;
 /// A connection restored from the vault that no client claims for this long
 /// was closed by a call that died with the previous incarnation.
 const UNCLAIMED: Duration = Duration::from_secs(2);
@@ -130,10 +130,8 @@ struct Netd {
     watch: Watch,
     /// mm's pages, if netd uses mm: bodies sent without a copy.
     pages: Option<Pages>,
-    /// Connections ended whose vault records are still to be deleted: the
-    /// deletions ride on the next post (a new connection's, as a rule), so
-    /// a connection costs the vault one message, not two.
-    ended: Mutex<Vec<u64>>,
+    /// Records the vault is owed (`owed`): posted many to a message.
+    owed: Mutex<Owed>,
 }
 
 fn io_error(e: rustix::io::Errno) -> Error {
@@ -151,43 +149,60 @@ impl Netd {
         self.rt.vault()
     }
 
-    /// Posts `ops` to the vault, after the deletions of ended connections.
+    fn arena(&self) -> &kintsugi_runtime::abi::shm::Region {
+        self.rt.arena().expect("checked at start")
+    }
+
+    /// Posts `ops` to the vault, after what it is owed (`owed`).
     fn post(&self, ops: Vec<VaultOp>, fd: Option<&OwnedFd>) {
         if !self.tracking {
             return;
         }
-        let fds: Vec<_> = fd.iter().map(|f| f.as_fd()).collect();
-        let ops = self.take_ended().into_iter().chain(ops).collect();
-        if let Err(e) = self.vault().post(ops, &fds) {
-            tracing::warn!("vault: {e}");
+        // Under the lock: posts reach the vault in the order they are made.
+        let mut owed = self.owed.lock().unwrap();
+        let mut due = owed.take();
+        let fds: Vec<_> = (due.sockets.iter().map(|e| e.fd.as_fd()))
+            .chain(fd.map(|f| f.as_fd()))
+            .collect();
+        let mut all = std::mem::take(&mut due.ops);
+        all.extend(ops);
+        if !all.is_empty() {
+            if let Err(e) = self.vault().post(all, &fds) {
+                tracing::warn!("vault: {e}");
+            }
         }
+        owed.posted(self.arena(), &due);
     }
 
-    /// The vault forgets connection `id` with the next post, or now if
-    /// `ENDED_BATCH` are waiting. Meanwhile the vault holds the socket
-    /// open (netd has shut it down): a crash in between restores it, and
-    /// the new incarnation's reaper closes it as unclaimed.
-    fn forget(&self, id: u64) {
-        if !self.tracking {
-            return;
-        }
-        let now = {
-            let mut ended = self.ended.lock().unwrap();
-            ended.push(id);
-            ended.len() >= ENDED_BATCH
-        };
-        if now {
+    /// Posts what the vault is owed if enough is.
+    fn post_if_full(&self) {
+        if self.owed.lock().unwrap().full() {
             self.post(Vec::new(), None);
         }
     }
 
-    /// The deletions waiting to be posted.
-    fn take_ended(&self) -> Vec<VaultOp> {
-        let ended = std::mem::take(&mut *self.ended.lock().unwrap());
-        ended
-            .into_iter()
-            .map(|id| VaultOp::Delete { key: conn_key(id) })
-            .collect()
+    /// The vault forgets connection `id` with a later post. Meanwhile the
+    /// vault holds the socket open (netd has shut it down): a crash in
+    /// between restores it, and the new incarnation's reaper closes it as
+    /// unclaimed.
+    fn forget(&self, id: u64) {
+        if self.tracking {
+            self.owed.lock().unwrap().ended(id);
+            self.post_if_full();
+        }
+    }
+
+    /// The vault is owed connection `id`'s first record, just accepted.
+    fn owe(&self, id: u64, kept: Kept, entry: &Arc<Entry>) {
+        if !self.tracking {
+            return;
+        }
+        let named = (self.owed.lock().unwrap()).accepted(self.arena(), id, kept, entry);
+        if named {
+            self.post_if_full();
+        } else {
+            self.post(vec![put(id, kept, true)], Some(&entry.fd));
+        }
     }
 
     fn keep(&self, id: u64, kept: Kept, fd: Option<&OwnedFd>) {
@@ -264,7 +279,7 @@ impl Netd {
             let _ = rustix::net::shutdown(&slot.entry.fd, Shutdown::Both);
             self.forget(id);
         }
-        if !self.ended.lock().unwrap().is_empty() {
+        if !self.owed.lock().unwrap().is_empty() {
             self.post(Vec::new(), None);
         }
     }
@@ -373,35 +388,24 @@ impl Netd {
         (t, listener)
     }
 
-    /// Accepts a connection for `worker` of `client`, recorded in the vault
-    /// before anyone hears of it; none if there was none. Called under the
-    /// table's lock, so the caller cannot be found dead meanwhile.
+    /// Accepts a connection for `worker` of `client`, owed to the vault
+    /// (named in the arena) before anyone hears of it; none if there was
+    /// none. Called under the table's lock, so the caller cannot be found
+    /// dead meanwhile.
     fn accept_new(&self, t: &mut Table, client: u32, worker: u32, deaths: u64) -> Option<u64> {
-        // Its vault record is made first: between the kernel's accept and
-        // the post that puts the socket in the vault, a crash loses it (an
-        // id is wasted when there was nothing to accept).
+        // An id is wasted when there was nothing to accept.
         let id = self.next_id();
         let kept = Kept {
             holder: Holder::Worker { client, worker },
             rb: 0,
             tb: 0,
         };
-        // Deletions waiting ride along (put back if nothing is accepted).
-        let ended = match self.tracking {
-            true => std::mem::take(&mut *self.ended.lock().unwrap()),
-            false => Vec::new(),
-        };
-        let record = self.tracking.then(|| {
-            let deletes = ended
-                .iter()
-                .map(|&id| VaultOp::Delete { key: conn_key(id) });
-            Prepared::new(deletes.chain([put(id, kept, true)]).collect())
-        });
+        // Between the kernel's accept and the arena's slot, a crash leaves
+        // the socket in the keeper with only this flag to tell of it.
         self.accepting(Some(client));
         let fd = match rustix::net::accept_with(&self.listener, rustix::net::SocketFlags::CLOEXEC) {
             Ok(fd) => fd,
             Err(e) => {
-                self.ended.lock().unwrap().extend(ended);
                 self.accepting(None);
                 if !matches!(e, rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) {
                     tracing::warn!("accept: {e}");
@@ -409,13 +413,10 @@ impl Netd {
                 return None;
             }
         };
-        // Queued on the vault's socket before anyone hears of it.
-        if let Some(Err(e)) = record.map(|r| self.vault().post_prepared(&r?, &[fd.as_fd()])) {
-            tracing::warn!("vault: {e}");
-        }
-        self.accepting(None);
         let _ = rustix::net::sockopt::set_tcp_nodelay(&fd, true);
         let entry = Entry::new(fd, Io::default(), deaths);
+        self.owe(id, kept, &entry);
+        self.accepting(None);
         let state = State::Delivered;
         t.conns.insert(id, Slot { entry, kept, state });
         if let Ok(c) = self.rt.counter("accepted") {
@@ -726,10 +727,12 @@ impl net::Server for Netd {
 }
 
 /// Takes over from the previous incarnation's keeper, and forks this one's.
-/// If the previous incarnation died between the kernel's accept and the
-/// vault post, the connection it accepted is in its keeper's descriptor
-/// table: it is taken from there and handed out as a parked connection of
-/// the client it was for. Counted in `kept_in_accept`.
+/// The connections the previous incarnation accepted and had not yet
+/// posted to the vault (`owed`) are in its keeper's descriptor table,
+/// named in the arena: taken from there as if the vault had kept them
+/// (counted in `kept_unposted`). If it died between the kernel's accept and
+/// the arena's slot, the connection it accepted is taken too, as a parked
+/// connection of the client it was for (counted in `kept_in_accept`).
 fn keep_descriptors(
     rt: &Arc<Runtime>,
     listener: &OwnedFd,
@@ -740,18 +743,36 @@ fn keep_descriptors(
     let arena = rt.arena().expect("checked at start");
     let slot = |at: usize| arena.at::<AtomicU64>(at);
     let died_accepting = slot(ARENA_ACCEPTING).swap(0, Ordering::SeqCst) != 0;
+    let unposted = owed::left_behind(arena);
     let previous = keeper::Keeper::unpack(
         slot(ARENA_KEEPER_PID).load(Ordering::SeqCst),
         slot(ARENA_KEEPER_START).load(Ordering::SeqCst),
     );
-    match (previous, died_accepting) {
-        (Some(k), true) => {
+    // Killed when dropped, once its descriptors are taken.
+    if let Some(dying) = previous.and_then(keeper::Keeper::open) {
+        let mut taken = 0;
+        for u in unposted {
+            if table.conns.contains_key(&u.id) {
+                continue; // posted after all: the vault had it
+            }
+            if let Some(fd) = dying.get(u.fd, u.inode, port) {
+                restore_unposted(rt, table, u, fd);
+                taken += 1;
+            }
+        }
+        if taken > 0 {
+            tracing::info!(
+                "took {taken} connections not yet in the vault from the dead incarnation's keeper"
+            );
+        }
+        rt.counter("kept_unposted")?.add(taken);
+        if died_accepting {
             let known: HashSet<u64> = std::iter::once(listener.as_fd())
                 .chain(table.conns.values().map(|s| s.entry.fd.as_fd()))
                 .filter_map(keeper::inode)
                 .collect();
             let client = slot(ARENA_ACCEPT_CLIENT).load(Ordering::SeqCst) as u32;
-            for fd in keeper::take(k, &known, port) {
+            for fd in dying.unknown(&known, port) {
                 let id = slot(ARENA_NEXT_ID).fetch_add(1, Ordering::SeqCst) + 1;
                 tracing::warn!(
                     id,
@@ -761,8 +782,6 @@ fn keep_descriptors(
                 rt.counter("kept_in_accept")?.add(1);
             }
         }
-        (Some(k), false) => keeper::retire(k),
-        (None, _) => {}
     }
     keeper::die_with_stop()?;
     let supervisor = rustix::process::getppid().context("netd has no parent")?;
@@ -770,6 +789,23 @@ fn keep_descriptors(
     slot(ARENA_KEEPER_START).store(start, Ordering::SeqCst);
     slot(ARENA_KEEPER_PID).store(pid, Ordering::SeqCst);
     Ok(())
+}
+
+/// A connection the previous incarnation accepted for a worker and had not
+/// posted, restored as one from the vault is (and posted now).
+fn restore_unposted(rt: &Arc<Runtime>, table: &mut Table, u: Unposted, fd: OwnedFd) {
+    let kept = Kept {
+        holder: Holder::Worker {
+            client: u.client,
+            worker: u.worker,
+        },
+        rb: 0,
+        tb: 0,
+    };
+    if let Err(e) = rt.vault().post(vec![put(u.id, kept, true)], &[fd.as_fd()]) {
+        tracing::warn!("vault: {e}");
+    }
+    table.conns.insert(u.id, restored(fd, kept, Instant::now()));
 }
 
 /// A connection nobody has heard of, into the vault and the watch, for
@@ -814,25 +850,10 @@ fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table
         } else if let Some(hex) = record.key.strip_prefix(CONN) {
             let id = u64::from_str_radix(hex, 16)?;
             let kept: Kept = serde_json::from_value(record.value)?;
-            let o = sockinfo::offsets(fd.as_fd()).unwrap_or(sockinfo::Offsets {
-                consumed: 0,
-                written: 0,
-            });
-            let io = Io {
-                discarded: o.consumed,
-                sent: o.written,
-                rx_mark: o.consumed,
-                tx_mark: o.written,
-                rb: kept.rb,
-                tb: kept.tb,
-                wait_us: 0,
-            };
-            let entry = Entry::new(fd, io, 0);
-            let state = State::Restored(now);
             if let Holder::Parked { .. } = kept.holder {
                 parked.push(id);
             }
-            table.conns.insert(id, Slot { entry, kept, state });
+            table.conns.insert(id, restored(fd, kept, now));
         }
     }
     let listener = match listener {
@@ -856,6 +877,27 @@ fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table
     Ok((listener, table, watch))
 }
 
+/// A connection a previous incarnation held, restored: its stream offsets
+/// from the kernel, its holder's where `kept` says they start.
+fn restored(fd: OwnedFd, kept: Kept, now: Instant) -> Slot {
+    let o = sockinfo::offsets(fd.as_fd()).unwrap_or(sockinfo::Offsets {
+        consumed: 0,
+        written: 0,
+    });
+    let io = Io {
+        discarded: o.consumed,
+        sent: o.written,
+        rx_mark: o.consumed,
+        tx_mark: o.written,
+        rb: kept.rb,
+        tb: kept.tb,
+        wait_us: 0,
+    };
+    let entry = Entry::new(fd, io, 0);
+    let state = State::Restored(now);
+    Slot { entry, kept, state }
+}
+
 /// What netd calls beyond the runtime's list: its listener, the
 /// connections it accepts, and (its keeper) a dead incarnation's
 /// descriptors.
@@ -875,8 +917,11 @@ const SYSCALLS: &[Sysno] = &[
 fn main() {
     kintsugi_runtime::run_allowing(SYSCALLS, |rt| {
         let config: Config = rt.config()?;
-        if rt.arena().is_none() {
-            anyhow::bail!("netd needs an arena (arena_kib) for its connection ids");
+        if rt.arena().is_none_or(|a| a.len() < owed::ARENA_BYTES) {
+            anyhow::bail!(
+                "netd needs an arena (arena_kib) of at least {} bytes, for its connection ids and the connections not yet in the vault",
+                owed::ARENA_BYTES
+            );
         }
         let (listener, table, watch) = restore(rt, &config)?;
         let port = rustix::net::getsockname(&listener)
@@ -896,7 +941,7 @@ fn main() {
             wake: Condvar::new(),
             watch,
             pages: Pages::connect(rt)?,
-            ended: Mutex::new(Vec::new()),
+            owed: Mutex::new(Owed::default()),
         });
         let reaper = Arc::downgrade(&netd);
         std::thread::Builder::new()

@@ -31,6 +31,7 @@ pub(crate) fn exec(
     let how = Confinement {
         nice: spec.priority,
         fixed_layout: spec.checkpoint.is_some(),
+        one_malloc_arena: spec.recovery == kintsugi_system::RecoveryMode::Checkpoint,
         capabilities: spec
             .capabilities
             .iter()

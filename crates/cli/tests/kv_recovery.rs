@@ -570,6 +570,18 @@ think_us = 100
         let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
         rustix::process::kill_process(pid, rustix::process::Signal::ABORT).unwrap();
     };
+    // A checkpoint-recovered server's threads share one malloc arena
+    // (glibc's tunable, set by the supervisor); a client's do not.
+    let one_arena = |pid: u32| {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        environ.split(|b| *b == 0).any(|v| {
+            v.strip_prefix(b"GLIBC_TUNABLES=").is_some_and(|t| {
+                t.split(|b| *b == b':')
+                    .any(|t| t == b"glibc.malloc.arena_max=1")
+            })
+        })
+    };
+    let mut arenas = Vec::new();
     let (mut kinds, mut kv) = (Vec::new(), 0);
     let mut stdout = String::new();
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
@@ -577,7 +589,13 @@ think_us = 100
         stdout += &line;
         stdout += "\n";
         match events(&line).pop() {
-            Some(Event::Started { component, pid, .. }) if component == "kv" => kv = pid,
+            Some(Event::Started { component, pid, .. }) if component == "kv" => {
+                kv = pid;
+                arenas.push((component, one_arena(pid)));
+            }
+            Some(Event::Started { component, pid, .. }) if component == "w1" => {
+                arenas.push((component, one_arena(pid)));
+            }
             Some(Event::Finished { component, .. }) if component == "w1" => {
                 // kv is checkpointed every 20 ms: let one be taken idle.
                 std::thread::sleep(std::time::Duration::from_millis(100));
@@ -612,5 +630,10 @@ think_us = 100
     assert!(
         stderr.contains("within 1000 ms of its checkpoint recovery"),
         "{stderr}"
+    );
+    assert_eq!(
+        arenas,
+        [("kv".to_string(), true), ("w1".to_string(), false)],
+        "GLIBC_TUNABLES of each at its start"
     );
 }

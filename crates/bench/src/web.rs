@@ -900,12 +900,16 @@ fn print_faults(rows: &[Row], series: &[Series], reboots: &[String], sizes: &[us
             .map(<[f64]>::len)
             .max()
             .unwrap_or(0);
+        let loss = (1.0 - fault_row.mean() / base) * 100.0;
+        let against = match loss >= 0.0 {
+            true => format!("{loss:.1} % below"),
+            false => format!("{:.1} % above", -loss),
+        };
         println!(
-            "under faults: {:.0} req/s by ab, {:.1} % below the run without faults (target ≤ 3 %); \
+            "under faults: {:.0} req/s by ab, {against} the run without faults (target: at most 3 % below); \
              {} failed requests (target 0);\n  of {} 100 ms samples (mean {m:.0} req/s), {low} under half the mean, \
              longest dip {} ms (target: none longer than 50 ms)",
             fault_row.mean(),
-            (1.0 - fault_row.mean() / base) * 100.0,
             fault_row.failed(),
             steady.len(),
             longest * SAMPLE.as_millis() as usize

@@ -158,21 +158,14 @@ impl Vault {
     /// socket and will be applied even if this incarnation dies now. A
     /// refused request is only logged by the vault.
     pub fn post(&self, ops: Vec<VaultOp>, fds: &[BorrowedFd<'_>]) -> Result<(), VaultError> {
-        self.post_prepared(&Prepared::new(ops)?, fds)
-    }
-
-    /// [`Vault::post`] of a request encoded beforehand, so that as little
-    /// as possible lies between making a descriptor (accepting a
-    /// connection, say) and its being safe in the vault.
-    pub fn post_prepared(&self, p: &Prepared, fds: &[BorrowedFd<'_>]) -> Result<(), VaultError> {
-        if p.fds != fds.len() {
-            return Err(VaultError::Protocol(format!(
-                "{} descriptors announced, {} given",
-                p.fds,
-                fds.len()
-            )));
-        }
-        fdpass::send(self.sock.as_fd(), &p.bytes, fds)?;
+        announced(&ops, fds)?;
+        let message = VaultMessage {
+            priority: crate::priority::current().word(),
+            request: VaultRequest::Post { ops },
+        };
+        let bytes =
+            serde_json::to_vec(&message).map_err(|e| VaultError::Protocol(e.to_string()))?;
+        fdpass::send(self.sock.as_fd(), &bytes, fds)?;
         Ok(())
     }
 
@@ -319,33 +312,13 @@ impl Vault {
     }
 }
 
-/// Checks that `fds` are the descriptors the `Put { fd: true }` ops announce.
-/// A [`Vault::post`] request, encoded.
-pub struct Prepared {
-    bytes: Vec<u8>,
-    /// Descriptors it announces.
-    fds: usize,
-}
-
-impl Prepared {
-    pub fn new(ops: Vec<VaultOp>) -> Result<Self, VaultError> {
-        let fds = fds_announced(&ops);
-        let message = VaultMessage {
-            priority: crate::priority::current().word(),
-            request: VaultRequest::Post { ops },
-        };
-        let bytes =
-            serde_json::to_vec(&message).map_err(|e| VaultError::Protocol(e.to_string()))?;
-        Ok(Self { bytes, fds })
-    }
-}
-
 fn fds_announced(ops: &[VaultOp]) -> usize {
     ops.iter()
         .filter(|op| matches!(op, VaultOp::Put { fd: true, .. }))
         .count()
 }
 
+/// Checks that `fds` are the descriptors the `Put { fd: true }` ops announce.
 fn announced(ops: &[VaultOp], fds: &[BorrowedFd<'_>]) -> Result<(), VaultError> {
     let wanted = fds_announced(ops);
     if wanted != fds.len() {

@@ -70,8 +70,17 @@ struct Inner {
     /// Names the connection in a request log ([`crate::journal`]): a hash
     /// of the server's name, the same in every incarnation.
     id: u64,
-    /// Whether a supervisor's watchdog acts on suspicions ([`EdgeHeader::suspected`](crate::abi::channel::EdgeHeader)).
-    watched: bool,
+    supervision: Supervision,
+}
+
+/// What the supervisor does for a connection's server.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Supervision {
+    /// A watchdog acts on suspicions ([`EdgeHeader::suspected`](crate::abi::channel::EdgeHeader)).
+    pub watched: bool,
+    /// The server is checkpoint-recovered: a rollback's replay answers a
+    /// call again ([`state::REPLAY`]).
+    pub replayed: bool,
 }
 
 impl std::fmt::Debug for Connection {
@@ -85,14 +94,13 @@ impl std::fmt::Debug for Connection {
 
 impl Connection {
     /// A connection on the edge `upcalls` listens on; starts its upcall
-    /// thread if this is the edge's first connection. `watched`: a
-    /// watchdog reboots a server this client suspects.
+    /// thread if this is the edge's first connection.
     pub(crate) fn new(
         upcalls: Arc<Listener>,
         server: String,
         server_id: u32,
         info: &'static InterfaceInfo,
-        watched: bool,
+        supervision: Supervision,
     ) -> std::io::Result<Self> {
         upcalls.start()?;
         let id = {
@@ -110,7 +118,7 @@ impl Connection {
                 server_id,
                 info,
                 id,
-                watched,
+                supervision,
             }),
         })
     }
@@ -196,7 +204,7 @@ impl Connection {
         func: u32,
         epoch: Option<u64>,
         encode: impl FnOnce(&mut Writer<'_>) -> Result<(), WireError>,
-        decode: impl FnOnce(ReplyStatus<'_>) -> Result<T, WireError>,
+        mut decode: impl FnMut(ReplyStatus<'_>) -> Result<T, WireError>,
     ) -> Result<T, Fault> {
         // A server's worker that calls on is waiting, not running: the
         // watchdog must not blame a hang of the callee on it.
@@ -232,7 +240,7 @@ impl Connection {
         func: u32,
         epoch: Option<u64>,
         encode: impl FnOnce(&mut Writer<'_>) -> Result<(), WireError>,
-        decode: impl FnOnce(&mut Reader<'_>) -> Result<T, WireError>,
+        mut decode: impl FnMut(&mut Reader<'_>) -> Result<T, WireError>,
     ) -> Result<T, CallError<E>> {
         let reply = self.call(func, epoch, encode, |status| match status {
             ReplyStatus::Ok(mut r) => {
@@ -262,7 +270,7 @@ impl Connection {
         func: u32,
         epoch: Option<u64>,
         encode: impl FnOnce(&mut Writer<'_>) -> Result<(), WireError>,
-        decode: impl FnOnce(ReplyStatus<'_>) -> Result<T, WireError>,
+        mut decode: impl FnMut(ReplyStatus<'_>) -> Result<T, WireError>,
         record: Option<&journal::Recorder>,
     ) -> Result<T, Fault> {
         let edge = &self.inner.edge;
@@ -302,74 +310,155 @@ impl Connection {
         let outcome = self.wait_for_reply(slot);
         // Whether the reply is one no correct server gives.
         let mut impossible = false;
-        let result = match outcome {
-            state::RESPONSE => {
-                let len = (s.response_len.load(Ordering::Relaxed) as usize)
-                    .min(crate::abi::channel::BUFFER_SIZE);
-                crate::scratch::with_copy(
-                    len,
-                    |private| edge.copy_response(slot, private),
-                    |response| {
-                        let (status, code) = (
-                            s.status.load(Ordering::Relaxed),
-                            s.code.load(Ordering::Relaxed),
-                        );
-                        if let Some(r) = record {
-                            r.stage(status, code, response);
-                        }
-                        reply(status, code, response, &mut impossible).and_then(|r| {
-                            decode(r).map_err(|e| {
-                                impossible = true;
-                                Fault::Decode(e)
-                            })
-                        })
-                    },
-                )
+        let result = self.take_reply(slot, outcome, &mut decode, record, &mut impossible);
+        match result {
+            Err(fault @ Fault::Decode(_)) if impossible && self.inner.supervision.replayed => {
+                // The call ran: its replay answers it again, once.
+                match self.await_replay(slot, &fault) {
+                    Replay::Answered(outcome) => {
+                        let again = &mut false; // the request's own doing now
+                        let result = self.take_reply(slot, outcome, &mut decode, record, again);
+                        s.state.store(state::IDLE, Ordering::Release);
+                        result
+                    }
+                    Replay::Unanswered => Err(fault),
+                    Replay::Lost => Err(Fault::Interrupted),
+                }
             }
-            _ => match edge.header().liveness.load(Ordering::SeqCst) {
+            result => {
+                s.state.store(state::IDLE, Ordering::Release);
+                match result {
+                    Err(fault) if impossible => Err(self.suspect(fault)),
+                    other => other,
+                }
+            }
+        }
+    }
+
+    /// The value or fault of the call in `slot`, whose wait ended in state
+    /// `outcome`; `impossible` is set for a reply no correct server gives.
+    fn take_reply<T>(
+        &self,
+        slot: u32,
+        outcome: u32,
+        decode: &mut impl FnMut(ReplyStatus<'_>) -> Result<T, WireError>,
+        record: Option<&journal::Recorder>,
+        impossible: &mut bool,
+    ) -> Result<T, Fault> {
+        let edge = &self.inner.edge;
+        let s = edge.slot(slot);
+        if outcome != state::RESPONSE {
+            return match edge.header().liveness.load(Ordering::SeqCst) {
                 liveness::GONE => Err(self.lost()),
                 _ => Err(Fault::Interrupted),
-            },
-        };
-        s.state.store(state::IDLE, Ordering::Release);
-        match result {
-            Err(fault) if impossible => Err(self.suspect(fault)),
-            other => other,
+            };
         }
+        let len =
+            (s.response_len.load(Ordering::Relaxed) as usize).min(crate::abi::channel::BUFFER_SIZE);
+        crate::scratch::with_copy(
+            len,
+            |private| edge.copy_response(slot, private),
+            |response| {
+                let (status, code) = (
+                    s.status.load(Ordering::Relaxed),
+                    s.code.load(Ordering::Relaxed),
+                );
+                if let Some(r) = record {
+                    r.stage(status, code, response);
+                }
+                reply(status, code, response, impossible).and_then(|r| {
+                    decode(r).map_err(|e| {
+                        *impossible = true;
+                        Fault::Decode(e)
+                    })
+                })
+            },
+        )
     }
 
     /// After a reply no correct server gives (`fault`): has the watchdog
     /// reboot the live incarnation (see the module's doc) and returns the
     /// fault of a reboot, [`Fault::Stale`] for a refusal (the call did not
     /// run) or [`Fault::Interrupted`] for a reply that does not decode (it
-    /// may have). Returns `fault` itself in an unwatched system, within
-    /// [`SUSPICION_HOLDOFF`] of this thread's last suspicion, or if no
-    /// reboot comes within [`SUSPECT_WAIT`].
+    /// may have). Returns `fault` itself if the reboot was not made
+    /// ([`Connection::reboot_answered`]).
     fn suspect(&self, fault: Fault) -> Fault {
+        if !self.reboot_answered(&fault) {
+            return fault;
+        }
+        match fault {
+            Fault::Decode(_) => Fault::Interrupted,
+            _ => Fault::Stale,
+        }
+    }
+
+    /// Marks the live incarnation suspected of `fault` and waits for the
+    /// watchdog's answer: a reboot (which raises the epoch) or a rollback
+    /// (which keeps it and clears the suspicion). False in an unwatched
+    /// system, within [`SUSPICION_HOLDOFF`] of this thread's last
+    /// suspicion, or if no answer comes within [`SUSPECT_WAIT`].
+    fn reboot_answered(&self, fault: &Fault) -> bool {
         let held_off = LAST_SUSPICION
             .get()
             .is_some_and(|t| t.elapsed() < SUSPICION_HOLDOFF);
-        if !self.inner.watched || held_off {
-            return fault;
+        if !self.inner.supervision.watched || held_off {
+            return false;
         }
         let h = self.inner.edge.header();
         let epoch = h.epoch.load(Ordering::SeqCst);
         tracing::warn!(server = %self.inner.server, epoch, "{fault}: a faulty server, asking for its reboot");
         h.suspected.store(epoch, Ordering::SeqCst);
         let until = Instant::now() + SUSPECT_WAIT;
-        // A micro-reboot raises the epoch; a checkpoint recovery or a
-        // rollback keeps it, and clears the suspicion.
         while h.epoch.load(Ordering::SeqCst) == epoch && h.suspected.load(Ordering::SeqCst) == epoch
         {
             if Instant::now() >= until {
-                return fault;
+                return false;
             }
             std::thread::sleep(Duration::from_millis(1));
         }
         LAST_SUSPICION.set(Some(Instant::now()));
-        match fault {
-            Fault::Decode(_) => Fault::Interrupted,
-            _ => Fault::Stale,
+        true
+    }
+
+    /// After a reply of a checkpoint-recovered server that does not decode
+    /// (`fault`): the call ran, and posting it again would run it twice.
+    /// The slot is left holding it ([`state::REPLAY`]) while the watchdog
+    /// rolls the server back; the replay runs the call again from the
+    /// checkpoint and answers it. Gives the slot up (IDLE) if the
+    /// suspicion goes unanswered, the server is rebooted instead (its log
+    /// gone with its state), or no replay answers within [`SUSPECT_WAIT`].
+    fn await_replay(&self, slot: u32, fault: &Fault) -> Replay {
+        let s = self.inner.edge.slot(slot);
+        let epoch = self.live_epoch();
+        s.state.store(state::REPLAY, Ordering::SeqCst);
+        let answered = self.reboot_answered(fault);
+        let until = Instant::now() + SUSPECT_WAIT;
+        s.client_sleeping.store(1, Ordering::SeqCst);
+        let given_up = loop {
+            if s.state.load(Ordering::SeqCst) != state::REPLAY {
+                break false;
+            }
+            let waited = !answered || self.live_epoch() != epoch || Instant::now() >= until;
+            let taken_back = || {
+                s.state
+                    .compare_exchange(
+                        state::REPLAY,
+                        state::IDLE,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    )
+                    .is_ok()
+            };
+            if waited && taken_back() {
+                break true;
+            }
+            futex::wait(&s.state, state::REPLAY, Some(RECHECK));
+        };
+        s.client_sleeping.store(0, Ordering::Relaxed);
+        match (given_up, answered) {
+            (false, _) => Replay::Answered(self.wait_for_reply(slot)),
+            (true, false) => Replay::Unanswered,
+            (true, true) => Replay::Lost,
         }
     }
 
@@ -442,6 +531,17 @@ impl Drop for RecoveryScope {
     fn drop(&mut self) {
         RECOVERING.with(|d| d.set(d.get() - 1));
     }
+}
+
+/// How a call awaiting its replay ([`Connection::await_replay`]) ended.
+enum Replay {
+    /// The replay claimed it; the slot's state once it answered.
+    Answered(u32),
+    /// No watchdog acted on the suspicion: the slot is IDLE again.
+    Unanswered,
+    /// The server was rolled back or rebooted, and no replay answered: the
+    /// slot is IDLE again, and the call's fate unknown.
+    Lost,
 }
 
 /// A slot claimed by the current thread, released when the thread exits.

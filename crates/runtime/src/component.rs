@@ -38,7 +38,7 @@ use crate::abi::channel::Edge;
 use crate::abi::fdpass;
 use crate::abi::journal::JournalRegion;
 use crate::abi::shm::Region;
-use crate::client::Connection;
+use crate::client::{Connection, Supervision};
 use crate::counters::{Counter, CounterError, WorkloadCounters};
 use crate::durable::Durable;
 use crate::futex;
@@ -256,7 +256,10 @@ impl Runtime {
             used.server.clone(),
             used.server_id,
             info,
-            self.boot.watchdog,
+            Supervision {
+                watched: self.boot.watchdog,
+                replayed: used.replayed,
+            },
         )
         .map_err(|source| ConnectError::UpcallThread {
             interface: info.name.to_string(),

@@ -9,7 +9,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::abi::channel::Edge;
-use crate::client::Connection;
+use crate::abi::journal::JournalRegion;
+use crate::client::{Connection, Supervision};
+use crate::journal::{Journal, Served};
 use crate::server::{wake_workers, SlotWorker};
 use crate::stub::{InterfaceInfo, Service};
 use crate::upcall::{self, Listener, Mailbox, UpcallError};
@@ -29,6 +31,8 @@ pub struct Loopback {
     upcalls: Arc<Listener>,
     mailbox: Mailbox,
     current: Mutex<Incarnation>,
+    /// The request log of a journaled loopback ([`Loopback::journaled`]).
+    journal: Option<Arc<Journal>>,
 }
 
 struct Incarnation {
@@ -41,26 +45,69 @@ const SLOTS: u32 = 4;
 
 impl Loopback {
     pub fn new(service: Arc<dyn Service>) -> Self {
+        Self::with_journal(service, None)
+    }
+
+    /// A loopback whose server is checkpoint-recovered (`recovery =
+    /// "checkpoint"`): each request is logged before it runs, and
+    /// [`Loopback::roll_back`] plays the supervisor's rollback and replay.
+    /// Its connections know the server's replay answers a call again.
+    pub fn journaled(service: Arc<dyn Service>) -> Self {
+        let log = JournalRegion::create("loopback-log", 1 << 20).expect("create a request log");
+        Self::with_journal(service, Some(Arc::new(Journal::new(log))))
+    }
+
+    fn with_journal(service: Arc<dyn Service>, journal: Option<Arc<Journal>>) -> Self {
         let edge = Arc::new(Edge::create("loopback", SLOTS).expect("create loopback edge"));
         let info = service.interface();
         edge.header()
             .interface_hash
             .store(info.hash, std::sync::atomic::Ordering::Relaxed);
-        let current = Mutex::new(Self::start(&edge, service, 1));
+        if let Some(j) = &journal {
+            j.set_served(vec![Served {
+                edge: edge.clone(),
+                service: service.clone(),
+                client: 0,
+            }]);
+        }
+        let current = Mutex::new(Self::start(&edge, service, 1, journal.as_ref()));
         Self {
             upcalls: Arc::new(Listener::new(edge.clone(), info.name, None)),
             mailbox: Mailbox::new(edge.clone()),
             edge,
             info,
             current,
+            journal,
         }
     }
 
-    fn start(edge: &Arc<Edge>, service: Arc<dyn Service>, epoch: u64) -> Incarnation {
+    /// Plays a rollback of a journaled loopback's idle server, as the
+    /// supervisor answers a suspicion: `restore` puts the service's state
+    /// back as it was when the log began, the workers are to replay the
+    /// log before they serve anything new, and the suspicion is cleared.
+    ///
+    /// # Panics
+    ///
+    /// On a loopback that is not [journaled](Loopback::journaled).
+    pub fn roll_back(&self, restore: impl FnOnce()) {
+        let journal = self.journal.as_ref().expect("a journaled loopback");
+        restore();
+        journal.log().ask_replay();
+        self.edge.clear_suspicion();
+        wake_workers(&self.edge);
+    }
+
+    fn start(
+        edge: &Arc<Edge>,
+        service: Arc<dyn Service>,
+        epoch: u64,
+        journal: Option<&Arc<Journal>>,
+    ) -> Incarnation {
         let retire = Arc::new(AtomicBool::new(false));
         let workers = (0..SLOTS)
             .map(|slot| {
-                let worker = SlotWorker::new(edge.clone(), slot, 0, retire.clone());
+                let mut worker = SlotWorker::new(edge.clone(), slot, 0, retire.clone());
+                worker.journal = journal.map(|j| (j.clone(), 0));
                 let service = service.clone();
                 std::thread::spawn(move || worker.run(service.as_ref(), epoch))
             })
@@ -75,15 +122,28 @@ impl Loopback {
 
     /// A client connection; the first one starts the client's upcall thread.
     pub fn connection(&self) -> Connection {
-        Connection::new(self.upcalls.clone(), "loopback".into(), 0, self.info, false)
-            .expect("start the loopback upcall thread")
+        self.connect(false)
     }
 
     /// A connection whose client suspects the server of an impossible reply
     /// (as in a system with a watchdog); the test plays the watchdog.
     pub fn watched_connection(&self) -> Connection {
-        Connection::new(self.upcalls.clone(), "loopback".into(), 0, self.info, true)
-            .expect("start the loopback upcall thread")
+        self.connect(true)
+    }
+
+    fn connect(&self, watched: bool) -> Connection {
+        let supervision = Supervision {
+            watched,
+            replayed: self.journal.is_some(),
+        };
+        Connection::new(
+            self.upcalls.clone(),
+            "loopback".into(),
+            0,
+            self.info,
+            supervision,
+        )
+        .expect("start the loopback upcall thread")
     }
 
     /// The epoch a watched client suspected ([`crate::abi::channel::EdgeHeader::suspected`]).
@@ -97,7 +157,16 @@ impl Loopback {
     /// Simulates a micro-reboot: new calls wait, the old incarnation's
     /// workers finish what they hold and stop, a fresh service instance
     /// takes over with the next epoch.
+    ///
+    /// # Panics
+    ///
+    /// On a [journaled](Loopback::journaled) loopback, whose replay runs
+    /// the service it was made with: it is rolled back instead.
     pub fn reboot(&self, fresh: Arc<dyn Service>) {
+        assert!(
+            self.journal.is_none(),
+            "a journaled loopback is rolled back"
+        );
         let mut current = self.current.lock().unwrap();
         self.edge.mark_down();
         current
@@ -108,7 +177,7 @@ impl Loopback {
             w.join().expect("loopback worker panicked");
         }
         let epoch = current.epoch + 1;
-        *current = Self::start(&self.edge, fresh, epoch);
+        *current = Self::start(&self.edge, fresh, epoch, None);
     }
 
     /// Raises a change counter, as the server would
@@ -159,7 +228,7 @@ pub fn connection_for_tests(edge: Arc<Edge>, info: &'static InterfaceInfo) -> Co
         "test-server".into(),
         0,
         info,
-        false,
+        Supervision::default(),
     )
     .expect("start the upcall thread")
 }

@@ -105,6 +105,115 @@ fn an_impossible_reply_has_a_watched_server_rebooted_once() {
     assert_eq!(lb.epoch(), 2);
 }
 
+static COUNTER: InterfaceInfo = InterfaceInfo {
+    name: "counter",
+    hash: 0xc0c0,
+    functions: &["add"],
+};
+
+/// A checkpoint-recovered counter: its state at the log's start is 0 (no
+/// checkpoint cut the log), and its next reply can be garbled once, as a
+/// fault in the server's encoding would.
+#[derive(Default)]
+struct Counter {
+    total: Mutex<u64>,
+    runs: std::sync::atomic::AtomicU64,
+    garble: std::sync::atomic::AtomicBool,
+}
+
+impl Service for Counter {
+    fn interface(&self) -> &'static InterfaceInfo {
+        &COUNTER
+    }
+    fn client_died(&self, _client: u32) {}
+    fn dispatch(&self, _c: &Caller, func: u32, req: &[u8], resp: &mut [u8]) -> Dispatched {
+        let n = match (func, Reader::new(req).u64()) {
+            (0, Ok(n)) => n,
+            (0, Err(e)) => return Dispatched::Refused(e.into()),
+            (f, _) => {
+                return Dispatched::Refused(kintsugi_runtime::stub::Refusal::UnknownFunction(f))
+            }
+        };
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let mut total = self.total.lock().unwrap();
+        *total += n;
+        if self.garble.swap(false, Ordering::SeqCst) {
+            resp[..3].copy_from_slice(&[0x5a; 3]); // three bytes where a u64 is due
+            return Dispatched::Ok(3);
+        }
+        let mut w = Writer::new(resp);
+        w.u64(*total).unwrap();
+        Dispatched::Ok(w.len())
+    }
+}
+
+/// `add(n)` as a generated stub makes it: a call interrupted (its fate
+/// unknown) or refused as stale is posted again.
+fn add(conn: &Connection, n: u64) -> Result<u64, Fault> {
+    loop {
+        let got = conn.call(
+            0,
+            None,
+            |w| w.u64(n),
+            |r| match r {
+                ReplyStatus::Ok(mut r) => r.u64(),
+                ReplyStatus::AppError(_) => unreachable!(),
+            },
+        );
+        match got {
+            Err(Fault::Interrupted | Fault::Stale) => continue,
+            got => return got,
+        }
+    }
+}
+
+/// A checkpoint-recovered server ran a call and garbled its reply: the
+/// client does not post the call again (it would be added twice) but has
+/// the server rolled back and takes the reply its replay gives.
+#[test]
+fn a_garbled_reply_of_a_checkpoint_recovered_server_is_taken_from_its_replay() {
+    let counter = Arc::new(Counter::default());
+    let lb = Arc::new(Loopback::journaled(counter.clone()));
+    let conn = lb.watched_connection();
+    assert_eq!(add(&conn, 5), Ok(5));
+    assert_eq!(add(&conn, 7), Ok(12));
+    // The test plays the watchdog and the checkpoint restore.
+    let watchdog = {
+        let (lb, counter) = (lb.clone(), counter.clone());
+        std::thread::spawn(move || {
+            while lb.suspected() != 1 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            lb.roll_back(|| *counter.total.lock().unwrap() = 0);
+        })
+    };
+    counter.garble.store(true, Ordering::SeqCst);
+    assert_eq!(add(&conn, 10), Ok(22), "the replay's reply, once");
+    watchdog.join().unwrap();
+    assert_eq!(*counter.total.lock().unwrap(), 22);
+    assert_eq!(
+        counter.runs.load(Ordering::SeqCst),
+        3 + 3,
+        "three calls, then the three replayed: none posted twice"
+    );
+    assert_eq!(lb.suspected(), 0);
+    assert_eq!(add(&conn, 1), Ok(23));
+}
+
+/// With no watchdog to roll the server back, the client takes its slot
+/// back and returns the fault, as for any server.
+#[test]
+fn a_garbled_reply_that_no_rollback_answers_is_returned() {
+    let counter = Arc::new(Counter::default());
+    let lb = Loopback::journaled(counter.clone());
+    let conn = lb.connection();
+    assert_eq!(add(&conn, 2), Ok(2));
+    counter.garble.store(true, Ordering::SeqCst);
+    assert!(matches!(add(&conn, 3), Err(Fault::Decode(_))));
+    assert_eq!(lb.suspected(), 0);
+    assert_eq!(add(&conn, 4), Ok(9), "the slot serves again");
+}
+
 #[test]
 fn reboot_raises_epoch_and_stale_calls_are_refused_unrun() {
     let lb = Loopback::new(Arc::new(EchoService::default()));

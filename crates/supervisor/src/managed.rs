@@ -172,6 +172,8 @@ pub(crate) struct Used {
     pub edge: Arc<Edge>,
     /// The server's pool, if it has one.
     pub pool: Option<Arc<Region>>,
+    /// Whether the server is checkpoint-recovered.
+    pub replayed: bool,
 }
 
 /// A component's durable memory (`arena_kib`, `pool_kib`): created once, when
@@ -255,6 +257,7 @@ impl Wiring {
                 server_id: u.server_id,
                 fd: u.edge.region().fd().as_raw_fd(),
                 pool_fd: raw_fd(u.pool.as_deref()),
+                replayed: u.replayed,
             })
             .collect::<Vec<_>>();
         let boot = BootInfo {

@@ -18,7 +18,8 @@ use kintsugi_runtime::futex::timespec;
 use kintsugi_runtime::futex::Spin;
 use kintsugi_runtime::priority::{self, Priority};
 use kintsugi_system::{
-    ComponentSpec, HangAction, RebootMode, RestartGroup, RestartType, SpinPolicy, System,
+    ComponentSpec, HangAction, RebootMode, RecoveryMode, RestartGroup, RestartType, SpinPolicy,
+    System,
 };
 
 use crate::ladder::{HangAnswer, Ladder};
@@ -306,6 +307,9 @@ impl<'a> Supervisor<'a> {
                     server_id: system.component(s).map_or(0, |c| c.id),
                     edge: e.clone(),
                     pool: pools.get(s).cloned(),
+                    replayed: system
+                        .component(s)
+                        .is_some_and(|c| c.recovery == RecoveryMode::Checkpoint),
                 })
                 .collect();
             let durable = durable

@@ -140,6 +140,11 @@ pub struct UsedEdge {
     /// every edge to that server.
     #[serde(default)]
     pub pool_fd: Option<RawFd>,
+    /// The server is checkpoint-recovered (`recovery = "checkpoint"`): a
+    /// rollback's replay answers a call it ran again, so a reply that
+    /// does not decode is awaited from the replay, not asked for twice.
+    #[serde(default)]
+    pub replayed: bool,
 }
 
 /// Shared between the supervisor and one component's processes: how the

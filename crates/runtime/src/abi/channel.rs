@@ -49,6 +49,12 @@ pub mod state {
     pub const REQUEST: u32 = 1;
     pub const RESPONSE: u32 = 2;
     pub const FAILED: u32 = 3;
+    /// The client could not decode the reply of a checkpoint-recovered
+    /// server, which ran the call: rather than post it again (it would run
+    /// twice), it waits for the rollback it asked for, whose replay runs
+    /// the call again and hands its reply to this very call. No worker
+    /// serves it; the replay claims it (back to `REQUEST`) to answer it.
+    pub const REPLAY: u32 = 4;
 }
 
 /// Server liveness, as seen on an edge.
@@ -427,7 +433,15 @@ impl Edge {
         h.claims_round.fetch_add(1, Ordering::SeqCst);
         h.claimed.store(0, Ordering::SeqCst);
         for i in 0..self.slots {
-            self.slot(i).calling.store(0, Ordering::SeqCst);
+            let s = self.slot(i);
+            s.calling.store(0, Ordering::SeqCst);
+            // No thread of the client awaits that replay any more.
+            let _ = s.state.compare_exchange(
+                state::REPLAY,
+                state::IDLE,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
         }
     }
 
@@ -477,10 +491,19 @@ impl Edge {
         }
     }
 
-    /// Calls being served now (exact while the server is frozen).
+    /// Calls being served now (exact while the server is frozen), a call
+    /// awaiting its replay ([`state::REPLAY`]) included: a checkpoint then
+    /// would cut the logged request the replay is to run again.
     pub fn serving(&self) -> u32 {
         (0..self.slots)
-            .map(|i| self.slot(i).serving.load(Ordering::SeqCst).min(1))
+            .map(|i| self.slot(i))
+            .map(|s| {
+                let awaiting = s.state.load(Ordering::SeqCst) == state::REPLAY;
+                s.serving
+                    .load(Ordering::SeqCst)
+                    .min(1)
+                    .max(u32::from(awaiting))
+            })
             .sum()
     }
 
@@ -609,5 +632,21 @@ mod tests {
             assert!(entered.load(Ordering::SeqCst), "the held call went on");
             assert_eq!(count(&edge), 0);
         }
+    }
+
+    /// A call awaiting its replay keeps the server from a safe point (a
+    /// checkpoint would cut the request the replay is to run), until its
+    /// client, dead or restored, no longer awaits it.
+    #[test]
+    fn a_call_awaiting_its_replay_counts_as_served_until_its_client_is_gone() {
+        let edge = Edge::create("kintsugi-test-replay", 2).unwrap();
+        edge.slot(1).state.store(state::REPLAY, Ordering::SeqCst);
+        assert_eq!(edge.serving(), 1);
+        edge.client_restored();
+        assert_eq!(edge.slot(1).state.load(Ordering::SeqCst), state::IDLE);
+        assert_eq!(edge.serving(), 0, "a safe point");
+        edge.slot(0).state.store(state::REPLAY, Ordering::SeqCst);
+        edge.client_down();
+        assert_eq!(edge.serving(), 0);
     }
 }

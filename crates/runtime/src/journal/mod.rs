@@ -36,7 +36,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-use crate::abi::channel::{Edge, SlotHeader, BUFFER_SIZE};
+use crate::abi::channel::{state, Edge, SlotHeader, BUFFER_SIZE};
 use crate::abi::journal::{entry, padded, JournalRegion, ENTRY_HEAD};
 use crate::futex;
 use crate::server::{dispatch_into, publish, Reply};
@@ -92,6 +92,12 @@ impl Journal {
 
     pub fn set_served(&self, served: Vec<Served>) {
         let _ = self.served.set(served);
+    }
+
+    /// The log's shared region (the supervisor's side of it, for tests
+    /// that play the supervisor).
+    pub fn log(&self) -> &JournalRegion {
+        &self.log
     }
 
     pub fn replay_pending(&self) -> bool {
@@ -275,12 +281,23 @@ impl Journal {
     }
 
     /// Hands `reply` to the call that `e` logged, if its slot still holds
-    /// that very call (the crash came before the reply was posted).
+    /// that very call: the crash came before the reply was posted, or its
+    /// client could not decode the reply and awaits this replay's
+    /// ([`state::REPLAY`], claimed first: the client may give up on it).
     fn deliver(&self, srv: &Served, e: &Entry, reply: &Reply) -> bool {
         let s = srv.edge.slot(e.slot);
-        let waiting = s.state.load(Ordering::SeqCst) == crate::abi::channel::state::REQUEST
-            && s.seq.load(Ordering::SeqCst) == e.seq
+        let same = s.seq.load(Ordering::SeqCst) == e.seq
             && s.client_epoch.load(Ordering::SeqCst) == e.client_epoch;
+        let waiting = same
+            && (s.state.load(Ordering::SeqCst) == state::REQUEST
+                || s.state
+                    .compare_exchange(
+                        state::REPLAY,
+                        state::REQUEST,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    )
+                    .is_ok());
         if waiting {
             publish(&srv.edge, e.slot, reply);
         }

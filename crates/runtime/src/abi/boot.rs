@@ -227,7 +227,10 @@ impl ControlBlock {
         mut check: impl FnMut() -> Option<Activation>,
     ) -> Activation {
         let deadline = Instant::now() + timeout;
-        let _ = futex::spin_until(&self.ready, futex::spin_budget(), |v| v == generation);
+        // No spin first: an initialization takes tens of microseconds at
+        // least, and a spinning waiter yields its CPU, which put the
+        // supervisor behind a dying incarnation's teardown (milliseconds
+        // in the kernel for a large heap) while the other CPU was idle.
         loop {
             let r = self.ready.load(Ordering::SeqCst);
             if r == generation {

@@ -155,11 +155,14 @@ impl Netd {
 
     /// Posts `ops` to the vault, after what it is owed (`owed`).
     fn post(&self, ops: Vec<VaultOp>, fd: Option<&OwnedFd>) {
-        if !self.tracking {
-            return;
+        if self.tracking {
+            self.post_owing(self.owed.lock().unwrap(), ops, fd);
         }
-        // Under the lock: posts reach the vault in the order they are made.
-        let mut owed = self.owed.lock().unwrap();
+    }
+
+    /// [`Netd::post`] under the lock of what is owed, held until the post
+    /// is made: posts reach the vault in the order they are made.
+    fn post_owing(&self, mut owed: MutexGuard<'_, Owed>, ops: Vec<VaultOp>, fd: Option<&OwnedFd>) {
         let mut due = owed.take();
         let fds: Vec<_> = (due.sockets.iter().map(|e| e.fd.as_fd()))
             .chain(fd.map(|f| f.as_fd()))
@@ -176,8 +179,9 @@ impl Netd {
 
     /// Posts what the vault is owed if enough is.
     fn post_if_full(&self) {
-        if self.owed.lock().unwrap().full() {
-            self.post(Vec::new(), None);
+        let owed = self.owed.lock().unwrap();
+        if owed.full() {
+            self.post_owing(owed, Vec::new(), None);
         }
     }
 
@@ -211,8 +215,7 @@ impl Netd {
 
     /// A new connection id: ids grow across reboots (the counter is in the arena).
     fn next_id(&self) -> u64 {
-        let arena = self.rt.arena().expect("checked at start");
-        arena
+        self.arena()
             .at::<AtomicU64>(ARENA_NEXT_ID)
             .fetch_add(1, Ordering::SeqCst)
             + 1
@@ -222,7 +225,7 @@ impl Netd {
     /// in the vault; an incarnation that finds it set takes the connection
     /// from its predecessor's keeper.
     fn accepting(&self, for_client: Option<u32>) {
-        let arena = self.rt.arena().expect("checked at start");
+        let arena = self.arena();
         if let Some(client) = for_client {
             arena
                 .at::<AtomicU64>(ARENA_ACCEPT_CLIENT)

@@ -94,6 +94,9 @@ pub fn left_behind(arena: &Region) -> Vec<Unposted> {
     for i in 0..SLOTS {
         let s = Slot::new(arena, i);
         let id = s.id().swap(0, Ordering::SeqCst);
+        if id == 0 {
+            continue; // free: its other words are stale
+        }
         let (client, worker, fd) = (
             s.client().load(Ordering::SeqCst),
             s.worker().load(Ordering::SeqCst),
@@ -106,16 +109,13 @@ pub fn left_behind(arena: &Region) -> Vec<Unposted> {
         ) else {
             continue;
         };
-        if id != 0 {
-            let inode = s.inode().load(Ordering::SeqCst);
-            left.push(Unposted {
-                id,
-                client,
-                worker,
-                fd,
-                inode,
-            });
-        }
+        left.push(Unposted {
+            id,
+            client,
+            worker,
+            fd,
+            inode: s.inode().load(Ordering::SeqCst),
+        });
     }
     left
 }

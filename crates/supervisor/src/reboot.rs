@@ -17,7 +17,7 @@ use crate::managed::Phase;
 use crate::options::{StopReason, SupervisorError};
 use crate::policy::GiveUpReason;
 use crate::supervisor::{Deferred, Supervisor};
-use crate::watch::Watch;
+use crate::watch::Watcher;
 
 impl Supervisor<'_> {
     /// Starts watching the live incarnation's lifelines (after the reboot is
@@ -28,13 +28,14 @@ impl Supervisor<'_> {
         }
         let m = &mut self.comps[idx];
         if let Phase::Live { inc, watch } = &mut m.phase {
-            *watch = Some(Watch::start(
-                m.wiring.control.clone(),
-                inc.bank,
-                idx as u32,
-                inc.generation,
-                self.lifeline_notify.clone(),
-            ));
+            let watcher = self.watchers.entry(idx).or_insert_with(|| {
+                Watcher::start(
+                    m.wiring.control.clone(),
+                    idx as u32,
+                    self.lifeline_notify.clone(),
+                )
+            });
+            *watch = Some(watcher.watch(inc.bank, inc.generation));
         }
     }
 

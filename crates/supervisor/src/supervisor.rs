@@ -25,6 +25,7 @@ use kintsugi_system::{
 use crate::ladder::{HangAnswer, Ladder};
 use crate::managed::SystemWide;
 use crate::output::Relay;
+use crate::watch::Watcher;
 use rustix::event::epoll;
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 use rustix::process::Signal;
@@ -147,6 +148,9 @@ pub(crate) struct Supervisor<'a> {
     /// Lifeline watchers write here; the event loop reads.
     lifeline_pipe: OwnedFd,
     pub(crate) lifeline_notify: Arc<OwnedFd>,
+    /// Each component's lifeline watcher, made at its first live
+    /// incarnation.
+    pub(crate) watchers: HashMap<usize, Watcher>,
     signal_ids: Vec<signal_hook::SigId>,
     vault: VaultStore,
     pub(crate) chaos: Option<Chaos>,
@@ -214,6 +218,7 @@ impl<'a> Supervisor<'a> {
             signal_pipe,
             lifeline_pipe,
             lifeline_notify: Arc::new(lifeline_notify),
+            watchers: HashMap::new(),
             signal_ids,
             vault: VaultStore::default(),
             chaos,

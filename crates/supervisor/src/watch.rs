@@ -1,13 +1,17 @@
 //! Watching a live incarnation's lifelines, to learn of its death before the
 //! kernel has torn it down (see `kintsugi_runtime::abi::lifeline`).
 //!
-//! One thread per live incarnation sleeps on its main thread's lifeline. When
-//! the kernel marks it, the thread waits until every lifeline of the
-//! incarnation is marked (no thread of it can run any more code), then tells
-//! the event loop through a pipe: `[component index: u32][generation: u32]`.
+//! One thread per component ([`Watcher`]) watches its live incarnations in
+//! turn: it sleeps on the main thread's lifeline and, when the kernel marks
+//! it, waits until every lifeline of the incarnation is marked (no thread of
+//! it can run any more code), then tells the event loop through a pipe:
+//! `[component index: u32][generation: u32]`. A thread made for each
+//! incarnation and ended once it had told (as before) exited right after it
+//! woke the event loop, on the same CPU: its exit stood on the reboot's path.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,48 +24,76 @@ use kintsugi_runtime::futex;
 /// main thread has.
 const ALL_DEAD_WITHIN: Duration = Duration::from_millis(200);
 
-/// A running watcher; dropping it stops the thread.
+/// One incarnation to watch.
+struct Job {
+    bank: usize,
+    generation: u32,
+    stop: Arc<AtomicBool>,
+}
+
+/// A component's watcher thread; it ends once this is dropped and the
+/// incarnation it watches, if any, is let go.
+pub struct Watcher {
+    control: Arc<Region>,
+    jobs: Sender<Job>,
+}
+
+impl Watcher {
+    /// Starts the watcher of component `index`, whose control block is
+    /// `control`; it reports deaths to `notify`.
+    pub fn start(control: Arc<Region>, index: u32, notify: Arc<OwnedFd>) -> Self {
+        let (jobs, queue) = channel::<Job>();
+        let c = control.clone();
+        std::thread::Builder::new()
+            .name(format!("lifelines:{index}"))
+            .spawn(move || {
+                for job in queue {
+                    if watch(&c, job.bank, &job.stop) && !job.stop.load(Ordering::SeqCst) {
+                        let ctl: &ControlBlock = c.at(0);
+                        if ctl.exiting.load(Ordering::SeqCst) != job.generation {
+                            let mut msg = [0u8; 8];
+                            msg[..4].copy_from_slice(&index.to_le_bytes());
+                            msg[4..].copy_from_slice(&job.generation.to_le_bytes());
+                            let _ = rustix::io::write(&*notify, &msg);
+                        }
+                    }
+                }
+            })
+            .expect("spawn lifeline watcher");
+        Self { control, jobs }
+    }
+
+    /// Watches incarnation `generation`, whose threads hold the lifelines
+    /// of `bank`, until it dies or the returned [`Watch`] is dropped.
+    pub fn watch(&self, bank: usize, generation: u32) -> Watch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let job = Job {
+            bank,
+            generation,
+            stop: stop.clone(),
+        };
+        let _ = self.jobs.send(job);
+        Watch {
+            stop,
+            control: self.control.clone(),
+            bank,
+        }
+    }
+}
+
+/// The watch of one live incarnation; dropping it lets the incarnation go.
 pub struct Watch {
     stop: Arc<AtomicBool>,
     control: Arc<Region>,
     bank: usize,
 }
 
-impl Watch {
-    pub fn start(
-        control: Arc<Region>,
-        bank: usize,
-        index: u32,
-        generation: u32,
-        notify: Arc<OwnedFd>,
-    ) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (s, c) = (stop.clone(), control.clone());
-        std::thread::Builder::new()
-            .name(format!("lifelines:{index}"))
-            .spawn(move || {
-                if watch(&c, bank, &s) && !s.load(Ordering::SeqCst) {
-                    let ctl: &ControlBlock = c.at(0);
-                    if ctl.exiting.load(Ordering::SeqCst) != generation {
-                        let mut msg = [0u8; 8];
-                        msg[..4].copy_from_slice(&index.to_le_bytes());
-                        msg[4..].copy_from_slice(&generation.to_le_bytes());
-                        let _ = rustix::io::write(&*notify, &msg);
-                    }
-                }
-            })
-            .expect("spawn lifeline watcher");
-        Self {
-            stop,
-            control,
-            bank,
-        }
-    }
-}
-
 impl Drop for Watch {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        // The watcher sleeps on the main thread's lifeline while the
+        // incarnation lives; once that thread has died, the others' die
+        // with the process and wake it themselves.
         let ctl: &ControlBlock = self.control.at(0);
         futex::wake_all(&ctl.lifelines[self.bank][0].word);
     }

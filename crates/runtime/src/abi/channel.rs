@@ -492,13 +492,18 @@ impl Edge {
     }
 
     /// Calls being served now (exact while the server is frozen), a call
-    /// awaiting its replay ([`state::REPLAY`]) included: a checkpoint then
-    /// would cut the logged request the replay is to run again.
+    /// awaiting its replay ([`state::REPLAY`]) included while its client's
+    /// suspicion is raised: a checkpoint then would cut the logged request
+    /// the replay is to run again. (Once the suspicion is answered, the
+    /// pending replay keeps checkpoints off; and a client that leaves a
+    /// slot so without suspecting cannot hold the server's checkpoints
+    /// back, and with them, once its log is full, its other clients.)
     pub fn serving(&self) -> u32 {
+        let suspected = self.header().suspected.load(Ordering::SeqCst) != 0;
         (0..self.slots)
             .map(|i| self.slot(i))
             .map(|s| {
-                let awaiting = s.state.load(Ordering::SeqCst) == state::REPLAY;
+                let awaiting = suspected && s.state.load(Ordering::SeqCst) == state::REPLAY;
                 s.serving
                     .load(Ordering::SeqCst)
                     .min(1)
@@ -635,12 +640,15 @@ mod tests {
     }
 
     /// A call awaiting its replay keeps the server from a safe point (a
-    /// checkpoint would cut the request the replay is to run), until its
-    /// client, dead or restored, no longer awaits it.
+    /// checkpoint would cut the request the replay is to run) while its
+    /// client suspects the server, until the client, dead or restored, no
+    /// longer awaits it.
     #[test]
     fn a_call_awaiting_its_replay_counts_as_served_until_its_client_is_gone() {
         let edge = Edge::create("kintsugi-test-replay", 2).unwrap();
         edge.slot(1).state.store(state::REPLAY, Ordering::SeqCst);
+        assert_eq!(edge.serving(), 0, "no suspicion raised: not awaited");
+        edge.header().suspected.store(1, Ordering::SeqCst);
         assert_eq!(edge.serving(), 1);
         edge.client_restored();
         assert_eq!(edge.slot(1).state.load(Ordering::SeqCst), state::IDLE);

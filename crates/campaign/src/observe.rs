@@ -121,6 +121,18 @@ impl Watch {
         })
     }
 
+    /// Lets what a reboot of `service` left its clients to find show in
+    /// their counters before they are read: a workload thread learns that a
+    /// descriptor does not reopen (say, the fault damaged a vault record the
+    /// next incarnation rebuilt from) on its first call after the reboot,
+    /// which may come after another thread of the same workload already
+    /// progressed. Without this, such errors were counted against the next
+    /// injection, into another service, as that service disturbed.
+    fn settle(&self, service: &str, limits: &Limits) {
+        std::thread::sleep(SETTLE);
+        self.wait_progress(service, limits.stall);
+    }
+
     /// The supervisor's events since `from` (the last [`DIAGNOSIS_EVENTS`]),
     /// then where the threads of `service` and of its workloads are.
     fn diagnose(&self, service: &str, from: usize) -> Vec<String> {
@@ -161,6 +173,10 @@ impl Watch {
 /// How many reboots in a row, none followed by progress of the target's
 /// workloads, make a crash loop: the damage outlives the target's reboots.
 const MAX_UNSERVED_REBOOTS: u32 = 10;
+
+/// How long after the target's last reboot in an injection's watch its
+/// clients' counters are read (see [`Watch::settle`]).
+const SETTLE: Duration = Duration::from_millis(20);
 
 /// How many of the supervisor's last events a lost system's diagnosis shows.
 const DIAGNOSIS_EVENTS: usize = 40;
@@ -375,6 +391,9 @@ pub(crate) fn observe(
     }
     if lost {
         record.diagnosis = w.diagnose(target, first_event);
+    }
+    if !lost && w.incarnations(target) != member.incarnations {
+        w.settle(target, limits);
     }
     let after = w.tally(target);
     record.errors = after.errors - tallies[target].errors;

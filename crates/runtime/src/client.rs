@@ -623,6 +623,28 @@ fn claimed_slot(edge: &Arc<Edge>) -> u32 {
     })
 }
 
+/// The most of a refusal's text a client keeps, in bytes.
+const REFUSAL_TEXT: usize = 256;
+
+/// A refusal's reason as the server wrote it, for errors and logs: the
+/// bytes are the server's, and a faulty one may fill the whole response
+/// with anything, so the text is cut at [`REFUSAL_TEXT`] bytes and
+/// what is not printable is escaped.
+fn refusal_text(response: &[u8]) -> String {
+    let kept = &response[..response.len().min(REFUSAL_TEXT)];
+    let mut why = String::new();
+    for c in String::from_utf8_lossy(kept).chars() {
+        match c.is_control() {
+            true => why.extend(c.escape_default()),
+            false => why.push(c),
+        }
+    }
+    if kept.len() < response.len() {
+        why.push_str(&format!(" … ({} bytes)", response.len()));
+    }
+    why
+}
+
 /// What a reply of `status` and `code` says, its bytes copied out as
 /// `response`; `impossible` is set for a refusal no correct server gives.
 fn reply<'a>(
@@ -636,12 +658,32 @@ fn reply<'a>(
         status::APP_ERROR => Ok(ReplyStatus::AppError(code)),
         status::STALE => Err(Fault::Stale),
         _ => {
-            let why = String::from_utf8_lossy(response).into_owned();
+            let why = refusal_text(response);
             *impossible = Refusal::is_server_fault(code);
             Err(match code == Refusal::UnknownDescriptor(0).code() {
                 true => Fault::NoDescriptor(why),
                 false => Fault::Refused(why),
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_text_is_kept_short_and_printable() {
+        assert_eq!(refusal_text(b"no `f` \"9\""), "no `f` \"9\"");
+        let mut garbage = b"malformed: \0\x1b[2J".to_vec();
+        garbage.resize(65536, 0xff);
+        let why = refusal_text(&garbage);
+        assert!(
+            why.starts_with("malformed: \\u{0}\\u{1b}[2J\u{fffd}"),
+            "{why}"
+        );
+        assert!(why.ends_with(" … (65536 bytes)"), "{why}");
+        assert!(!why.chars().any(char::is_control), "{why}");
+        assert!(why.len() < 4 * REFUSAL_TEXT, "{}", why.len());
     }
 }

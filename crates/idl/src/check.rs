@@ -175,6 +175,24 @@ pub(crate) fn check(iface: &mut Interface) -> Result<(), Fail> {
                 format!("`{}`: parent dependencies need `namespace: global` (the server stub rebuilds parents before children from creation records)", d.name),
             ));
         }
+        if let Some((e, span)) = &d.unknown {
+            if d.namespace == Namespace::Global {
+                return Err(Fail::new(
+                    *span,
+                    format!("`{}`: `unknown` is for local descriptors (the server stub refuses a global descriptor it does not know)", d.name),
+                ));
+            }
+            if !iface.errors.iter().any(|x| &x.name == e) {
+                let declared: Vec<&str> = iface.errors.iter().map(|e| e.name.as_str()).collect();
+                return Err(Fail::new(
+                    *span,
+                    format!(
+                        "`unknown: {e}`: unknown error `{e}`; declared: {}",
+                        declared.join(", ")
+                    ),
+                ));
+            }
+        }
         if d.parent == Parent::Same && d.close != Close::Subtree {
             return Err(Fail::new(
                 d.span,

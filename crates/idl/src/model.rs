@@ -167,6 +167,10 @@ pub struct Descriptor {
     /// The states of its state machine, the first one initial (none: no
     /// state machine).
     pub states: Vec<(String, Span)>,
+    /// The declared error the server answers for a descriptor it does not
+    /// hold (`unknown: Err;`, local descriptors only). For a descriptor the
+    /// client stub holds in the call's epoch, no correct server gives it.
+    pub unknown: Option<(String, Span)>,
 }
 
 impl Descriptor {
@@ -409,6 +413,9 @@ impl Interface {
             if !d.states.is_empty() {
                 let states: Vec<&str> = d.states.iter().map(|(n, _)| n.as_str()).collect();
                 let _ = write!(s, " states: {};", states.join(", "));
+            }
+            if let Some((e, _)) = &d.unknown {
+                let _ = write!(s, " unknown: {e};");
             }
             for f in &d.fields {
                 let _ = write!(s, " field {}: {};", f.name, f.ty.idl());

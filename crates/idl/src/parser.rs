@@ -45,8 +45,15 @@ pub(crate) const FN_ANNOTATIONS: &[&str] = &[
     "transition",
 ];
 /// Properties a descriptor may declare.
-pub(crate) const DESC_PROPERTIES: &[&str] =
-    &["namespace", "close", "parent", "reboot", "field", "states"];
+pub(crate) const DESC_PROPERTIES: &[&str] = &[
+    "namespace",
+    "close",
+    "parent",
+    "reboot",
+    "field",
+    "states",
+    "unknown",
+];
 
 /// One value inside an annotation's parentheses.
 #[derive(Debug, Clone)]
@@ -250,6 +257,7 @@ impl Parser {
             parent: Parent::None,
             fields: Vec::new(),
             states: Vec::new(),
+            unknown: None,
         };
         let mut seen: Vec<String> = Vec::new();
         self.punct("{")?;
@@ -292,6 +300,11 @@ impl Parser {
                         break;
                     }
                 }
+                self.punct(";")?;
+                continue;
+            }
+            if prop == "unknown" {
+                d.unknown = Some(self.ident("an error name")?);
                 self.punct(";")?;
                 continue;
             }

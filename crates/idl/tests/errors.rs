@@ -179,7 +179,19 @@ fn empty_range() {
 fn unknown_descriptor_property() {
     expect(
         "descriptor D { namspace: local; }",
-        "t.kidl:3:16: unknown descriptor property `namspace`; expected one of namespace, close, parent, reboot, field, states",
+        "t.kidl:3:16: unknown descriptor property `namspace`; expected one of namespace, close, parent, reboot, field, states, unknown",
+    );
+}
+
+#[test]
+fn unknown_names_a_declared_error_of_a_local_descriptor() {
+    expect(
+        "descriptor D { unknown: Gone; }",
+        "t.kidl:3:25: `unknown: Gone`: unknown error `Gone`; declared: NotFound, Exists",
+    );
+    expect(
+        "descriptor D { namespace: global; unknown: NotFound; }",
+        "t.kidl:3:44: `D`: `unknown` is for local descriptors (the server stub refuses a global descriptor it does not know)",
     );
 }
 

@@ -26,9 +26,19 @@ struct Storage {
     /// Replies to `read` and `write` to make too large (a faulty server's),
     /// and by how much: each such reply takes one.
     lies: AtomicU64,
+    /// Calls on a descriptor to answer as if it had never been opened (a
+    /// fault damaged the table of open descriptors): each takes one.
+    forgets: AtomicU64,
 }
 
 impl Storage {
+    /// Whether to forget the descriptor of this call.
+    fn maybe_forget(&self) -> bool {
+        self.forgets
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(1))
+            .is_ok()
+    }
+
     /// `n` too large by the lie's amount, if one is left to tell.
     fn maybe_lie(&self, n: u64) -> u64 {
         let lie = self
@@ -64,12 +74,11 @@ impl RamFs {
     }
 
     fn with_fd<T>(&self, fd: u64, f: impl FnOnce(&mut (String, u64)) -> T) -> Result<T, Error> {
-        self.open
-            .lock()
-            .unwrap()
-            .get_mut(&fd)
-            .map(f)
-            .ok_or(Error::BadFd)
+        let mut open = self.open.lock().unwrap();
+        if self.store.maybe_forget() {
+            open.remove(&fd);
+        }
+        open.get_mut(&fd).map(f).ok_or(Error::BadFd)
     }
 }
 
@@ -282,18 +291,7 @@ fn a_reply_beyond_its_call_has_the_server_rebooted() {
     let store = Arc::new(Storage::default());
     let lb = Arc::new(Loopback::new(fs::service(RamFs::new(&store, 1))));
     let client = Arc::new(fs::Client::from_connection(lb.watched_connection()));
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watchdog = {
-        let (lb, store, done) = (lb.clone(), store.clone(), done.clone());
-        std::thread::spawn(move || {
-            while !done.load(Ordering::SeqCst) {
-                if lb.suspected() == lb.epoch() {
-                    lb.reboot(fs::service(RamFs::new(&store, lb.epoch() + 1)));
-                }
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-        })
-    };
+    let watchdog = Watchdog::start(&lb, &store);
     let f = client.open("/a", CREATE).unwrap();
     store.lies.store(1, Ordering::SeqCst);
     assert_eq!(client.write(f, b"hello").unwrap(), 5);
@@ -314,8 +312,72 @@ fn a_reply_beyond_its_call_has_the_server_rebooted() {
     .unwrap();
     assert_eq!(got, (b"wor".to_vec(), b"ld".to_vec()));
     assert_eq!(lb.epoch(), 3);
-    done.store(true, Ordering::SeqCst);
-    watchdog.join().unwrap();
+    watchdog.stop();
+}
+
+/// Plays the watchdog: reboots the server whenever a client suspects the
+/// live incarnation.
+struct Watchdog {
+    done: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Watchdog {
+    fn start(lb: &Arc<Loopback>, store: &Arc<Storage>) -> Self {
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (lb, store, stop) = (lb.clone(), store.clone(), done.clone());
+        let thread = std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                if lb.suspected() == lb.epoch() {
+                    lb.reboot(fs::service(RamFs::new(&store, lb.epoch() + 1)));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+        Self { done, thread }
+    }
+
+    fn stop(self) {
+        self.done.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap();
+    }
+}
+
+/// `BadFd` (the `unknown` error of `File`) for a descriptor the client
+/// stub holds in the call's epoch: the server lost what it handed out. The
+/// watched stub has it rebooted and makes the call again on the descriptor
+/// rebuilt; an unwatched one returns the error.
+#[test]
+fn a_server_that_loses_a_descriptor_it_handed_out_is_rebooted() {
+    let store = Arc::new(Storage::default());
+    let lb = Arc::new(Loopback::new(fs::service(RamFs::new(&store, 1))));
+    let client = fs::Client::from_connection(lb.watched_connection());
+    let watchdog = Watchdog::start(&lb, &store);
+    let f = client.open("/a", CREATE).unwrap();
+    assert_eq!(client.write(f, b"hello").unwrap(), 5);
+    store.log.lock().unwrap().clear();
+    store.forgets.store(1, Ordering::SeqCst);
+    assert_eq!(client.write(f, b" world").unwrap(), 6);
+    assert_eq!(
+        lb.epoch(),
+        2,
+        "the server that lost a descriptor was rebooted"
+    );
+    assert_eq!(
+        store.log.lock().unwrap()[1..],
+        ["open /a 0", "seek 5", "write 6"]
+    );
+    assert_eq!(store.files.lock().unwrap()["/a"], b"hello world");
+    watchdog.stop();
+
+    let s = Setup::new();
+    let f = s.client.open("/b", CREATE).unwrap();
+    s.store.forgets.store(1, Ordering::SeqCst);
+    assert_eq!(
+        s.client.write(f, b"x"),
+        Err(CallError::Server(Error::BadFd))
+    );
+    assert_eq!(s.lb.epoch(), 1);
 }
 
 #[test]

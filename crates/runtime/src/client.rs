@@ -376,6 +376,35 @@ impl Connection {
         )
     }
 
+    /// `error` as the call's answer, unless it is `unknown`, the interface's
+    /// error for a descriptor the server does not hold, while the client
+    /// stub `held` the call's descriptor in the epoch it was made in: a reply
+    /// no correct server gives, as its incarnation lost what it handed out
+    /// (a fault damaged its table of open descriptors). Has it rebooted or
+    /// rolled back like any impossible reply ([`Self::suspect`]) and returns
+    /// [`Fault::Stale`], so that the stub makes the call again (it did not
+    /// run) on the descriptor rebuilt; `error` if no reboot was made.
+    ///
+    /// A client that closes a descriptor in one thread while it calls with
+    /// it in another can meet the error from a correct server, in the
+    /// moment between the server's close and the stub forgetting the
+    /// descriptor: a needless reboot then, never a wrong answer.
+    pub fn disowned<E: PartialEq>(
+        &self,
+        error: CallError<E>,
+        unknown: E,
+        held: bool,
+    ) -> CallError<E> {
+        if !held || !matches!(&error, CallError::Server(e) if *e == unknown) {
+            return error;
+        }
+        let fault = Fault::Refused("the server does not hold a descriptor it handed out".into());
+        match self.reboot_answered(&fault) {
+            true => CallError::Fault(Fault::Stale),
+            false => error,
+        }
+    }
+
     /// After a reply no correct server gives (`fault`): has the watchdog
     /// reboot the live incarnation (see the module's doc) and returns the
     /// fault of a reboot, [`Fault::Stale`] for a refusal (the call did not

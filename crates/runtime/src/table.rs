@@ -226,6 +226,11 @@ impl<R: Clone> DescTable<R> {
         (now == id).then_some(at)
     }
 
+    /// Whether descriptor `id` is tracked, built in `epoch`.
+    pub fn holds(&self, id: u32, epoch: u64) -> bool {
+        self.locate(id).is_some_and(|at| at.epoch == epoch)
+    }
+
     pub fn get(&self, id: u32) -> Option<Tracked<R>> {
         self.entry(id).and_then(|(_, e)| e.clone())
     }

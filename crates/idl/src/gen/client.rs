@@ -555,7 +555,10 @@ impl Ctx<'_> {
                 o.close("}");
             }
         }
-        o.line("rt::Err(e) => rt::Err(e),");
+        match self.disowned(f) {
+            Some(arm) => o.line(arm),
+            None => o.line("rt::Err(e) => rt::Err(e),"),
+        }
         o.close("}");
         if retry_ok {
             let errs: Vec<String> = f.retry_ok.iter().map(|e| format!("Error::{e}")).collect();
@@ -575,6 +578,28 @@ impl Ctx<'_> {
             o.line("done");
         }
         o.close("}");
+    }
+
+    /// The arm of a call on a local descriptor whose type names the error
+    /// for a descriptor the server does not hold (`unknown`): that error,
+    /// while the stub still holds the descriptor in the epoch the call was
+    /// made in, is a reply no correct server gives (the server lost what it
+    /// handed out), so the server is suspected and the call, which did not
+    /// run, is made again on the descriptor rebuilt (the runtime's `Connection::disowned`).
+    fn disowned(&self, f: &Function) -> Option<String> {
+        if f.named_by.is_some() {
+            return None;
+        }
+        let (a, d, e) = f.descriptor_args().find_map(|(a, d)| {
+            let desc = self.iface.descriptor(d).filter(|_| !self.is_global(d))?;
+            desc.unknown.as_ref().map(|(e, _)| (a, d, e))
+        })?;
+        Some(format!(
+            "rt::Err(e) => rt::Err(self.0.conn.disowned(e, Error::{e}, self.0.{}s.holds({}.0, {}_now.epoch))),",
+            snake(d),
+            ident(&a.name),
+            a.name
+        ))
     }
 
     /// The statement that stops tracking descriptor argument `a` after it

@@ -3,7 +3,7 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `fs`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "fs",
-    hash: 0x11366ac2bdfd84b1,
+    hash: 0x6a94cf761865decb,
     functions: &[
         "open",
         "read",
@@ -320,7 +320,18 @@ impl Client {
                         );
                     rt::Ok(ret)
                 }
-                rt::Err(e) => rt::Err(e),
+                rt::Err(e) => {
+                    rt::Err(
+                        self
+                            .0
+                            .conn
+                            .disowned(
+                                e,
+                                Error::BadFd,
+                                self.0.files.holds(fd.0, fd_now.epoch),
+                            ),
+                    )
+                }
             }
         })
     }
@@ -346,7 +357,18 @@ impl Client {
                         );
                     rt::Ok(ret)
                 }
-                rt::Err(e) => rt::Err(e),
+                rt::Err(e) => {
+                    rt::Err(
+                        self
+                            .0
+                            .conn
+                            .disowned(
+                                e,
+                                Error::BadFd,
+                                self.0.files.holds(fd.0, fd_now.epoch),
+                            ),
+                    )
+                }
             }
         })
     }
@@ -369,7 +391,18 @@ impl Client {
                         );
                     rt::Ok(ret)
                 }
-                rt::Err(e) => rt::Err(e),
+                rt::Err(e) => {
+                    rt::Err(
+                        self
+                            .0
+                            .conn
+                            .disowned(
+                                e,
+                                Error::BadFd,
+                                self.0.files.holds(fd.0, fd_now.epoch),
+                            ),
+                    )
+                }
             }
         })
     }
@@ -379,7 +412,18 @@ impl Client {
             let fd_now = self.0.current_file(fd)?;
             match self.0.raw_truncate(rt::Some(fd_now.epoch), fd_now.server_id, len) {
                 rt::Ok(ret) => rt::Ok(ret),
-                rt::Err(e) => rt::Err(e),
+                rt::Err(e) => {
+                    rt::Err(
+                        self
+                            .0
+                            .conn
+                            .disowned(
+                                e,
+                                Error::BadFd,
+                                self.0.files.holds(fd.0, fd_now.epoch),
+                            ),
+                    )
+                }
             }
         })
     }
@@ -396,7 +440,18 @@ impl Client {
                     self.0.files.remove(fd.0);
                     rt::Ok(())
                 }
-                rt::Err(e) => rt::Err(e),
+                rt::Err(e) => {
+                    rt::Err(
+                        self
+                            .0
+                            .conn
+                            .disowned(
+                                e,
+                                Error::BadFd,
+                                self.0.files.holds(fd.0, fd_now.epoch),
+                            ),
+                    )
+                }
             }
         })
     }

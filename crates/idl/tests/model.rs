@@ -198,7 +198,7 @@ fn compile_dir_writes_one_module_per_interface() {
     let e = kintsugi_idl::compile_dir(&idl, &out).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "interfaces/fs.kidl:20:19: unknown annotation `rememebr`; expected one of remember, replay, range, max, set, parent, from"
+        "interfaces/fs.kidl:21:19: unknown annotation `rememebr`; expected one of remember, replay, range, max, set, parent, from"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -226,7 +226,10 @@ fn lock_server_crashes(test: &str, leases: [bool; 3]) -> BTreeMap<String, Value>
     });
     let system = lock_system(&dir, seed, &contenders);
     let kills = 200;
-    let (stdout, _) = run(test, &system, &chaos("lock", kills, "1..6", seed), "warn");
+    // At `info`, a failure prints the lock server's and the workloads'
+    // accounts of deaths and leases (a workload that never finished was
+    // seen in CI, and beside CPU hogs, not yet explained).
+    let (stdout, _) = run(test, &system, &chaos("lock", kills, "1..6", seed), "info");
 
     let (crashed, segv, busy) = crash_counts(&stdout, "lock");
     let reboots = reboots(&stdout, "lock");

@@ -36,7 +36,8 @@
 //! by the client stub find the lease taken or given back and succeed; a
 //! request to give it back that a reboot cut short is made again by the
 //! waiter's re-issued `take`; the death of the leaseholding component
-//! releases its lease like any lock it held.
+//! releases its lease like any lock it held. A dropped [`Leased`] gives its
+//! lease back.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
@@ -185,6 +186,22 @@ impl Leased {
     /// How often the lease was given back because the server asked.
     pub fn given_back(&self) -> u64 {
         self.lease.given_back.load(SeqCst)
+    }
+}
+
+/// A component done with a lock gives its lease back: a waiter must not
+/// depend on the supervisor seeing the component exit (while the system
+/// stops, it reaps one component at a time, and a client blocked on a lease
+/// of an exited component waited out its whole grace; CI, seed 943176).
+impl Drop for Leased {
+    fn drop(&mut self) {
+        let mut leased = guard(&self.lease.leased);
+        if *leased {
+            if let Err(e) = self.lease.client.unlease(self.lease.lock) {
+                tracing::warn!(lock = self.lease.lock.0, "unlease at drop: {e}");
+            }
+            *leased = false;
+        }
     }
 }
 

@@ -65,6 +65,20 @@ impl<A: Deref<Target = Region> + Send + Sync + 'static> Server for Events<A> {
         let slot = self.event(ev)?;
         let (count, bell) = (slot.u64(COUNT), slot.u32(BELL));
         let deaths = self.deaths.of(caller.component);
+        // A client has seen every count up to `seen` from this server: a
+        // count below it was lost (a slot rebuilt at zero after a fault
+        // damaged the arena). Raised back, the waiter waits for the next
+        // trigger instead of for every trigger ever counted again.
+        let before = count.fetch_max(seen, SeqCst);
+        if before < seen {
+            tracing::warn!(
+                client = caller.component,
+                event = ev,
+                before,
+                seen,
+                "an event's count was behind what a client had seen: raised"
+            );
+        }
         loop {
             let rung = bell.load(SeqCst);
             let now = count.load(SeqCst);
@@ -181,6 +195,17 @@ mod tests {
             "the re-issued wait sees the trigger"
         );
         assert_eq!(second.trigger(&A, ev), Ok(2));
+    }
+
+    #[test]
+    fn a_count_behind_what_a_client_saw_is_raised_to_it() {
+        let arena = Arc::new(Region::create("events-test", 4096).unwrap());
+        let events = boot(&arena);
+        let ev = events.create(&A, None, 5).unwrap();
+        let w = wait_async(&events, B, ev, 1000);
+        assert!(w.recv_timeout(BLOCKED).is_err(), "nothing triggered yet");
+        assert_eq!(events.trigger(&A, ev), Ok(1001));
+        assert_eq!(w.recv_timeout(SOON).unwrap(), Ok(1001));
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod process;
 pub mod quota;
 mod reboot;
 pub mod roster;
+mod shutdown;
 #[allow(unsafe_code)] // one block, with its SAFETY comment (README: unsafe)
 mod sockets;
 mod source;

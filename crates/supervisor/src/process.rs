@@ -2,11 +2,11 @@
 //! component binary with exactly the descriptors the system grants it.
 
 use std::cell::OnceCell;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kintsugi_runtime::futex::timespec;
 use kintsugi_runtime::priority::Priority;
@@ -86,31 +86,6 @@ impl Proc {
         let ts = timespec(timeout);
         while let Err(rustix::io::Errno::INTR) = poll(&mut fds, Some(&ts)) {}
         self.try_reap()
-    }
-
-    /// Stops the process: SIGTERM (and SIGCONT, for a stopped process
-    /// acts on no signal but SIGKILL, as systemd does), then SIGKILL after
-    /// `grace`, or at once when `hurry` (the supervisor's signal pipe: a
-    /// second Ctrl-C) becomes readable; reaps it. Says whether it hurried.
-    pub fn stop(&self, grace: Duration, hurry: BorrowedFd<'_>) -> (Exit, bool) {
-        self.signal(Signal::TERM);
-        self.signal(Signal::CONT);
-        let deadline = Instant::now() + grace;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let mut fds = [
-                PollFd::new(&self.pidfd, PollFlags::IN),
-                PollFd::from_borrowed_fd(hurry, PollFlags::IN),
-            ];
-            while let Err(rustix::io::Errno::INTR) = poll(&mut fds, Some(&timespec(left))) {}
-            let hurried = fds[1].revents().contains(PollFlags::IN);
-            if let Some(e) = self.try_reap() {
-                return (e, false);
-            }
-            if hurried || left.is_zero() {
-                return (self.kill(), hurried);
-            }
-        }
     }
 
     /// SIGKILL and reap.

@@ -31,11 +31,11 @@ use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 use rustix::process::Signal;
 
 use crate::activation::Attempt;
-use crate::chaos::{Chaos, Target, VICTIM_GRACE};
+use crate::chaos::{Chaos, Target};
 use crate::checkpoints::{self, Command, Kept, Quiet, Tracked};
 use crate::events::{Event, Exit};
 use crate::managed::{Durable, Managed, Phase, Role, Served, Standby, Used, Wiring, Zygote};
-use crate::options::{LastExit, Options, Report, StopReason, SupervisorError};
+use crate::options::{Options, Report, StopReason, SupervisorError};
 use crate::policy::RestartWindow;
 use crate::process::dying_exit;
 use crate::roster::{call_name, FaultReport, RollbackOutcome, Roster};
@@ -151,7 +151,7 @@ pub(crate) struct Supervisor<'a> {
     /// Each component's lifeline watcher, made at its first live
     /// incarnation.
     pub(crate) watchers: HashMap<usize, Watcher>,
-    signal_ids: Vec<signal_hook::SigId>,
+    pub(crate) signal_ids: Vec<signal_hook::SigId>,
     vault: VaultStore,
     pub(crate) chaos: Option<Chaos>,
     started: Instant,
@@ -164,7 +164,7 @@ pub(crate) struct Supervisor<'a> {
     /// at boot, and its commands, queued until it starts.
     tracked: Vec<Tracked>,
     checkpoint_commands: Option<Receiver<Command>>,
-    checkpoint_thread: Option<std::thread::JoinHandle<()>>,
+    pub(crate) checkpoint_thread: Option<std::thread::JoinHandle<()>>,
     /// Images to restore at boot (`Options::restores`), read and checked
     /// before anything starts.
     restores: HashMap<String, (PathBuf, Image)>,
@@ -176,7 +176,7 @@ pub(crate) struct Supervisor<'a> {
     /// Components restarted together (`[[group]]`).
     pub(crate) groups: Vec<RestartGroup>,
     /// Relays what the components print.
-    output: Relay,
+    pub(crate) output: Relay,
 }
 
 impl<'a> Supervisor<'a> {
@@ -849,97 +849,6 @@ impl<'a> Supervisor<'a> {
         let (pid, exit) = (live.proc.pid, dying_exit(live.proc.pid));
         m.dying.push(live.proc);
         self.reboot(idx, pid, exit, detected)
-    }
-
-    /// Stops every component, clients before their servers, and returns how
-    /// each live incarnation ended.
-    fn shutdown(&mut self) -> Vec<LastExit> {
-        // SIGINT and SIGTERM stay caught while the components stop: a
-        // second one (Ctrl-C again) kills those left at once, and says so,
-        // rather than killing the supervisor without a word.
-        let mut b = [0u8; 64];
-        while matches!(rustix::io::read(&self.signal_pipe, &mut b), Ok(n) if n > 0) {}
-        let mut hurried = false;
-        // No checkpoint or restore runs while the components stop, so no
-        // request log is cut again: requests run unlogged from now on
-        // (else a server with a full log would never answer the clients
-        // that finish their calls before they stop).
-        self.roster.set_checkpoints(None);
-        if let Some(t) = self.checkpoint_thread.take() {
-            let _ = t.join();
-        }
-        for m in &self.comps {
-            if let Some(journal) = &m.wiring.durable.journal {
-                journal.close();
-            }
-        }
-        let grace = self.options.stop_grace;
-        let mut exits = Vec::new();
-        for m in &mut self.comps {
-            if let Phase::Live { watch, inc } = &mut m.phase {
-                *watch = None;
-                // A stopped server would hold its clients' last calls, and
-                // so their stop, for the whole grace.
-                inc.proc.signal(Signal::CONT);
-            }
-        }
-        for m in self.comps.iter_mut().rev() {
-            for p in m.dying.drain(..) {
-                p.kill();
-            }
-            if let Some(live) = m.take_live() {
-                let grace = match hurried {
-                    true => Duration::ZERO,
-                    false => m.spec.stop_timeout.unwrap_or(grace),
-                };
-                // Signalled by the injector within its grace: a death
-                // by that signal is the fault, not a failed stop.
-                let hit = self.chaos.as_ref().is_some_and(|c| {
-                    c.after_injection(live.proc.pid, Instant::now())
-                        .is_some_and(|after| after < VICTIM_GRACE)
-                });
-                let (exit, hurry) = live.proc.stop(grace, self.signal_pipe.as_fd());
-                let injected = hit && !matches!(exit, Exit::Code(0) | Exit::Signal(15));
-                if hurry && !hurried {
-                    hurried = true;
-                    tracing::warn!(
-                        "interrupted again while stopping: {} and the components left are killed now",
-                        m.spec.name
-                    );
-                }
-                exits.push(LastExit {
-                    component: m.spec.name.clone(),
-                    exit,
-                    injected,
-                });
-            }
-            if let Some((starting, _, _)) = m.take_starting() {
-                starting.proc.kill();
-            }
-            for s in &m.wiring.served {
-                s.edge.server_gone();
-            }
-            let (parked, pending) = m.standby.abandon();
-            if let Some(s) = parked {
-                s.proc.kill();
-            }
-            if pending {
-                if let Some(orphan) = zygote::drain_reply(&m.zygote.sock, Duration::from_secs(1)) {
-                    orphan.kill();
-                }
-            }
-            if m.zygote.proc.try_reap().is_none() {
-                m.zygote.proc.kill();
-            }
-        }
-        for id in self.signal_ids.drain(..) {
-            signal_hook::low_level::unregister(id);
-        }
-        // Every process that wrote to the output pipes is gone: what
-        // they wrote is relayed before the run returns.
-        self.output.finish();
-        exits.reverse();
-        exits
     }
 }
 

@@ -48,6 +48,9 @@ pub struct Config {
     pub sections: Option<PathBuf>,
     /// Take the lock by lease rather than by a call per take and release.
     pub lease: bool,
+    /// After its rounds, take the lock once more and end holding it: its
+    /// server must hear of the exit to free the lock for the others.
+    pub keep_at_exit: bool,
 }
 
 impl Default for Config {
@@ -61,6 +64,7 @@ impl Default for Config {
             think_us: 200,
             sections: None,
             lease: false,
+            keep_at_exit: false,
         }
     }
 }
@@ -248,6 +252,9 @@ fn main() {
             }
             if let Some(path) = &config.sections {
                 write_sections(path, &sections)?;
+            }
+            if config.keep_at_exit {
+                client.take(l)?;
             }
             println!("{}", serde_json::to_string(&report)?);
             Ok(report.failures.check()?)

@@ -248,10 +248,7 @@ fn length_table(kills: u32, dir: &Path) -> anyhow::Result<()> {
     let roster = kintsugi_supervisor::Roster::new();
     let asker = {
         let roster = roster.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(100));
-            roster.checkpoint("kv", None).ok()
-        })
+        std::thread::spawn(move || first_checkpoint(&roster, "kv"))
     };
     let options = Options {
         chaos: Some(kintsugi_inject::ChaosPlan {
@@ -268,7 +265,11 @@ fn length_table(kills: u32, dir: &Path) -> anyhow::Result<()> {
         ..Default::default()
     };
     let events = crate::run_collecting(&system, options)?;
-    anyhow::ensure!(asker.join().ok().flatten().is_some(), "no checkpoint taken");
+    match asker.join() {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => anyhow::bail!("no checkpoint of kv taken: {e}"),
+        Err(_) => anyhow::bail!("the thread asking for kv's checkpoint panicked"),
+    }
     println!(
         "### Recovery against the log's length: one checkpoint, then a SIGKILL every 150 ms under the clients (each replays everything logged since the checkpoint)\n"
     );
@@ -295,6 +296,25 @@ fn length_table(kills: u32, dir: &Path) -> anyhow::Result<()> {
     }
     println!();
     Ok(())
+}
+
+/// Asks for `component`'s checkpoint once the system runs: from 100 ms
+/// after the start, again every 50 ms while it is refused (the system not
+/// yet started on a loaded machine, or the component between a kill and
+/// its recovery), for up to 10 s. The last refusal is the error.
+fn first_checkpoint(
+    roster: &kintsugi_supervisor::Roster,
+    component: &str,
+) -> Result<kintsugi_supervisor::CheckpointSummary, String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    std::thread::sleep(Duration::from_millis(100));
+    loop {
+        match roster.checkpoint(component, None) {
+            Ok(s) => return Ok(s),
+            Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
 }
 
 pub fn kv(ops: u64, repeats: usize, kills: u32) -> anyhow::Result<bool> {

@@ -478,6 +478,11 @@ pub(crate) fn run_collecting(
     system: &kintsugi_system::System,
     options: Options,
 ) -> anyhow::Result<Vec<Event>> {
+    // The components' reports would land among the tables.
+    let options = Options {
+        component_stdout: kintsugi_supervisor::ComponentStdout::Stderr,
+        ..options
+    };
     let mut events = Vec::new();
     let report = kintsugi_supervisor::run(system, options, &mut |e| events.push(e.clone()))?;
     if !report.success() {

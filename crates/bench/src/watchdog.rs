@@ -86,6 +86,7 @@ fn run(system: &kintsugi_system::System) -> anyhow::Result<Outcome> {
         stop_when_finished: Some("workload".into()),
         interfaces: kintsugi_interfaces::ALL.to_vec(),
         roster: Some(roster.clone()),
+        component_stdout: kintsugi_supervisor::ComponentStdout::Stderr,
         ..Options::default()
     };
     let report = kintsugi_supervisor::run(system, options, &mut |e| {

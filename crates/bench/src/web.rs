@@ -139,6 +139,7 @@ impl Kintsugi {
         let options = Options {
             roster: Some(roster.clone()),
             interfaces: kintsugi_interfaces::ALL.to_vec(),
+            component_stdout: kintsugi_supervisor::ComponentStdout::Stderr,
             ..Options::default()
         };
         let sink = events.clone();

@@ -143,15 +143,23 @@ fn give_back_wanted(rx: &Receiver<u64>, by_lock: &Weak<Mutex<HashMap<u64, Weak<L
 impl Lease {
     /// Gives the lease back if the server asked for it; under the local mutex.
     fn give_back_if_wanted(&self, leased: &mut bool) {
-        if !self.wanted.swap(false, SeqCst) || !*leased {
-            return;
+        if self.wanted.swap(false, SeqCst) && self.give_back(leased) {
+            self.given_back.fetch_add(1, SeqCst);
+        }
+    }
+
+    /// Gives the lease back if the component holds it; under the local
+    /// mutex. Whether it was held.
+    fn give_back(&self, leased: &mut bool) -> bool {
+        if !*leased {
+            return false;
         }
         if let Err(e) = self.client.unlease(self.lock) {
             // Leased again at the next take (a lease still held is no error).
             tracing::warn!(lock = self.lock.0, "unlease: {e}");
         }
         *leased = false;
-        self.given_back.fetch_add(1, SeqCst);
+        true
     }
 
     /// Gives the lease back if it is wanted and no thread is inside.
@@ -195,13 +203,7 @@ impl Leased {
 /// of an exited component waited out its whole grace; CI, seed 943176).
 impl Drop for Leased {
     fn drop(&mut self) {
-        let mut leased = guard(&self.lease.leased);
-        if *leased {
-            if let Err(e) = self.lease.client.unlease(self.lease.lock) {
-                tracing::warn!(lock = self.lease.lock.0, "unlease at drop: {e}");
-            }
-            *leased = false;
-        }
+        self.lease.give_back(&mut guard(&self.lease.leased));
     }
 }
 

@@ -39,6 +39,7 @@ pub use events::{Event, Exit};
 pub use health::{Health, State};
 pub use kintsugi_inject::{parse_signal, ChaosPlan};
 pub use options::{LastExit, Options, Report, StopReason, SupervisorError};
+pub use output::ComponentStdout;
 pub use policy::GiveUpReason;
 pub use quota::VaultUse;
 pub use roster::{FaultReport, Member, Roster};

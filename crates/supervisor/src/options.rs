@@ -11,6 +11,7 @@ use thiserror::Error;
 
 use crate::events::Exit;
 use crate::journald::Journal;
+use crate::output::ComponentStdout;
 use crate::roster::Roster;
 use crate::sockets::Activated;
 
@@ -82,6 +83,10 @@ pub struct Options {
     /// Where components' log lines go as entries, if the logs go to
     /// systemd's journal (`--log-format journal`); else to stderr.
     pub journal: Option<Arc<Journal>>,
+    /// Where the lines components print on their stdout (their reports)
+    /// go: the supervisor's stdout, or its stderr when its stdout carries
+    /// something else (a benchmark's tables).
+    pub component_stdout: ComponentStdout,
 }
 
 impl Default for Options {
@@ -101,6 +106,7 @@ impl Default for Options {
             heartbeat: None,
             sockets: Activated::default(),
             journal: None,
+            component_stdout: ComponentStdout::Stdout,
         }
     }
 }

@@ -33,6 +33,13 @@ pub(crate) struct Pipes {
     pub stderr: OwnedFd,
 }
 
+/// Where the supervisor writes what components print on their stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComponentStdout {
+    Stdout,
+    Stderr,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stream {
     Stdout,
@@ -60,7 +67,11 @@ pub(crate) struct Relay {
 const STOP: u64 = u64::MAX;
 
 impl Relay {
-    pub fn start(roster: Arc<Roster>, journal: Option<Arc<Journal>>) -> std::io::Result<Self> {
+    pub fn start(
+        roster: Arc<Roster>,
+        journal: Option<Arc<Journal>>,
+        stdout_to: ComponentStdout,
+    ) -> std::io::Result<Self> {
         let epoll = Arc::new(epoll::create(epoll::CreateFlags::CLOEXEC)?);
         let (stop_r, stop) = pipe_with(PipeFlags::CLOEXEC)?;
         epoll::add(
@@ -78,6 +89,7 @@ impl Relay {
                     let out = Out {
                         roster: &roster,
                         journal: journal.as_deref(),
+                        stdout_to,
                     };
                     relay(&epoll, &readers, out, stop_r)
                 })?
@@ -141,6 +153,7 @@ struct Out<'a> {
     roster: &'a Roster,
     /// Takes stderr lines as entries, if the logs go to the journal.
     journal: Option<&'a Journal>,
+    stdout_to: ComponentStdout,
 }
 
 /// The relay thread: lines as they come, then, once stopped, what is left.
@@ -211,9 +224,11 @@ fn emit(r: &Reader, line: &[u8], out: Out<'_>) {
         return;
     }
     let line = named(&r.component, text);
-    let _ = match r.stream {
-        Stream::Stdout => std::io::stdout().lock().write_all(line.as_bytes()),
-        Stream::Stderr => std::io::stderr().lock().write_all(line.as_bytes()),
+    let _ = match (r.stream, out.stdout_to) {
+        (Stream::Stdout, ComponentStdout::Stdout) => {
+            std::io::stdout().lock().write_all(line.as_bytes())
+        }
+        _ => std::io::stderr().lock().write_all(line.as_bytes()),
     };
     if r.stream == Stream::Stderr && !text.trim().is_empty() {
         out.roster.note_line(&r.component, line.trim_end());

@@ -206,7 +206,11 @@ impl<'a> Supervisor<'a> {
             rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
         )?;
         roster.set_notify(fault_notify);
-        let output = Relay::start(roster.clone(), options.journal.clone())?;
+        let output = Relay::start(
+            roster.clone(),
+            options.journal.clone(),
+            options.component_stdout,
+        )?;
         let (commands, checkpoint_commands) = std::sync::mpsc::channel();
         roster.set_checkpoints(Some(commands));
         listen(&epoll, &fault_pipe, Source::Fault)?;

@@ -202,7 +202,9 @@ impl<'a> Workload<'a> {
                     "read {path}@{offset}+{len}: got {} bytes, expected {}; first difference at byte {at}",
                     got.len(),
                     expected.len()
-                ))
+                ));
+                self.open[h].offset += got.len() as u64;
+                self.resync_file(&path);
             }
             Err(e) => self.fail(format!("read {path}@{offset}: {e}")),
         }
@@ -267,7 +269,10 @@ impl<'a> Workload<'a> {
                     },
                 );
             }
-            Ok(s) => self.corrupt(format!("stat {path}: {s:?}, expected size {size}")),
+            Ok(s) => {
+                self.corrupt(format!("stat {path}: {s:?}, expected size {size}"));
+                self.resync_file(&path);
+            }
             Err(e) => self.fail(format!("stat {path}: {e}")),
         }
     }
@@ -278,9 +283,54 @@ impl<'a> Workload<'a> {
         let expected = self.listing(dir);
         match self.fs.readdir(dir) {
             Ok(names) if names == expected => {}
-            Ok(names) => self.corrupt(format!("readdir {dir}: {names:?}, expected {expected:?}")),
+            Ok(names) => {
+                self.corrupt(format!("readdir {dir}: {names:?}, expected {expected:?}"));
+                self.resync_dir(dir, &names);
+            }
             Err(e) => self.fail(format!("readdir {dir}: {e}")),
         }
+    }
+
+    /// After a wrong answer about `path`'s contents, counted once: the
+    /// model takes what ramfs holds now, so that later checks judge later
+    /// calls, not the same damage again (in a campaign, errors of one
+    /// fault counted in the windows of the injections after it).
+    fn resync_file(&mut self, path: &str) {
+        match self.read_whole(path) {
+            Ok(contents) => {
+                self.files.insert(path.to_string(), contents);
+            }
+            Err(e) => self.fail(format!("reading {path} again after a wrong answer: {e}")),
+        }
+        self.known.remove(path);
+        self.renamed.insert(path.to_string());
+    }
+
+    /// After a listing of `dir` that differs from the model's, counted
+    /// once: a name the model does not have (a file that should not
+    /// exist) is unlinked, and a file ramfs lost leaves the model unless
+    /// a descriptor holds it.
+    fn resync_dir(&mut self, dir: &str, names: &[String]) {
+        let listed: BTreeSet<String> = names.iter().map(|n| format!("{dir}/{n}")).collect();
+        for path in &listed {
+            if !self.files.contains_key(path) {
+                if let Err(e) = self.fs.unlink(path) {
+                    self.fail(format!("unlink {path}, a file that should not exist: {e}"));
+                }
+            }
+        }
+        let prefix = format!("{dir}/");
+        let lost: Vec<String> = self
+            .files
+            .keys()
+            .filter(|p| p.starts_with(&prefix) && !listed.contains(*p) && !self.is_open(p))
+            .cloned()
+            .collect();
+        for path in lost {
+            self.files.remove(&path);
+            self.known.remove(&path);
+        }
+        self.renamed.extend(listed);
     }
 
     fn listing(&self, dir: &str) -> Vec<String> {

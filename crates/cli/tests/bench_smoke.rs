@@ -35,6 +35,11 @@ fn run(tag: &str, args: &[&str]) -> String {
         leftovers(tag).is_empty(),
         "processes left behind by {args:?}"
     );
+    // The components' reports go to stderr, not among the tables.
+    assert!(
+        !stdout.lines().any(|l| l.starts_with(r#"{"component""#)),
+        "a component's report in the output of {args:?}:\n{stdout}"
+    );
     stdout
 }
 

@@ -6,14 +6,18 @@
 //! rename was answered. At start it checks what an earlier run left: the
 //! files must be `f-0` to `f-(k-1)` with no gap, each byte for byte, and
 //! it prints `{"durable_found": k, "errors": […]}` before writing on
-//! from `f-k`. A test kills everything at random instants and checks
-//! that `k` never falls below what was answered.
+//! from `f-k`, until stopped or, with `ops` set, until `f-(ops-1)`
+//! exists (each file holds a descriptor of the vault, whose quota bounds
+//! them). A test kills everything at random instants and checks that `k`
+//! never falls below what was answered.
 
 use kintsugi_interfaces::fs::{self, Client};
 use kintsugi_interfaces::fs_flags::{CREATE, TRUNCATE};
 use kintsugi_runtime::{CallError, Runtime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+use crate::Config;
 
 const DIR: &str = "/durable";
 const TMP: &str = "/durable/tmp";
@@ -29,8 +33,15 @@ fn call<T>(what: &str, r: Result<T, CallError<fs::Error>>) -> anyhow::Result<T> 
     r.map_err(|e| anyhow::anyhow!("{what}: {e}"))
 }
 
-/// Checks what is there, then writes on until told to stop.
-pub fn run(fs: &Client, rt: &Runtime, seed: u64, max_write: usize) -> anyhow::Result<()> {
+/// Checks what is there, then writes on until told to stop, or until
+/// `config.ops` files exist if that is not 0.
+pub fn run(fs: &Client, rt: &Runtime, config: &Config) -> anyhow::Result<()> {
+    let Config {
+        seed,
+        max_write,
+        ops: max_files,
+        ..
+    } = *config;
     let found = check(fs, seed)?;
     let errors = &found.errors;
     println!(
@@ -42,7 +53,7 @@ pub fn run(fs: &Client, rt: &Runtime, seed: u64, max_write: usize) -> anyhow::Re
     let mut seen = [0; 2];
     let failures = kintsugi_runtime::counters::Failures::default();
     let mut n = found.count;
-    while !rt.stop_requested() {
+    while !rt.stop_requested() && (max_files == 0 || n < max_files) {
         let bytes = contents(seed, n);
         let fd = call("open tmp", fs.open(TMP, CREATE | TRUNCATE))?;
         for chunk in bytes.chunks(max_write.clamp(1, 65536)) {

@@ -25,7 +25,8 @@ pub struct Config {
     /// Directories under the root.
     pub dirs: usize,
     pub seed: u64,
-    /// Stop after this many operations (0: run until told to stop).
+    /// Stop after this many operations (0: run until told to stop); in the
+    /// durable mode, after file `f-(ops-1)`.
     pub ops: u64,
     /// Largest single write, in bytes (at most 65536).
     pub max_write: usize,
@@ -60,7 +61,7 @@ fn main() {
         let rt = rt.clone();
         Ok(Incarnation::main(move || {
             if config.durable {
-                return durable::run(&client, &rt, config.seed, config.max_write);
+                return durable::run(&client, &rt, &config);
             }
             tracing::info!(
                 seed = config.seed,

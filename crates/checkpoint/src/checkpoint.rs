@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{pidfd_getfd, pidfd_open, Pid, PidfdFlags, PidfdGetfdFlags};
 
+use crate::ahead::ReadAhead;
 use crate::freeze::Frozen;
 use crate::image::{Area, Image, Rseq, ThreadState};
 use crate::maps::{self, Mapping};
@@ -32,8 +33,11 @@ pub struct Stats {
     pub areas: usize,
     /// Of which new since the previous checkpoint (copied whole).
     pub new_areas: usize,
-    /// Pages copied (by a restore: written).
+    /// Pages copied (by a restore: written), with the process held still.
     pub pages: u64,
+    /// Pages a checkpoint took from those read ahead while the process
+    /// ran ([`Checkpointer::read_ahead`]), not copied in its pause.
+    pub read_ahead: u64,
     /// Pages a restore into a sibling process compared with the image
     /// before writing only those that differ.
     pub compared: u64,
@@ -62,6 +66,10 @@ pub struct Checkpointer {
     /// already in place for the next one's (a fresh buffer costs a page
     /// fault per page saved, as much as the copy itself).
     spare: Vec<u8>,
+    /// Pages read ahead of the next checkpoint (see [`crate::ahead`]).
+    pub(crate) ahead: ReadAhead,
+    /// Pages the last checkpoint took (copied in its pause or read ahead).
+    last_pages: u64,
 }
 
 /// How to put the previous checkpoint back if one fails halfway.
@@ -199,6 +207,8 @@ impl Checkpointer {
             full_copy: false,
             resync: false,
             spare: Vec::new(),
+            ahead: ReadAhead::default(),
+            last_pages: 0,
         })
     }
 
@@ -254,11 +264,15 @@ impl Checkpointer {
                 let touched = std::mem::take(&mut self.image.areas);
                 self.image.areas = undo.revert(touched, old);
                 self.resync = true;
+                self.ahead.clear();
                 return Err(e);
             }
         };
         self.resync = false;
         self.spare = undo.into_buffer();
+        // Nothing can fail from here on: the pages read ahead go in.
+        stats.read_ahead = self.ahead.apply(&mut self.image.areas);
+        self.last_pages = stats.pages + stats.read_ahead;
         let (shared, private): (Vec<Mapping>, Vec<Mapping>) = current
             .into_iter()
             .filter(|m| !m.is_special())
@@ -273,6 +287,57 @@ impl Checkpointer {
         stats.bytes = stats.pages * maps::PAGE;
         stats.pause = frozen.held().max(started.elapsed());
         Ok(stats)
+    }
+
+    /// Reads ahead, while the process runs, the pages written since the
+    /// latest checkpoint, so that the next one copies in its pause only
+    /// those written after this (see [`crate::ahead`]); returns the pages
+    /// read. Nothing to do before the first checkpoint or after a failed
+    /// one (the next copies every page). If it fails, the next checkpoint
+    /// copies every page.
+    pub fn read_ahead(&mut self) -> Result<u64, Error> {
+        if self.full_copy || self.resync || self.image.seq == 0 {
+            return Ok(0);
+        }
+        let read = self.stage_written();
+        if read.is_err() {
+            // Its scans protected pages whose bytes it did not keep.
+            self.resync = true;
+            self.ahead.clear();
+        }
+        read
+    }
+
+    fn stage_written(&mut self) -> Result<u64, Error> {
+        let mut read = 0;
+        for m in maps::read(self.pid)?.iter().filter(|m| m.is_checkpointed()) {
+            let tracked = self
+                .image
+                .areas
+                .get(&m.start)
+                .is_some_and(|a| a.map == *m && a.tracked);
+            // A mapping made anew since (`None`) is copied whole at the checkpoint.
+            let Some(ranges) = tracked.then(|| self.written(m)).transpose()?.flatten() else {
+                continue;
+            };
+            let pages = memio::read_pages(self.pid, &self.mem, &ranges)
+                .map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid), e))?;
+            read += pages.len() as u64;
+            self.ahead.stage(m, pages);
+        }
+        Ok(read)
+    }
+
+    /// Whether pages may have been written that nothing recorded: the
+    /// last checkpoint or read-ahead failed after its scans protected
+    /// them again (the next checkpoint copies every page).
+    pub(crate) fn writes_unknown(&self) -> bool {
+        self.resync
+    }
+
+    /// Pages the last checkpoint took, in its pause or read ahead.
+    pub fn last_pages(&self) -> u64 {
+        self.last_pages
     }
 
     /// Copies what changed in every checkpointed mapping into the image's
@@ -293,6 +358,7 @@ impl Checkpointer {
             let area = match prev {
                 Some(mut a) if incremental => match self.written(&a.map) {
                     Ok(Some(ranges)) => {
+                        self.ahead.supersede(a.map.start, &ranges);
                         undo.save(&a, &ranges);
                         let read = memio::read_into(self.pid, &self.mem, &mut a, &ranges);
                         let start = a.map.start;
@@ -326,6 +392,7 @@ impl Checkpointer {
 
     /// A mapping copied whole into a new area.
     fn fresh_area(&mut self, m: &Mapping, stats: &mut Stats) -> Result<Area, Error> {
+        self.ahead.forget(m.start);
         stats.new_areas += 1;
         let mut a = Area::new(m.clone());
         stats.pages += self.copy_new(&mut a)?;

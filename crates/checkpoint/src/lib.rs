@@ -19,6 +19,7 @@
 
 #![deny(unsafe_code)]
 
+mod ahead;
 mod checkpoint;
 pub mod file;
 mod freeze;

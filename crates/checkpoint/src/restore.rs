@@ -78,6 +78,19 @@ impl Checkpointer {
         if self.image().seq == 0 {
             return Err(Error::NoCheckpoint(self.pid()));
         }
+        // The pages read ahead are of the memory being replaced (an
+        // in-place restore's plan writes them back).
+        let restored = self.restore_areas(frozen, into, pairs);
+        self.ahead.clear();
+        restored
+    }
+
+    fn restore_areas(
+        &mut self,
+        frozen: &Frozen,
+        into: Memory,
+        pairs: &[(u32, u32)],
+    ) -> Result<Stats, Error> {
         let remade = self.parts().restore_layout(frozen, into)?;
         let mut stats = Stats::default();
         let starts: Vec<u64> = self.image().areas.keys().copied().collect();
@@ -160,7 +173,15 @@ impl Checkpointer {
             }
             // (`Unknown` remade every area it keeps.)
             Memory::Tracked | Memory::Unknown => match self.written_ranges(map)? {
-                Some(written) => Ok(Plan::ranges(written)),
+                // A failed checkpoint or read-ahead protected pages that
+                // the image does not hold: which were written is unknown.
+                Some(_) if self.writes_unknown() => Ok(Plan::ranges(vec![(map.start, map.end)])),
+                // Pages read ahead were written since, whatever their
+                // protection says now.
+                Some(mut written) => {
+                    written.extend(self.ahead.ranges(map.start));
+                    Ok(Plan::ranges(merged(written)))
+                }
                 // Mapped anew in the same place since: not tracked, so
                 // every byte goes back, and it is tracked from now on.
                 None => {

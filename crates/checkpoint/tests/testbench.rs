@@ -40,6 +40,9 @@ struct Case {
     rounds: usize,
     permille: Vec<u64>,
     kind: Kind,
+    /// Pages read ahead while the target writes, before each checkpoint
+    /// and before the restore (see `ahead.rs`).
+    read_ahead: bool,
 }
 
 fn log_uniform(rng: &mut StdRng, lo: u64, hi: u64) -> u64 {
@@ -62,8 +65,12 @@ fn case(rng: &mut StdRng, max_heap: u64) -> Case {
     };
     let rounds = rng.gen_range(1..=3);
     let shares = [0, 1, 10, 100, 500, 1000];
+    let seed: u64 = rng.gen();
     Case {
-        seed: rng.gen(),
+        seed,
+        // From the seed, so that the cases a seed made before read-ahead
+        // existed are the same cases, half of them now reading ahead.
+        read_ahead: seed.is_multiple_of(2),
         heap,
         maps,
         threads: rng.gen_range(1..=16),
@@ -135,6 +142,17 @@ fn run(case: &Case, dir: &std::path::Path) -> Result<Duration, String> {
             case.permille[round],
             case.seed ^ round as u64
         ))?;
+        if case.read_ahead && round > 0 {
+            // Pages read ahead while others are written: those written
+            // during or after the read are copied again in the pause.
+            t.send(&format!(
+                "mutate 10 {}",
+                case.seed.rotate_left(round as u32)
+            ))?;
+            c.read_ahead()
+                .map_err(|e| format!("read ahead {round}: {e}"))?;
+            t.reply()?;
+        }
         if round % 2 == 1 {
             t.cmd(&format!(
                 "map {} {}",
@@ -161,6 +179,12 @@ fn run(case: &Case, dir: &std::path::Path) -> Result<Duration, String> {
         case.permille[case.rounds].max(1),
         !case.seed
     ))?;
+    if case.read_ahead {
+        // Pages read ahead of a checkpoint never taken: an in-place
+        // restore must write them back too.
+        c.read_ahead().map_err(|e| format!("read ahead: {e}"))?;
+        t.cmd(&format!("mutate 10 {}", case.seed.rotate_right(3)))?;
+    }
     t.cmd(&format!("map {} {}", 1 + case.maps / 3, !case.seed))?;
     t.cmd(&format!("unmap {} {}", 1 + case.maps / 5, !case.seed))?;
     let (mut t, mut c) = match case.kind {

@@ -72,8 +72,18 @@ impl Target {
 
     /// Sends a command; its answer, or how the target died.
     pub fn cmd(&mut self, c: &str) -> Result<String, String> {
+        self.send(c)?;
+        self.line()
+    }
+
+    /// Sends a command without waiting for its answer ([`Self::reply`]).
+    pub fn send(&mut self, c: &str) -> Result<(), String> {
         writeln!(self.input, "{c}").map_err(|e| format!("target {}: {e}", self.child.id()))?;
-        self.input.flush().map_err(|e| e.to_string())?;
+        self.input.flush().map_err(|e| e.to_string())
+    }
+
+    /// The answer to the command sent last.
+    pub fn reply(&mut self) -> Result<String, String> {
         self.line()
     }
 

@@ -98,21 +98,35 @@ fn row(cells: &[String]) {
 
 /// Pauses of `rounds` checkpoints, each after `permille` of the pages are
 /// written; the first (which copies every resident page) is not counted.
+/// `ahead`: each checkpoint's pages are read ahead first, while the target
+/// runs (it is idle, its command done); the second summary is the whole
+/// time of the read-ahead and the checkpoint.
 fn pauses(
     c: &mut Checkpointer,
     t: &mut Target,
     permille: u32,
     rounds: usize,
-) -> anyhow::Result<(Summary, Stats)> {
+    ahead: bool,
+) -> anyhow::Result<(Summary, Stats, Option<Summary>)> {
     c.checkpoint()?;
     let mut samples = Vec::new();
+    let mut whole = Vec::new();
     let mut last = Stats::default();
     for r in 0..rounds {
         t.cmd(&format!("mutate {permille} {r}"), "done")?;
-        last = c.checkpoint()?;
+        last = match ahead {
+            true => {
+                let started = Instant::now();
+                let taken = c.with_read_ahead(|c| c.checkpoint())?;
+                whole.push(ms(started.elapsed()));
+                taken
+            }
+            false => c.checkpoint()?,
+        };
         samples.push(ms(last.pause));
     }
-    Ok((Summary::of(&samples).context("no rounds")?, last))
+    let summary = Summary::of(&samples).context("no rounds")?;
+    Ok((summary, last, Summary::of(&whole)))
 }
 
 fn pause_table(heaps_mib: &[u64], rounds: usize) -> anyhow::Result<()> {
@@ -123,28 +137,43 @@ fn pause_table(heaps_mib: &[u64], rounds: usize) -> anyhow::Result<()> {
         "incremental p50",
         "p99 (n)",
         "pages copied",
+        "read ahead: pause p50",
+        "p99",
+        "pages in the pause",
+        "read-ahead and checkpoint p50 (target running, then held)",
         "every page p50 (n)",
-        "ratio",
+        "ratio (incremental, read ahead)",
     ]
     .map(String::from));
-    row(&["---", "---:", "---:", "---:", "---:", "---:", "---:"].map(String::from));
+    row(&[
+        "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:",
+    ]
+    .map(String::from));
     for &mib in heaps_mib {
         let mut t = Target::start(mib << 20, 2)?;
         let mut inc = Checkpointer::attach(t.pid())?;
+        let mut ahead_t = Target::start(mib << 20, 2)?;
+        let mut ahead = Checkpointer::attach(ahead_t.pid())?;
         let mut base_t = Target::start(mib << 20, 2)?;
         let mut full = Checkpointer::attach(base_t.pid())?;
         full.set_full_copy(true);
         for permille in [1u32, 10, 100] {
-            let (s, last) = pauses(&mut inc, &mut t, permille, rounds)?;
-            let (b, _) = pauses(&mut full, &mut base_t, permille, rounds.min(5))?;
+            let (s, last, _) = pauses(&mut inc, &mut t, permille, rounds, false)?;
+            let (a, a_last, whole) = pauses(&mut ahead, &mut ahead_t, permille, rounds, true)?;
+            let whole = whole.context("no read-ahead")?;
+            let (b, _, _) = pauses(&mut full, &mut base_t, permille, rounds.min(5), false)?;
             row(&[
                 format!("{mib} MiB"),
                 format!("{:.1} %", permille as f64 / 10.0),
                 format!("{:.3}", s.p50),
                 format!("{:.3} ({})", s.p99, s.n),
                 last.pages.to_string(),
+                format!("{:.3}", a.p50),
+                format!("{:.3}", a.p99),
+                format!("{} (+{} read ahead)", a_last.pages, a_last.read_ahead),
+                format!("{:.3}", whole.p50),
                 format!("{:.2} ({})", b.p50, b.n),
-                format!("{:.3}", s.p50 / b.p50),
+                format!("{:.3}, {:.3}", s.p50 / b.p50, a.p50 / b.p50),
             ]);
         }
     }
@@ -254,8 +283,13 @@ fn restore_table(mib: u64, rounds: usize, dir: &std::path::Path) -> anyhow::Resu
 
 /// Commands of the target's workload (`mutate 1`: 0.1 % of a 64 MiB heap
 /// written per command) answered in `secs`, with a checkpoint every
-/// `every` (none if `None`) taken by another thread.
-fn throughput(every: Option<Duration>, secs: f64) -> anyhow::Result<(f64, usize, f64)> {
+/// `every` (none if `None`) taken by another thread, each read ahead
+/// first if `ahead` (while the workload runs).
+fn throughput(
+    every: Option<Duration>,
+    ahead: bool,
+    secs: f64,
+) -> anyhow::Result<(f64, usize, f64)> {
     let mut t = Target::start(64 << 20, 2)?;
     let stop = Arc::new(AtomicBool::new(false));
     let ckpt = every.map(|every| {
@@ -265,7 +299,11 @@ fn throughput(every: Option<Duration>, secs: f64) -> anyhow::Result<(f64, usize,
             let mut pauses = Vec::new();
             let mut next = Instant::now();
             while !stop.load(Ordering::SeqCst) {
-                pauses.push(ms(c.checkpoint()?.pause));
+                let taken = match ahead {
+                    true => c.with_read_ahead(|c| c.checkpoint())?,
+                    false => c.checkpoint()?,
+                };
+                pauses.push(ms(taken.pause));
                 next += every;
                 std::thread::sleep(next.saturating_duration_since(Instant::now()));
             }
@@ -301,16 +339,19 @@ fn throughput_table(secs: f64, repeats: usize) -> anyhow::Result<()> {
     ]
     .map(String::from));
     row(&["---", "---:", "---:", "---:", "---:"].map(String::from));
+    let (ms100, ms10) = (Duration::from_millis(100), Duration::from_millis(10));
     let configs = [
-        ("none", None),
-        ("every 100 ms", Some(Duration::from_millis(100))),
-        ("every 10 ms", Some(Duration::from_millis(10))),
+        ("none", None, false),
+        ("every 100 ms", Some(ms100), false),
+        ("every 100 ms, read ahead", Some(ms100), true),
+        ("every 10 ms", Some(ms10), false),
+        ("every 10 ms, read ahead", Some(ms10), true),
     ];
     let mut results = vec![Vec::new(); configs.len()];
     // Interleaved, so that drift in the machine's speed hits all alike.
     for _ in 0..repeats {
-        for (i, (_, every)) in configs.iter().enumerate() {
-            results[i].push(throughput(*every, secs)?);
+        for (i, (_, every, ahead)) in configs.iter().enumerate() {
+            results[i].push(throughput(*every, *ahead, secs)?);
         }
     }
     let median = |v: &mut Vec<(f64, usize, f64)>| {
@@ -318,7 +359,7 @@ fn throughput_table(secs: f64, repeats: usize) -> anyhow::Result<()> {
         v[v.len() / 2]
     };
     let none = median(&mut results[0]).0;
-    for (i, (name, _)) in configs.iter().enumerate() {
+    for (i, (name, _, _)) in configs.iter().enumerate() {
         let (rate, taken, p50) = median(&mut results[i]);
         row(&[
             name.to_string(),

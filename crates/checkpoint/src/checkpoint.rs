@@ -66,8 +66,9 @@ pub struct Checkpointer {
     /// already in place for the next one's (a fresh buffer costs a page
     /// fault per page saved, as much as the copy itself).
     spare: Vec<u8>,
-    /// Pages read ahead of the next checkpoint (see [`crate::ahead`]).
-    pub(crate) ahead: ReadAhead,
+    /// What the image held of the pages read ahead into it since the
+    /// latest checkpoint (see [`crate::ahead`]).
+    ahead: ReadAhead,
     /// Pages the last checkpoint took (copied in its pause or read ahead).
     last_pages: u64,
 }
@@ -227,7 +228,8 @@ impl Checkpointer {
         &mut self.image.attachments
     }
 
-    /// The latest checkpoint.
+    /// The latest checkpoint (inside [`Self::with_read_ahead`], with the
+    /// pages read ahead in it until a checkpoint or restore).
     pub fn image(&self) -> &Image {
         &self.image
     }
@@ -263,15 +265,16 @@ impl Checkpointer {
             Err(e) => {
                 let touched = std::mem::take(&mut self.image.areas);
                 self.image.areas = undo.revert(touched, old);
+                self.ahead.revert(&mut self.image.areas);
                 self.resync = true;
-                self.ahead.clear();
                 return Err(e);
             }
         };
         self.resync = false;
         self.spare = undo.into_buffer();
-        // Nothing can fail from here on: the pages read ahead go in.
-        stats.read_ahead = self.ahead.apply(&mut self.image.areas);
+        // The pages read ahead are this checkpoint's.
+        stats.read_ahead = self.ahead.pages();
+        self.ahead.forget();
         self.last_pages = stats.pages + stats.read_ahead;
         let (shared, private): (Vec<Mapping>, Vec<Mapping>) = current
             .into_iter()
@@ -289,27 +292,26 @@ impl Checkpointer {
         Ok(stats)
     }
 
-    /// Reads ahead, while the process runs, the pages written since the
-    /// latest checkpoint, so that the next one copies in its pause only
-    /// those written after this (see [`crate::ahead`]); returns the pages
-    /// read. Nothing to do before the first checkpoint or after a failed
-    /// one (the next copies every page). If it fails, the next checkpoint
-    /// copies every page.
-    pub fn read_ahead(&mut self) -> Result<u64, Error> {
-        if self.full_copy || self.resync || self.image.seq == 0 {
-            return Ok(0);
+    /// Runs `f` after reading ahead into the image, while the process
+    /// runs, the pages written since the latest checkpoint (see
+    /// [`crate::ahead`]): a checkpoint `f` takes copies in its pause only
+    /// the pages written after that. If `f` takes none, the image gets the
+    /// latest checkpoint's bytes back and the pages read ahead are marked
+    /// written again. A read-ahead that fails is undone the same way (or,
+    /// if that fails too, the next checkpoint copies every page). Nothing
+    /// is read ahead before the first checkpoint or after a failed one.
+    pub fn with_read_ahead<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        if !self.full_copy && !self.resync && self.image.seq > 0 && self.read_written().is_err() {
+            self.settle_read_ahead();
         }
-        let read = self.stage_written();
-        if read.is_err() {
-            // Its scans protected pages whose bytes it did not keep.
-            self.resync = true;
-            self.ahead.clear();
-        }
-        read
+        let r = f(self);
+        self.settle_read_ahead();
+        r
     }
 
-    fn stage_written(&mut self) -> Result<u64, Error> {
-        let mut read = 0;
+    /// Reads the pages written since the latest checkpoint into the image,
+    /// keeping what it held of them.
+    fn read_written(&mut self) -> Result<(), Error> {
         for m in maps::read(self.pid)?.iter().filter(|m| m.is_checkpointed()) {
             let tracked = self
                 .image
@@ -317,15 +319,48 @@ impl Checkpointer {
                 .get(&m.start)
                 .is_some_and(|a| a.map == *m && a.tracked);
             // A mapping made anew since (`None`) is copied whole at the checkpoint.
-            let Some(ranges) = tracked.then(|| self.written(m)).transpose()?.flatten() else {
+            let ranges = match tracked.then(|| self.written(m)).transpose() {
+                Ok(Some(Some(ranges))) => ranges,
+                Ok(_) => continue,
+                Err(e) => {
+                    // A scan that failed may have protected some pages.
+                    self.resync = true;
+                    return Err(e);
+                }
+            };
+            let Some(area) = self.image.areas.get_mut(&m.start) else {
                 continue;
             };
-            let pages = memio::read_pages(self.pid, &self.mem, &ranges)
+            self.ahead.keep(area, &ranges);
+            memio::read_into(self.pid, &self.mem, area, &ranges)
                 .map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid), e))?;
-            read += pages.len() as u64;
-            self.ahead.stage(m, pages);
         }
-        Ok(read)
+        Ok(())
+    }
+
+    /// Undoes a read-ahead no checkpoint took: the image's bytes back, and
+    /// the pages read ahead unprotected, so that the next scan finds them
+    /// written as they were before it.
+    fn settle_read_ahead(&mut self) {
+        for (_, ranges) in self.ahead.revert(&mut self.image.areas) {
+            for (start, end) in crate::restore::merged(ranges) {
+                if sys::uffd_unprotect(self.uffd.as_fd(), start, end - start).is_err() {
+                    // Unmapped since, say: which pages were written is lost.
+                    self.resync = true;
+                }
+            }
+        }
+    }
+
+    /// Puts the latest checkpoint's bytes back where pages were read ahead
+    /// into the image; returns those pages (as ranges by area start).
+    pub(crate) fn revert_read_ahead(&mut self) -> BTreeMap<u64, Vec<(u64, u64)>> {
+        self.ahead.revert(&mut self.image.areas)
+    }
+
+    /// Forgets what the image held of the pages read ahead: it is replaced.
+    pub(crate) fn forget_read_ahead(&mut self) {
+        self.ahead.forget();
     }
 
     /// Whether pages may have been written that nothing recorded: the
@@ -358,7 +393,6 @@ impl Checkpointer {
             let area = match prev {
                 Some(mut a) if incremental => match self.written(&a.map) {
                     Ok(Some(ranges)) => {
-                        self.ahead.supersede(a.map.start, &ranges);
                         undo.save(&a, &ranges);
                         let read = memio::read_into(self.pid, &self.mem, &mut a, &ranges);
                         let start = a.map.start;
@@ -392,7 +426,6 @@ impl Checkpointer {
 
     /// A mapping copied whole into a new area.
     fn fresh_area(&mut self, m: &Mapping, stats: &mut Stats) -> Result<Area, Error> {
-        self.ahead.forget(m.start);
         stats.new_areas += 1;
         let mut a = Area::new(m.clone());
         stats.pages += self.copy_new(&mut a)?;

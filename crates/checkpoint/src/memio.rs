@@ -78,27 +78,6 @@ pub fn read(pid: u32, mem: &File, ranges: &[(u64, u64)], buf: &mut [u8]) -> std:
     read_slices(pid, mem, slices, ranges)
 }
 
-/// Reads the pages of `ranges` (sorted, page-aligned) of process `pid`,
-/// each into a buffer of its own.
-pub fn read_pages(
-    pid: u32,
-    mem: &File,
-    ranges: &[(u64, u64)],
-) -> std::io::Result<Vec<(u64, Box<[u8]>)>> {
-    let pages: Vec<(u64, u64)> = ranges
-        .iter()
-        .flat_map(|&(s, e)| (s..e).step_by(PAGE as usize))
-        .map(|p| (p, p + PAGE))
-        .collect();
-    let mut bufs: Vec<Box<[u8]>> = pages
-        .iter()
-        .map(|_| vec![0u8; PAGE as usize].into_boxed_slice())
-        .collect();
-    let slices = bufs.iter_mut().map(|b| &mut b[..]).collect();
-    read_slices(pid, mem, slices, &pages)?;
-    Ok(pages.into_iter().map(|(p, _)| p).zip(bufs).collect())
-}
-
 /// `ranges` (sorted) cut into batches of at most `max` bytes each (a range
 /// longer than that is split; `max` a multiple of the page size).
 pub fn batches(ranges: &[(u64, u64)], max: u64) -> Vec<Vec<(u64, u64)>> {

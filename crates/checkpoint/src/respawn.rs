@@ -45,6 +45,7 @@ impl Checkpointer {
         let exe = self.image().exe.clone();
         // From here on the image is this checkpointer's, whatever fails:
         // [`Checkpointer::into_image`] gives it back.
+        self.forget_read_ahead();
         *self.parts().image = image;
         let image = self.image();
         if image.exe != exe {

@@ -62,6 +62,8 @@ impl Checkpointer {
                 ),
             });
         }
+        // What was read ahead is of the image replaced.
+        self.forget_read_ahead();
         *self.parts().image = image;
         let pairs = same_threads(self.image(), frozen)?;
         self.restore_with(frozen, Memory::Unknown, &pairs)
@@ -78,25 +80,16 @@ impl Checkpointer {
         if self.image().seq == 0 {
             return Err(Error::NoCheckpoint(self.pid()));
         }
-        // The pages read ahead are of the memory being replaced (an
-        // in-place restore's plan writes them back).
-        let restored = self.restore_areas(frozen, into, pairs);
-        self.ahead.clear();
-        restored
-    }
-
-    fn restore_areas(
-        &mut self,
-        frozen: &Frozen,
-        into: Memory,
-        pairs: &[(u32, u32)],
-    ) -> Result<Stats, Error> {
+        // The image holds the latest checkpoint again; the pages read
+        // ahead were written since, and an in-place restore writes them back.
+        let read_ahead = self.revert_read_ahead();
         let remade = self.parts().restore_layout(frozen, into)?;
         let mut stats = Stats::default();
         let starts: Vec<u64> = self.image().areas.keys().copied().collect();
         for start in starts {
             let map = self.image().areas[&start].map.clone();
-            let plan = self.plan(&map, into, remade.contains(&start))?;
+            let read = read_ahead.get(&start).map_or(&[][..], |r| &r[..]);
+            let plan = self.plan(&map, into, remade.contains(&start), read)?;
             stats.compared += plan.compared;
             stats.pages += self.parts().write_back(start, &plan.write)?;
             self.parts().protect(start, &plan.protect)?;
@@ -153,8 +146,15 @@ impl Plan {
 
 impl Checkpointer {
     /// Which pages of `map` a restore `into` memory writes, `remade` if
-    /// the layout's restore mapped it anew.
-    fn plan(&mut self, map: &Mapping, into: Memory, remade: bool) -> Result<Plan, Error> {
+    /// the layout's restore mapped it anew; `read_ahead`: its pages read
+    /// ahead since the checkpoint.
+    fn plan(
+        &mut self,
+        map: &Mapping,
+        into: Memory,
+        remade: bool,
+        read_ahead: &[(u64, u64)],
+    ) -> Result<Plan, Error> {
         if remade {
             return Ok(Plan::ranges(
                 self.image().areas[&map.start].populated_runs(),
@@ -179,7 +179,7 @@ impl Checkpointer {
                 // Pages read ahead were written since, whatever their
                 // protection says now.
                 Some(mut written) => {
-                    written.extend(self.ahead.ranges(map.start));
+                    written.extend_from_slice(read_ahead);
                     Ok(Plan::ranges(merged(written)))
                 }
                 // Mapped anew in the same place since: not tracked, so
@@ -227,7 +227,7 @@ impl Checkpointer {
 const COMPARED_AT_ONCE: u64 = 1024 * PAGE;
 
 /// `ranges` sorted and with touching ones joined.
-fn merged(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+pub(crate) fn merged(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     ranges.sort_unstable();
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
     for (s, e) in ranges {

@@ -147,6 +147,20 @@ pub fn uffd_write_protect(uffd: BorrowedFd<'_>, start: u64, len: u64) -> io::Res
     Ok(())
 }
 
+/// `UFFDIO_WRITEPROTECT` with the mode cleared: lifts the protection of
+/// `[start, start + len)`, which asynchronous write-protection then
+/// reports as written.
+pub fn uffd_unprotect(uffd: BorrowedFd<'_>, start: u64, len: u64) -> io::Result<()> {
+    let mut wp = UffdioWriteprotect {
+        range: UffdioRange { start, len },
+        mode: 0,
+    };
+    // SAFETY: `wp` is a live `struct uffdio_writeprotect`, used by the
+    // kernel during the call only.
+    check(unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_WRITEPROTECT, &mut wp) })?;
+    Ok(())
+}
+
 /// What one `PAGEMAP_SCAN` asks for.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Scan {

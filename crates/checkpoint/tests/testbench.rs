@@ -142,35 +142,45 @@ fn run(case: &Case, dir: &std::path::Path) -> Result<Duration, String> {
             case.permille[round],
             case.seed ^ round as u64
         ))?;
-        if case.read_ahead && round > 0 {
-            // Pages read ahead while others are written: those written
-            // during or after the read are copied again in the pause.
+        // Read ahead while the target writes more: pages written during
+        // or after the read are copied again in the pause.
+        let ahead = case.read_ahead && round > 0;
+        if ahead {
             t.send(&format!(
                 "mutate 10 {}",
                 case.seed.rotate_left(round as u32)
             ))?;
-            c.read_ahead()
-                .map_err(|e| format!("read ahead {round}: {e}"))?;
-            t.reply()?;
         }
-        if round % 2 == 1 {
-            t.cmd(&format!(
-                "map {} {}",
-                1 + case.maps / 4,
-                case.seed + round as u64
-            ))?;
-            t.cmd(&format!(
-                "unmap {} {}",
-                1 + case.maps / 8,
-                case.seed + round as u64
-            ))?;
-        }
-        digest = t.digest()?;
-        std::thread::sleep(Duration::from_micros(case.seed % 3000));
-        let frozen = Frozen::freeze(t.pid()).map_err(|e| format!("freeze: {e}"))?;
-        c.checkpoint_frozen(&frozen)
-            .map_err(|e| format!("checkpoint {round}: {e}"))?;
-        truth = Some(observe(&frozen, c.image(), &[]));
+        let t = &mut t;
+        let mut take = |c: &mut Checkpointer| -> Result<(String, Truth), String> {
+            if ahead {
+                t.reply()?;
+            }
+            if round % 2 == 1 {
+                t.cmd(&format!(
+                    "map {} {}",
+                    1 + case.maps / 4,
+                    case.seed + round as u64
+                ))?;
+                t.cmd(&format!(
+                    "unmap {} {}",
+                    1 + case.maps / 8,
+                    case.seed + round as u64
+                ))?;
+            }
+            let digest = t.digest()?;
+            std::thread::sleep(Duration::from_micros(case.seed % 3000));
+            let frozen = Frozen::freeze(t.pid()).map_err(|e| format!("freeze: {e}"))?;
+            c.checkpoint_frozen(&frozen)
+                .map_err(|e| format!("checkpoint {round}: {e}"))?;
+            Ok((digest, observe(&frozen, c.image(), &[])))
+        };
+        let (d, held) = match ahead {
+            true => c.with_read_ahead(take)?,
+            false => take(&mut c)?,
+        };
+        digest = d;
+        truth = Some(held);
     }
     let truth = truth.unwrap();
     // After the checkpoint: writes, new mappings, dropped ones.
@@ -180,9 +190,9 @@ fn run(case: &Case, dir: &std::path::Path) -> Result<Duration, String> {
         !case.seed
     ))?;
     if case.read_ahead {
-        // Pages read ahead of a checkpoint never taken: an in-place
-        // restore must write them back too.
-        c.read_ahead().map_err(|e| format!("read ahead: {e}"))?;
+        // Pages read ahead, and no checkpoint taken: the image must be the
+        // checkpoint's again, and the pages found written by the restore.
+        c.with_read_ahead(|_| ());
         t.cmd(&format!("mutate 10 {}", case.seed.rotate_right(3)))?;
     }
     t.cmd(&format!("map {} {}", 1 + case.maps / 3, !case.seed))?;
@@ -202,6 +212,11 @@ fn run(case: &Case, dir: &std::path::Path) -> Result<Duration, String> {
     let frozen = Frozen::freeze(t.pid()).map_err(|e| format!("freeze: {e}"))?;
     let path = dir.join(format!("case-{}.ksgckpt", case.seed));
     match case.kind {
+        // Restored with pages read ahead: they go back too.
+        Kind::InPlace if case.read_ahead && case.seed & 2 == 0 => {
+            c.with_read_ahead(|c| c.restore_frozen(&frozen))
+                .map_err(|e| format!("restore: {e}"))?;
+        }
         Kind::InPlace => {
             c.restore_frozen(&frozen)
                 .map_err(|e| format!("restore: {e}"))?;

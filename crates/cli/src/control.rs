@@ -310,6 +310,12 @@ fn describe(s: &CheckpointSummary) -> String {
         s.seq,
         kib(s.image_bytes),
     );
+    if s.read_ahead > 0 {
+        line.push_str(&format!(
+            "; {} more pages read ahead while it ran",
+            s.read_ahead
+        ));
+    }
     if let Some(f) = &s.file {
         line.push_str(&format!("; file {}", f.display()));
     }

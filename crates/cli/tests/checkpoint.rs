@@ -39,7 +39,7 @@ binary = "kintsugi-bench-echo"
 provides = ["bench"]
 restart = { max = 100, window_ms = 1000 }
 arena_kib = 4
-checkpoint = { every_ms = 50, keep = 2 }
+checkpoint = { every_ms = 50, keep = 2, read_ahead_pages = 0 }  # each read ahead
 [component.config]
 grow_mib = 16
 grow_after_ms = 1
@@ -243,6 +243,12 @@ fn checkpoints_and_restores_of_a_serving_component_lose_no_call() {
     );
     assert!(
         field(&taken, "periodic_taken").as_u64().unwrap() >= 1,
+        "{taken}"
+    );
+    // Read ahead while it served the checker (its worker's stack, at
+    // least, written since the last periodic checkpoint).
+    assert!(
+        field(&taken, "read_ahead").as_u64().unwrap() >= 1,
         "{taken}"
     );
     assert!(file.is_file());

@@ -35,7 +35,7 @@ use kintsugi_runtime::abi::boot::ControlBlock;
 use kintsugi_runtime::abi::channel::Edge;
 use kintsugi_runtime::abi::journal::JournalRegion;
 use kintsugi_runtime::abi::shm::Region;
-use kintsugi_system::CheckpointPolicy;
+use kintsugi_system::{CheckpointPolicy, DEFAULT_READ_AHEAD_PAGES};
 use serde::Serialize;
 
 use crate::vault::{ExportedRecord, VaultActivity, VaultStore};
@@ -208,7 +208,11 @@ pub struct Summary {
     pub seq: u64,
     pub areas: usize,
     pub new_areas: usize,
+    /// Pages copied with the component held still (a restore: written).
     pub pages: u64,
+    /// Pages a checkpoint read ahead while the component ran.
+    #[serde(default)]
+    pub read_ahead: u64,
     /// Pages a restore into a new incarnation compared with the image to
     /// find the ones to write.
     #[serde(default)]
@@ -621,7 +625,23 @@ fn at_point<'a>(
     }
 }
 
+/// What a checkpoint at a safe point gives back: the checkpoint's
+/// figures, the pause, the wait for the safe point, and what the
+/// component keeps outside as of the checkpoint (if a file is to be
+/// written).
+type AtSafePoint = (
+    Stats,
+    Duration,
+    Duration,
+    Option<Result<BTreeMap<String, Vec<u8>>, String>>,
+);
+
 /// Takes a checkpoint at a safe point; writes the image to `out` if given.
+/// When the last checkpoint took the policy's `read_ahead_pages` or more
+/// ([`DEFAULT_READ_AHEAD_PAGES`] without a policy: below about that many,
+/// the scan a read-ahead adds costs more than the copy it takes out of
+/// the pause), the pages written since are read ahead while the component
+/// runs, before it is held: the pause then copies only those written after.
 fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary, String> {
     let started = Instant::now();
     let pid = c
@@ -629,28 +649,37 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
         .pid()
         .ok_or("the component has no live incarnation")?;
     c.not_recovering()?;
-    c.incarnation.attached(&c.quiet.freezes)?;
-    let (frozen, held, waited) = at_safe_point(&c.quiet, &c.name, pid, hold)?;
-    if c.journal.as_ref().is_some_and(|j| j.replay_pending()) {
-        // Its state is not whole until the log is replayed, and a
-        // checkpoint would cut the log.
-        return Err(format!("`{}` has not replayed its log yet", c.name));
-    }
     let ckpt = c.incarnation.attached(&c.quiet.freezes)?;
-    let stats = ckpt.checkpoint_frozen(&frozen).map_err(|e| e.to_string());
-    if let (Ok(_), Some(journal)) = (&stats, &c.journal) {
-        // The checkpoint holds every logged request's effect.
-        journal.cut();
-    }
-    // What it keeps outside, as of the same instant.
-    let exported = match (&stats, &out) {
-        (Ok(_), Some(_)) => Some(c.kept.export(&c.name)),
-        _ => None,
+    // Holds the component at a safe point and checkpoints it; cuts its log.
+    let at_point = |ckpt: &mut Checkpointer| -> Result<AtSafePoint, String> {
+        let (frozen, held, waited) = at_safe_point(&c.quiet, &c.name, pid, hold)?;
+        if c.journal.as_ref().is_some_and(|j| j.replay_pending()) {
+            // Its state is not whole until the log is replayed, and a
+            // checkpoint would cut the log.
+            return Err(format!("`{}` has not replayed its log yet", c.name));
+        }
+        let stats = ckpt.checkpoint_frozen(&frozen).map_err(|e| e.to_string());
+        if let (Ok(_), Some(journal)) = (&stats, &c.journal) {
+            // The checkpoint holds every logged request's effect.
+            journal.cut();
+        }
+        // What it keeps outside, as of the same instant.
+        let exported = match (&stats, &out) {
+            (Ok(_), Some(_)) => Some(c.kept.export(&c.name)),
+            _ => None,
+        };
+        let pause = frozen.held();
+        drop(frozen);
+        drop(held);
+        Ok((stats?, pause, waited, exported))
     };
-    let pause = frozen.held();
-    drop(frozen);
-    drop(held);
-    let mut stats = stats?;
+    let from = c
+        .policy
+        .map_or(DEFAULT_READ_AHEAD_PAGES, |p| p.read_ahead_pages);
+    let (mut stats, pause, waited, exported) = match ckpt.last_pages() >= from {
+        true => ckpt.with_read_ahead(at_point)?,
+        false => at_point(ckpt)?,
+    };
     stats.pause = pause;
     if let (Some(path), Some(exported)) = (&out, exported) {
         *ckpt.attachments_mut() = exported?;
@@ -980,6 +1009,7 @@ fn summary(
         areas: stats.areas,
         new_areas: stats.new_areas,
         pages: stats.pages,
+        read_ahead: stats.read_ahead,
         compared: stats.compared,
         bytes: stats.bytes,
         threads: stats.threads,

@@ -28,7 +28,7 @@
 //! slots = 8                 # 1..=64
 //! arena_kib = 64            # private memory that survives micro-reboots (default 0: none)
 //! pool_kib = 0              # memory shared with its clients, also durable (default 0: none)
-//! checkpoint = { every_ms = 100, keep = 0, on_hang = "reboot" }  # optional: incremental checkpoints at safe points; on_hang = "rollback": a hang the watchdog finds rolls it back in place
+//! checkpoint = { every_ms = 100, keep = 0, on_hang = "reboot", read_ahead_pages = 256 }  # optional: incremental checkpoints at safe points; on_hang = "rollback": a hang the watchdog finds rolls it back in place; read ahead while it runs when the last took that many pages
 //! journal_kib = 16384       # recovery = "checkpoint" only: the request log's durable memory
 //! capabilities = []         # kept (default: none); every other one is dropped, and no_new_privs set
 //! syscalls = []             # allowed beside the runtime's list and what its binary declares (default: none)
@@ -86,6 +86,10 @@ pub const DEFAULT_SLOTS: u32 = 8;
 pub const REALTIME_RANGE: std::ops::RangeInclusive<u8> = 1..=99;
 /// Values `checkpoint.every_ms` may take (1 ms to an hour).
 pub const CHECKPOINT_EVERY_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=3_600_000;
+/// Values `checkpoint.read_ahead_pages` may take (0: always).
+pub const CHECKPOINT_READ_AHEAD_RANGE: std::ops::RangeInclusive<u64> = 0..=1 << 40;
+/// `checkpoint.read_ahead_pages` unless given (1 MiB).
+pub const DEFAULT_READ_AHEAD_PAGES: u64 = 256;
 /// Values `checkpoint.keep` may take.
 pub const CHECKPOINT_KEEP_RANGE: std::ops::RangeInclusive<u32> = 0..=1000;
 /// Sizes `arena_kib` and `pool_kib` may take (0: none; at most 1 GiB).
@@ -388,11 +392,28 @@ impl Capability {
 /// the component every `every` at a safe point, keeping the latest
 /// checkpoint in its memory; with `keep` above 0, the `keep` latest are
 /// also written to image files in the system's checkpoint directory.
+/// When the last checkpoint took `read_ahead_pages` or more, the next
+/// one's pages are read ahead while the component runs, and its pause
+/// copies only what was written after that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CheckpointPolicy {
     pub every: Duration,
     pub keep: u32,
     pub on_hang: HangAction,
+    pub read_ahead_pages: u64,
+}
+
+impl CheckpointPolicy {
+    /// Checkpoints every `every`, none kept in files, hangs answered by
+    /// `on_hang`, read ahead from [`DEFAULT_READ_AHEAD_PAGES`].
+    pub fn every(every: Duration, on_hang: HangAction) -> Self {
+        Self {
+            every,
+            keep: 0,
+            on_hang,
+            read_ahead_pages: DEFAULT_READ_AHEAD_PAGES,
+        }
+    }
 }
 
 /// What a hang the watchdog finds in a checkpointed component leads to.
@@ -411,10 +432,11 @@ pub enum HangAction {
 impl Serialize for CheckpointPolicy {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("CheckpointPolicy", 3)?;
+        let mut st = s.serialize_struct("CheckpointPolicy", 4)?;
         st.serialize_field("every_ms", &(self.every.as_millis() as u64))?;
         st.serialize_field("keep", &self.keep)?;
         st.serialize_field("on_hang", &self.on_hang)?;
+        st.serialize_field("read_ahead_pages", &self.read_ahead_pages)?;
         st.end()
     }
 }

@@ -13,9 +13,10 @@ use crate::{
     Backoff, Capability, CheckpointPolicy, ComponentSpec, ErrorKind, FsyncPolicy, GiveUpAction,
     GroupStrategy, HangAction, Location, RebootMode, RecoveryMode, RestartGroup, RestartPolicy,
     RestartType, SpinPolicy, Sysno, System, SystemError, Use, User, VaultQuota, VaultStorage,
-    WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE, DEFAULT_JOURNAL_KIB,
-    DEFAULT_SLOTS, DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE,
-    REALTIME_RANGE, SLOTS_RANGE,
+    WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE,
+    CHECKPOINT_READ_AHEAD_RANGE, DEFAULT_JOURNAL_KIB, DEFAULT_READ_AHEAD_PAGES, DEFAULT_SLOTS,
+    DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE, REALTIME_RANGE,
+    SLOTS_RANGE,
 };
 
 #[derive(Deserialize)]
@@ -113,6 +114,7 @@ struct RawCheckpoint {
     every_ms: Spanned<i64>,
     keep: Option<Spanned<i64>>,
     on_hang: Option<HangAction>,
+    read_ahead_pages: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -745,6 +747,15 @@ fn component(
                     "",
                 )?
                 .unwrap_or(0);
+            let read_ahead_pages = cx
+                .ranged(
+                    &owner,
+                    "checkpoint.read_ahead_pages",
+                    &c.read_ahead_pages,
+                    CHECKPOINT_READ_AHEAD_RANGE,
+                    "",
+                )?
+                .unwrap_or(DEFAULT_READ_AHEAD_PAGES);
             Some(CheckpointPolicy {
                 every: Duration::from_millis(every),
                 keep,
@@ -752,15 +763,15 @@ fn component(
                     RecoveryMode::Checkpoint => HangAction::Rollback,
                     _ => HangAction::Reboot,
                 }),
+                read_ahead_pages,
             })
         }
     };
     let checkpoint = match (checkpoint, recovery) {
-        (None, RecoveryMode::Checkpoint) => Some(CheckpointPolicy {
-            every: Duration::from_millis(100),
-            keep: 0,
-            on_hang: HangAction::Rollback,
-        }),
+        (None, RecoveryMode::Checkpoint) => Some(CheckpointPolicy::every(
+            Duration::from_millis(100),
+            HangAction::Rollback,
+        )),
         (c, _) => c,
     };
     let journal_kib = cx.ranged(

@@ -725,6 +725,10 @@ fn out_of_range_values() {
             "checkpoint = { every_ms = 10, keep = 1001 }",
             "sys.toml:7:38: component `a`: checkpoint.keep 1001 is out of range (0..=1000)",
         ),
+        (
+            "checkpoint = { every_ms = 10, read_ahead_pages = -1 }",
+            "sys.toml:7:50: component `a`: checkpoint.read_ahead_pages -1 is out of range (0..=1099511627776)",
+        ),
     ];
     for (extra, want) in cases {
         let (msg, kind) = err_with_head(&comp(extra));

@@ -36,7 +36,7 @@ pub struct Stats {
     /// Pages copied (by a restore: written), with the process held still.
     pub pages: u64,
     /// Pages a checkpoint took from those read ahead while the process
-    /// ran ([`Checkpointer::read_ahead`]), not copied in its pause.
+    /// ran ([`Checkpointer::with_read_ahead`]), not copied in its pause.
     pub read_ahead: u64,
     /// Pages a restore into a sibling process compared with the image
     /// before writing only those that differ.

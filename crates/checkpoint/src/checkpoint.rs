@@ -294,7 +294,7 @@ impl Checkpointer {
 
     /// Runs `f` after reading ahead into the image, while the process
     /// runs, the pages written since the latest checkpoint (see
-    /// [`crate::ahead`]): a checkpoint `f` takes copies in its pause only
+    /// `ahead.rs`): a checkpoint `f` takes copies in its pause only
     /// the pages written after that. If `f` takes none, the image gets the
     /// latest checkpoint's bytes back and the pages read ahead are marked
     /// written again. A read-ahead that fails is undone the same way (or,

@@ -8,7 +8,9 @@
 //! - [`Frozen`]: every thread held in a ptrace-stop;
 //! - [`Checkpointer`]: incremental checkpoints, finding written pages with
 //!   userfaultfd asynchronous write-protection and `PAGEMAP_SCAN` (no fault
-//!   per page reaches anyone), and restore in place, keeping the pid;
+//!   per page reaches anyone), the pages written read ahead while the
+//!   process runs so that the pause copies only what is written after
+//!   (`ahead.rs`), and restore in place, keeping the pid;
 //! - [`Image`]: the latest checkpoint, in memory; [`file`]: its versioned,
 //!   checksummed, compressed file format.
 //!

@@ -396,7 +396,31 @@ pub fn checkpoint(
     std::fs::remove_dir_all(&dir).ok();
     restored?;
     throughput_table(secs, repeats)?;
-    component_table(secs, repeats)?;
+    component_table(
+        "A component under its client: echo calls per second (bench-echo with a 64 MiB heap)",
+        &[
+            ("none", None),
+            ("every 100 ms", Some("checkpoint = { every_ms = 100 }")),
+            ("every 10 ms", Some("checkpoint = { every_ms = 10 }")),
+        ],
+        0,
+        secs,
+        repeats,
+    )?;
+    component_table(
+        "A component that keeps writing: bench-echo writing 16 pages of its 64 MiB heap a millisecond, under its client",
+        &[
+            ("none", None),
+            (
+                "every 100 ms, never read ahead",
+                Some("checkpoint = { every_ms = 100, read_ahead_pages = 1099511627776 }"),
+            ),
+            ("every 100 ms, read ahead (default)", Some("checkpoint = { every_ms = 100 }")),
+        ],
+        16,
+        secs,
+        repeats,
+    )?;
     Ok(true)
 }
 
@@ -414,6 +438,7 @@ CHECKPOINT
 [component.config]
 grow_mib = 64
 grow_after_ms = 1
+write_pages_per_ms = WRITES
 
 [[component]]
 name = "checker"
@@ -425,32 +450,37 @@ report_ms = 100000
 report_file = "REPORT"
 "#;
 
-/// One run of [`COMPONENT_SYSTEM`]: the checker's calls per second, and
-/// the supervisor's summary of a checkpoint requested near the end (with
-/// its count of periodic checkpoints taken and skipped).
+/// One run of [`COMPONENT_SYSTEM`] with `checkpoint` as echo's policy
+/// line (none if `None`) and echo writing `writes` pages a millisecond:
+/// the checker's calls per second, and the supervisor's summaries of five
+/// checkpoints requested 100 ms apart in the run's second half (with its
+/// count of periodic checkpoints taken and skipped).
 fn component_run(
-    policy: Option<u64>,
+    checkpoint: Option<&str>,
+    writes: u32,
     secs: f64,
     dir: &std::path::Path,
-) -> anyhow::Result<(f64, Option<kintsugi_supervisor::CheckpointSummary>)> {
-    let report = dir.join(format!("report-{}.jsonl", policy.unwrap_or(0)));
+) -> anyhow::Result<(f64, Vec<kintsugi_supervisor::CheckpointSummary>)> {
+    let report = dir.join("report.jsonl");
     std::fs::remove_file(&report).ok();
     let text = COMPONENT_SYSTEM
-        .replace(
-            "CHECKPOINT",
-            &policy.map_or(String::new(), |ms| {
-                format!("checkpoint = {{ every_ms = {ms} }}")
-            }),
-        )
+        .replace("CHECKPOINT", checkpoint.unwrap_or_default())
+        .replace("WRITES", &writes.to_string())
         .replace("DURATION", &((secs * 1000.0) as u64).to_string())
         .replace("REPORT", &report.display().to_string());
     let system = crate::parse_system("bench-checkpoint (built in)", &text)?;
     let roster = kintsugi_supervisor::Roster::new();
     let asker = {
         let roster = roster.clone();
+        let ask = checkpoint.is_some();
         std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_secs_f64(secs * 0.9));
-            roster.checkpoint("echo", None).ok()
+            std::thread::sleep(Duration::from_secs_f64(secs * 0.5));
+            (0..5)
+                .filter_map(|_| {
+                    std::thread::sleep(Duration::from_millis(100));
+                    ask.then(|| roster.checkpoint("echo", None).ok()).flatten()
+                })
+                .collect()
         })
     };
     let options = kintsugi_supervisor::Options {
@@ -460,7 +490,7 @@ fn component_run(
         ..Default::default()
     };
     crate::run_collecting(&system, options)?;
-    let summary = asker.join().ok().flatten();
+    let summaries = asker.join().unwrap_or_default();
     let text = std::fs::read_to_string(&report).with_context(|| format!("{}", report.display()))?;
     let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap_or("{}"))?;
     anyhow::ensure!(
@@ -468,59 +498,78 @@ fn component_run(
         "the checker saw errors: {last}"
     );
     let calls = last["calls"].as_f64().context("calls")?;
-    Ok((calls / secs, summary))
+    Ok((calls / secs, summaries))
 }
 
-/// A kintsugi component's throughput under periodic checkpoints: the echo
-/// calls a checking client makes per second, with the server checkpointed
-/// every 100 ms and every 10 ms against not at all.
-fn component_table(secs: f64, repeats: usize) -> anyhow::Result<()> {
-    println!(
-        "### A component under its client: echo calls per second (bench-echo with a 64 MiB heap, {secs} s runs, median of {repeats})\n"
-    );
+/// The median of `v` (0 if empty).
+fn median_of(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Echo's throughput under its checker with each of `configs` (a label
+/// and echo's checkpoint policy line), echo writing `writes` pages a
+/// millisecond, with the pause of the checkpoints requested in the runs.
+fn component_table(
+    title: &str,
+    configs: &[(&str, Option<&str>)],
+    writes: u32,
+    secs: f64,
+    repeats: usize,
+) -> anyhow::Result<()> {
+    println!("### {title} ({secs} s runs, median of {repeats})\n");
     row(&[
         "checkpoints",
         "calls/s",
         "× none",
         "periodic taken",
         "skipped",
-        "pause of one (ms)",
-        "pages in it",
+        "pause p50 (ms, requested ones)",
+        "pages in the pause",
+        "pages read ahead",
     ]
     .map(String::from));
-    row(&["---", "---:", "---:", "---:", "---:", "---:", "---:"].map(String::from));
+    row(&[
+        "---", "---:", "---:", "---:", "---:", "---:", "---:", "---:",
+    ]
+    .map(String::from));
     let dir = std::env::temp_dir().join(format!("kintsugi-bench-ckpt-sys-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut none = None;
-    for policy in [None, Some(100), Some(10)] {
+    for (label, checkpoint) in configs {
         let mut runs = Vec::new();
-        let mut summary = None;
+        let mut summaries = Vec::new();
         for _ in 0..repeats {
-            let (rate, s) = component_run(policy, secs, &dir)?;
+            let (rate, s) = component_run(*checkpoint, writes, secs, &dir)?;
             runs.push(rate);
-            summary = s.or(summary);
+            summaries.extend(s);
         }
-        runs.sort_by(f64::total_cmp);
-        let median = runs[runs.len() / 2];
-        let base = *none.get_or_insert(median);
-        let (taken, skipped, pause, pages) = match (&summary, policy) {
-            (Some(s), Some(_)) => (
+        let rate = median_of(runs);
+        let base = *none.get_or_insert(rate);
+        let of = |f: fn(&kintsugi_supervisor::CheckpointSummary) -> f64| {
+            median_of(summaries.iter().map(f).collect())
+        };
+        let counted = match summaries.last() {
+            Some(s) => [
                 s.periodic_taken.to_string(),
                 s.periodic_skipped.to_string(),
-                format!("{:.3}", s.pause_us as f64 / 1000.0),
-                s.pages.to_string(),
-            ),
-            _ => ("-".into(), "-".into(), "-".into(), "-".into()),
+                format!(
+                    "{:.3} (n = {})",
+                    of(|s| s.pause_us as f64) / 1000.0,
+                    summaries.len()
+                ),
+                format!("{:.0}", of(|s| s.pages as f64)),
+                format!("{:.0}", of(|s| s.read_ahead as f64)),
+            ],
+            None => ["-", "-", "-", "-", "-"].map(String::from),
         };
-        row(&[
-            policy.map_or("none".into(), |ms| format!("every {ms} ms")),
-            format!("{median:.0}"),
-            format!("{:.3}", median / base),
-            taken,
-            skipped,
-            pause,
-            pages,
-        ]);
+        let mut cells = vec![
+            label.to_string(),
+            format!("{rate:.0}"),
+            format!("{:.3}", rate / base),
+        ];
+        cells.extend(counted);
+        row(&cells);
     }
     std::fs::remove_dir_all(&dir).ok();
     println!();

@@ -69,8 +69,10 @@ pub struct Checkpointer {
     /// What the image held of the pages read ahead into it since the
     /// latest checkpoint (see [`crate::ahead`]).
     ahead: ReadAhead,
-    /// Pages the last checkpoint took (copied in its pause or read ahead).
-    last_pages: u64,
+    /// When the latest checkpoint was taken, and the pages a second the
+    /// process wrote between the two latest (see [`Self::expected_pages`]).
+    last_at: Option<Instant>,
+    write_rate: f64,
 }
 
 /// How to put the previous checkpoint back if one fails halfway.
@@ -209,7 +211,8 @@ impl Checkpointer {
             resync: false,
             spare: Vec::new(),
             ahead: ReadAhead::default(),
-            last_pages: 0,
+            last_at: None,
+            write_rate: 0.0,
         })
     }
 
@@ -275,7 +278,12 @@ impl Checkpointer {
         // The pages read ahead are this checkpoint's.
         stats.read_ahead = self.ahead.pages();
         self.ahead.forget();
-        self.last_pages = stats.pages + stats.read_ahead;
+        let now = Instant::now();
+        if let Some(at) = self.last_at {
+            let secs = now.duration_since(at).as_secs_f64().max(1e-3);
+            self.write_rate = (stats.pages + stats.read_ahead) as f64 / secs;
+        }
+        self.last_at = Some(now);
         let (shared, private): (Vec<Mapping>, Vec<Mapping>) = current
             .into_iter()
             .filter(|m| !m.is_special())
@@ -370,9 +378,13 @@ impl Checkpointer {
         self.resync
     }
 
-    /// Pages the last checkpoint took, in its pause or read ahead.
-    pub fn last_pages(&self) -> u64 {
-        self.last_pages
+    /// The pages the process has likely written since the latest
+    /// checkpoint: as many a second as between the two latest (0 until
+    /// there are two), for choosing whether to read ahead.
+    pub fn expected_pages(&self) -> u64 {
+        self.last_at.map_or(0, |at| {
+            (self.write_rate * at.elapsed().as_secs_f64()) as u64
+        })
     }
 
     /// Copies what changed in every checkpointed mapping into the image's

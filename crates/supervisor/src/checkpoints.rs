@@ -637,8 +637,9 @@ type AtSafePoint = (
 );
 
 /// Takes a checkpoint at a safe point; writes the image to `out` if given.
-/// When the last checkpoint took the policy's `read_ahead_pages` or more
-/// ([`DEFAULT_READ_AHEAD_PAGES`] without a policy: below about that many,
+/// When the component has likely written the policy's `read_ahead_pages`
+/// or more since its latest checkpoint (at the rate it wrote before it;
+/// [`DEFAULT_READ_AHEAD_PAGES`] without a policy: below about that many,
 /// the scan a read-ahead adds costs more than the copy it takes out of
 /// the pause), the pages written since are read ahead while the component
 /// runs, before it is held: the pause then copies only those written after.
@@ -676,7 +677,7 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
     let from = c
         .policy
         .map_or(DEFAULT_READ_AHEAD_PAGES, |p| p.read_ahead_pages);
-    let (mut stats, pause, waited, exported) = match ckpt.last_pages() >= from {
+    let (mut stats, pause, waited, exported) = match ckpt.expected_pages() >= from {
         true => ckpt.with_read_ahead(at_point)?,
         false => at_point(ckpt)?,
     };

@@ -28,7 +28,7 @@
 //! slots = 8                 # 1..=64
 //! arena_kib = 64            # private memory that survives micro-reboots (default 0: none)
 //! pool_kib = 0              # memory shared with its clients, also durable (default 0: none)
-//! checkpoint = { every_ms = 100, keep = 0, on_hang = "reboot", read_ahead_pages = 256 }  # optional: incremental checkpoints at safe points; on_hang = "rollback": a hang the watchdog finds rolls it back in place; read ahead while it runs when the last took that many pages
+//! checkpoint = { every_ms = 100, keep = 0, on_hang = "reboot", read_ahead_pages = 256 }  # optional: incremental checkpoints at safe points; on_hang = "rollback": a hang the watchdog finds rolls it back in place; read ahead while it runs when it has likely written that many pages since the last
 //! journal_kib = 16384       # recovery = "checkpoint" only: the request log's durable memory
 //! capabilities = []         # kept (default: none); every other one is dropped, and no_new_privs set
 //! syscalls = []             # allowed beside the runtime's list and what its binary declares (default: none)
@@ -392,9 +392,10 @@ impl Capability {
 /// the component every `every` at a safe point, keeping the latest
 /// checkpoint in its memory; with `keep` above 0, the `keep` latest are
 /// also written to image files in the system's checkpoint directory.
-/// When the last checkpoint took `read_ahead_pages` or more, the next
-/// one's pages are read ahead while the component runs, and its pause
-/// copies only what was written after that.
+/// When the component has likely written `read_ahead_pages` or more since
+/// its latest checkpoint (at the rate it wrote before it), the next one's
+/// pages are read ahead while the component runs, and its pause copies
+/// only what was written after that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CheckpointPolicy {
     pub every: Duration,

@@ -27,6 +27,10 @@ struct Config {
     /// `grow_after_ms`.
     grow_mib: u32,
     grow_after_ms: u64,
+    /// Pages of the grown heap written every millisecond after it has grown
+    /// (by a thread of its own), for the checkpoint benchmark: a server
+    /// whose memory keeps changing.
+    write_pages_per_ms: u32,
 }
 
 #[derive(Default)]
@@ -44,6 +48,28 @@ impl Echo {
             heap.push(vec![0xA5u8; 1 << 20]);
         }
         heap.len() as u64
+    }
+
+    /// Writes `per_ms` pages of the heap every millisecond, for ever,
+    /// striding through it so that each is written again only after all
+    /// the others.
+    fn keep_writing(&self, per_ms: u32) {
+        let page = page_size();
+        let mut next = 0usize;
+        loop {
+            {
+                let mut heap = self.heap.lock().unwrap();
+                let pages_per_chunk = (1 << 20) / page;
+                let total = heap.len() * pages_per_chunk;
+                for _ in 0..per_ms.min(total as u32) {
+                    // A stride coprime with the (power-of-two) page count.
+                    next = (next + 7919) % total;
+                    let chunk = &mut heap[next / pages_per_chunk];
+                    chunk[(next % pages_per_chunk) * page] ^= 1;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 }
 
@@ -134,6 +160,10 @@ fn main() {
                 // The failed one's heap, for the reboot benchmark.
                 std::thread::sleep(std::time::Duration::from_millis(config.grow_after_ms));
                 grower.grow(config.grow_mib);
+                if config.write_pages_per_ms > 0 {
+                    let per_ms = config.write_pages_per_ms;
+                    std::thread::spawn(move || grower.keep_writing(per_ms));
+                }
                 Ok(())
             }),
         )

@@ -1,9 +1,11 @@
 //! `kintsugi bench checkpoint`: RMK's TAC and RTCR's incremental copying
 //! measured on a live process (`kintsugi-ckpt-target`): the pause of an
-//! incremental checkpoint by heap size and share of pages written, against
-//! a baseline in the same run that copies every page each time (RTCR's
-//! first approach); restore time per kind; and a workload's throughput with
-//! checkpoints every 100 ms and every 10 ms against none.
+//! incremental checkpoint by heap size and share of pages written, with and
+//! without the pages read ahead while the process runs, against a baseline
+//! in the same run that copies every page each time (RTCR's first
+//! approach); restore time per kind; a workload's throughput with
+//! checkpoints every 100 ms and every 10 ms against none; and a kintsugi
+//! component's, idle and writing its heap, checkpointed by the supervisor.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;

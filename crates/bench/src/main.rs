@@ -162,8 +162,9 @@ enum Bench {
         repeats: usize,
     },
     /// Incremental checkpoints of a live process: pause by heap size and
-    /// share written against copying every page, restore time per kind,
-    /// and a workload's throughput with checkpoints every 100 and 10 ms.
+    /// share written, with and without read-ahead, against copying every
+    /// page, restore time per kind, and throughput with checkpoints every
+    /// 100 and 10 ms (a workload, and a component idle and writing).
     Checkpoint {
         /// Heap sizes, MiB.
         #[arg(long, value_delimiter = ',', default_values_t = [16, 256, 1024])]

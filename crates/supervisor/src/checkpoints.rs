@@ -625,16 +625,17 @@ fn at_point<'a>(
     }
 }
 
-/// What a checkpoint at a safe point gives back: the checkpoint's
-/// figures, the pause, the wait for the safe point, and what the
-/// component keeps outside as of the checkpoint (if a file is to be
-/// written).
-type AtSafePoint = (
-    Stats,
-    Duration,
-    Duration,
-    Option<Result<BTreeMap<String, Vec<u8>>, String>>,
-);
+/// A checkpoint taken at a safe point.
+struct AtSafePoint {
+    stats: Stats,
+    /// How long the component was held still.
+    pause: Duration,
+    /// How long the safe point took to come.
+    waited: Duration,
+    /// What the component keeps outside, as of the checkpoint (if a file
+    /// is to be written).
+    exported: Option<Result<BTreeMap<String, Vec<u8>>, String>>,
+}
 
 /// Takes a checkpoint at a safe point; writes the image to `out` if given.
 /// When the component has likely written the policy's `read_ahead_pages`
@@ -672,12 +673,22 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
         let pause = frozen.held();
         drop(frozen);
         drop(held);
-        Ok((stats?, pause, waited, exported))
+        Ok(AtSafePoint {
+            stats: stats?,
+            pause,
+            waited,
+            exported,
+        })
     };
     let from = c
         .policy
         .map_or(DEFAULT_READ_AHEAD_PAGES, |p| p.read_ahead_pages);
-    let (mut stats, pause, waited, exported) = match ckpt.expected_pages() >= from {
+    let AtSafePoint {
+        mut stats,
+        pause,
+        waited,
+        exported,
+    } = match ckpt.expected_pages() >= from {
         true => ckpt.with_read_ahead(at_point)?,
         false => at_point(ckpt)?,
     };

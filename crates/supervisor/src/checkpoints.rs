@@ -641,9 +641,10 @@ struct AtSafePoint {
 /// When the component has likely written the policy's `read_ahead_pages`
 /// or more since its latest checkpoint (at the rate it wrote before it;
 /// [`DEFAULT_READ_AHEAD_PAGES`] without a policy: below about that many,
-/// the scan a read-ahead adds costs more than the copy it takes out of
-/// the pause), the pages written since are read ahead while the component
-/// runs, before it is held: the pause then copies only those written after.
+/// the scan a read-ahead adds likely costs more than the copy it takes
+/// out of the pause, a choice not measured), the pages written since are
+/// read ahead while the component runs, before it is held: the pause then
+/// copies only those written after.
 fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary, String> {
     let started = Instant::now();
     let pid = c

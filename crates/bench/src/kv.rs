@@ -53,7 +53,7 @@ think_us = 0
 report = "DIR/w2.json"
 "#;
 
-fn row(cells: &[String]) {
+pub(crate) fn row(cells: &[String]) {
     println!("| {} |", cells.join(" | "));
 }
 
@@ -317,14 +317,18 @@ fn first_checkpoint(
     }
 }
 
-pub fn kv(ops: u64, repeats: usize, kills: u32) -> anyhow::Result<bool> {
+pub fn kv(ops: u64, repeats: usize, kills: u32, log_only: bool) -> anyhow::Result<bool> {
     anyhow::ensure!(
         ops > 0 && repeats > 0 && kills > 0,
         "counts must be positive"
     );
+    println!("## kintsugi bench kv: checkpoint recovery of a store with no recovery code\n");
+    crate::kv_log::table(50_000, 4 * repeats + 1);
+    if log_only {
+        return Ok(true);
+    }
     let dir = std::env::temp_dir().join(format!("kintsugi-bench-kv-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    println!("## kintsugi bench kv: checkpoint recovery of a store with no recovery code\n");
     throughput_table(ops, repeats, &dir)?;
     recovery_table(kills, &dir)?;
     length_table(8, &dir)?;

@@ -9,6 +9,7 @@
 mod checkpoint;
 mod json;
 mod kv;
+mod kv_log;
 mod load;
 mod recovery;
 mod tables;
@@ -150,6 +151,9 @@ enum Bench {
         /// Kills for the recovery table.
         #[arg(long, default_value_t = 30)]
         kills: u32,
+        /// Only the first table (the log's cost per request, in process).
+        #[arg(long)]
+        log_only: bool,
     },
     /// ramfs file creation with the vault in memory against the vault
     /// kept on disk (fsync never and always).
@@ -255,13 +259,14 @@ fn run(b: Bench) -> anyhow::Result<bool> {
             ops,
             repeats,
             kills,
-        } => kv::kv(ops, repeats, kills),
+            log_only,
+        } => kv::kv(ops, repeats, kills, log_only),
         Bench::Vault { secs, repeats } => vault::vault(secs, repeats),
     }
 }
 
 /// A bench server that answers only `null`.
-struct NullServer;
+pub(crate) struct NullServer;
 
 impl bench::Server for NullServer {
     fn null(&self, _: &Caller) -> Result<(), Error> {

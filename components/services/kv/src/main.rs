@@ -16,12 +16,10 @@
 
 #![forbid(unsafe_code)]
 
-mod changelog;
-mod store;
-
 use std::sync::Arc;
 
 use kintsugi_interfaces::{fs, kv};
+use kintsugi_kv::{Changelog, Store};
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -35,12 +33,12 @@ fn main() {
     kintsugi_runtime::run(|rt| {
         let config: Config = rt.config()?;
         let changelog = match config.changelog {
-            Some(path) => Some(changelog::Changelog::new(fs::Client::connect(rt)?, path)),
+            Some(path) => Some(Changelog::new(fs::Client::connect(rt)?, path)),
             None => None,
         };
         tracing::debug!(epoch = rt.epoch(), "kv serving");
         Ok(kintsugi_runtime::Incarnation::serve(vec![kv::service(
-            Arc::new(store::Store::new(changelog)),
+            Arc::new(Store::new(changelog)),
         )]))
     })
 }

@@ -56,8 +56,9 @@ pub(crate) enum Outcome {
 
 /// What the calling thread is doing, for the calls it makes.
 enum Context {
-    /// Running the logged request whose entry is at `at`.
-    Record { log: Arc<JournalRegion>, at: usize },
+    /// Running the logged request whose entry is at `at` in the log
+    /// [`LOG`] holds.
+    Record { at: usize },
     /// Replaying a request: its calls are answered from `calls`, in order.
     Replay {
         calls: VecDeque<Recorded>,
@@ -75,6 +76,10 @@ thread_local! {
     /// Whether `CONTEXT` is set: a call outside any logged request (every
     /// call of every other component) tests this one word.
     static ACTIVE: Cell<bool> = const { Cell::new(false) };
+    /// The log a recorded request's calls go to: set by the thread's first
+    /// logged request and kept, so that a request costs no reference
+    /// count of it (two atomic read-modify-writes).
+    static LOG: RefCell<Option<Arc<JournalRegion>>> = const { RefCell::new(None) };
 }
 
 /// Sets the thread's context for the length of `f`.
@@ -89,11 +94,13 @@ fn with_context<R>(context: Context, f: impl FnOnce() -> R) -> (R, Option<Contex
 /// Runs `f`, the logged request whose entry is at `at`, recording the
 /// calls it makes.
 pub(crate) fn recording<R>(log: &Arc<JournalRegion>, at: usize, f: impl FnOnce() -> R) -> R {
-    let context = Context::Record {
-        log: log.clone(),
-        at,
-    };
-    with_context(context, f).0
+    LOG.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        if !kept.as_ref().is_some_and(|k| Arc::ptr_eq(k, log)) {
+            *kept = Some(log.clone());
+        }
+    });
+    with_context(Context::Record { at }, f).0
 }
 
 /// How a replayed request's calls went.
@@ -166,9 +173,12 @@ pub(crate) fn outgoing(conn: u64, func: u32, epoch: impl FnOnce() -> u64) -> Out
     }
     CONTEXT.with(|c| match c.borrow_mut().as_mut() {
         None => Outgoing::Direct,
-        Some(Context::Record { log, at }) => match room(log, *at) {
-            Some(pos) => Outgoing::Record(Recorder {
-                log: log.clone(),
+        Some(Context::Record { at }) => match LOG.with_borrow(|log| {
+            let log = log.as_ref()?;
+            Some((log.clone(), room(log, *at)?))
+        }) {
+            Some((log, pos)) => Outgoing::Record(Recorder {
+                log,
                 at: *at,
                 pos,
                 head: Recorded {

@@ -129,7 +129,7 @@ impl Journal {
             return Ok(None);
         }
         let h = self.log.header();
-        let at = h.end.load(Ordering::SeqCst) as usize;
+        let at = h.end.load(Ordering::Acquire) as usize;
         let reply_at = at + ENTRY_HEAD + padded(request.len());
         // Room for the largest reply, so that the reply always fits.
         if reply_at + BUFFER_SIZE > self.log.capacity() {
@@ -153,9 +153,15 @@ impl Journal {
         e.calls_len.store(0, Ordering::Relaxed);
         e.calls_cut.store(0, Ordering::Relaxed);
         e.state.store(entry::ACCEPTED, Ordering::Release);
-        h.end.store(reply_at as u64, Ordering::SeqCst);
-        h.count.fetch_add(1, Ordering::SeqCst);
-        h.logged.fetch_add(1, Ordering::Relaxed);
+        // Plain stores, not read-modify-writes or fences: only the worker
+        // whose turn it is writes the header, and the supervisor reads it
+        // with this process frozen or dead, when every store is visible;
+        // `Release` keeps the entry's bytes before the counts.
+        h.end.store(reply_at as u64, Ordering::Release);
+        h.count
+            .store(h.count.load(Ordering::Relaxed) + 1, Ordering::Release);
+        h.logged
+            .store(h.logged.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         Ok(Some(at))
     }
 
@@ -180,7 +186,8 @@ impl Journal {
         e.code.store(code, Ordering::Relaxed);
         e.state.store(entry::REPLIED, Ordering::Release);
         let end = reply_at + padded(bytes.len());
-        self.log.header().end.store(end as u64, Ordering::SeqCst);
+        // In turn, as in `accept`.
+        self.log.header().end.store(end as u64, Ordering::Release);
         end
     }
 

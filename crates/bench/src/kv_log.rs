@@ -1,0 +1,141 @@
+//! The first table of `kintsugi bench kv`: what the request log of
+//! `recovery = "checkpoint"` costs a request, in one process, where the
+//! whole-system runs' spread (a factor of two between runs) hides it. A
+//! client thread calls a server worker over a real shared-memory edge
+//! (`testing::Loopback`, both spinning), the server with and without its
+//! log, taking turns; the log is cut every [`CUT_EVERY`] calls, as the
+//! supervisor's checkpoints cut it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kintsugi_interfaces::{bench, kv};
+use kintsugi_runtime::stub::Service;
+use kintsugi_runtime::testing::Loopback;
+use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+
+use crate::kv::row;
+
+/// Calls between two cuts of the log (a 1 MiB log holds several
+/// thousand kv requests).
+const CUT_EVERY: usize = 1_000;
+
+/// Distinct keys the kv calls use.
+const KEYS: usize = 1_024;
+
+/// One kind of request: its name, a fresh server, and a caller over a
+/// loopback's connection (the call's number picks the key).
+struct Request {
+    name: &'static str,
+    service: fn() -> Arc<dyn Service>,
+    caller: fn(&Loopback) -> Box<dyn FnMut(usize)>,
+}
+
+fn null_caller(lb: &Loopback) -> Box<dyn FnMut(usize)> {
+    let client = bench::Client::from_connection(lb.connection());
+    Box::new(move |_| client.null().expect("a null call"))
+}
+
+/// A put and a get of one key, taking turns.
+fn kv_caller(lb: &Loopback) -> Box<dyn FnMut(usize)> {
+    let client = kv::Client::from_connection(lb.connection());
+    let keys: Vec<String> = (0..KEYS).map(|k| format!("key-{k}")).collect();
+    Box::new(move |i| {
+        let key = &keys[(i / 2) % KEYS];
+        if i % 2 == 0 {
+            client.put(key, &[i as u8; 32]).expect("a put");
+        } else {
+            let got = client.get(key).expect("a get");
+            assert_eq!(got.len(), 32, "the value put");
+        }
+    })
+}
+
+const REQUESTS: [Request; 2] = [
+    Request {
+        name: "null",
+        service: || bench::service(Arc::new(crate::NullServer)),
+        caller: null_caller,
+    },
+    Request {
+        name: "kv put, get (32-byte values)",
+        service: || kv::service(Arc::new(kintsugi_kv::Store::new(None))),
+        caller: kv_caller,
+    },
+];
+
+/// Keeps the calling thread (and the threads it starts) on CPU `cpu`:
+/// the server's workers on one, the client on another, so that no run
+/// depends on where the scheduler put the two spinners.
+fn pin(cpu: usize) {
+    let mut set = CpuSet::new();
+    set.set(cpu);
+    if let Err(e) = sched_setaffinity(None, &set) {
+        eprintln!("bench kv: could not pin to CPU {cpu}: {e}");
+    }
+}
+
+/// Mean ns per call of `calls` calls of `r`, logged or not.
+fn run(r: &Request, logged: bool, calls: usize, pinned: bool) -> f64 {
+    let service = (r.service)();
+    if pinned {
+        pin(1);
+    }
+    let lb = match logged {
+        true => Loopback::journaled(service),
+        false => Loopback::new(service),
+    };
+    if pinned {
+        pin(0);
+    }
+    let mut call = (r.caller)(&lb);
+    let mut round = |n: usize| {
+        let started = Instant::now();
+        for i in 0..n {
+            call(i);
+            if logged && i % CUT_EVERY == CUT_EVERY - 1 {
+                lb.cut_log();
+            }
+        }
+        started.elapsed()
+    };
+    round(calls / 10 + 2 * KEYS); // warm-up: every key put
+    round(calls).as_nanos() as f64 / calls as f64
+}
+
+/// Prints the table: `repeats` rounds of `calls` calls per request and
+/// configuration.
+pub fn table(calls: usize, repeats: usize) {
+    println!(
+        "### The log's cost per request, in process (a client thread and the server's worker over a shared-memory edge, both spinning; {calls} calls a round, median of {repeats} rounds, with and without the log taking turns)\n"
+    );
+    row(&["request", "no log (ns)", "log (ns)", "log − no log (ns)", "× no log", "rounds, log (ns)"].map(String::from));
+    row(&["---", "---:", "---:", "---:", "---:", "---"].map(String::from));
+    let cpus = sched_getaffinity(None).ok();
+    let pinned = cpus.as_ref().is_some_and(|c| c.is_set(0) && c.is_set(1));
+    for r in &REQUESTS {
+        let (mut bare, mut logged) = (Vec::new(), Vec::new());
+        for _ in 0..repeats {
+            bare.push(run(r, false, calls, pinned));
+            logged.push(run(r, true, calls, pinned));
+        }
+        let (b, l) = (median(&mut bare), median(&mut logged));
+        row(&[
+            r.name.to_string(),
+            format!("{b:.0}"),
+            format!("{l:.0}"),
+            format!("{:.0}", l - b),
+            format!("{:.3}", l / b),
+            logged.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(", "),
+        ]);
+    }
+    if let Some(cpus) = cpus {
+        sched_setaffinity(None, &cpus).ok();
+    }
+    println!();
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

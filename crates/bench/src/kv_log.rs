@@ -51,6 +51,22 @@ fn kv_caller(lb: &Loopback) -> Box<dyn FnMut(usize)> {
     })
 }
 
+/// Gets of keys put (and logged, the log cut after) first: requests that
+/// change nothing, so that a replay over the store as it is repeats them
+/// exactly.
+fn kv_getter(lb: &Loopback) -> Box<dyn FnMut(usize)> {
+    let client = kv::Client::from_connection(lb.connection());
+    let keys: Vec<String> = (0..KEYS).map(|k| format!("key-{k}")).collect();
+    for key in &keys {
+        client.put(key, &[7; 32]).expect("a put");
+    }
+    lb.cut_log();
+    Box::new(move |i| {
+        let got = client.get(&keys[i % KEYS]).expect("a get");
+        assert_eq!(got.len(), 32, "the value put");
+    })
+}
+
 const REQUESTS: [Request; 2] = [
     Request {
         name: "null",
@@ -107,26 +123,42 @@ fn run(r: &Request, logged: bool, calls: usize, pinned: bool) -> f64 {
 /// without asking for a checkpoint).
 const REPLAYED: usize = 2_000;
 
-/// Mean ns per logged request of a replay of [`REPLAYED`] null requests:
-/// the log's own part of a recovery's replay, the requests' work aside.
-fn replay(pinned: bool) -> f64 {
+/// Requests replayed: a null call (the log's own part of a replay, the
+/// request's work aside) and kv's get, neither of which changes the
+/// server's state, so that a replay over it as it is repeats them exactly.
+const REPLAYS: [Request; 2] = [
+    Request {
+        name: "null",
+        service: || bench::service(Arc::new(crate::NullServer)),
+        caller: null_caller,
+    },
+    Request {
+        name: "kv get (32-byte values)",
+        service: || kv::service(Arc::new(kintsugi_kv::Store::new(None))),
+        caller: kv_getter,
+    },
+];
+
+/// Mean ns per logged request of a replay of [`REPLAYED`] calls of `r`.
+fn replay(r: &Request, pinned: bool) -> f64 {
+    let service = (r.service)();
     if pinned {
         pin(1);
     }
-    let lb = Loopback::journaled(bench::service(Arc::new(crate::NullServer)));
+    let lb = Loopback::journaled(service);
     if pinned {
         pin(0);
     }
-    let client = bench::Client::from_connection(lb.connection());
-    for _ in 0..REPLAYED {
-        client.null().expect("a null call");
+    let mut call = (r.caller)(&lb);
+    for i in 0..REPLAYED {
+        call(i);
     }
-    // The null server has no state to put back. Any worker may replay
-    // (every one is woken), the call's waits for its turn until it is
-    // done: timed from the rollback to the call's reply.
+    // Nothing to put back (see [`REPLAYS`]). Any worker may replay (every
+    // one is woken), the call's waits for its turn until it is done: timed
+    // from the rollback to the next call's reply.
     let started = Instant::now();
     lb.roll_back(|| {});
-    client.null().expect("the call after a replay");
+    call(REPLAYED);
     started.elapsed().as_nanos() as f64 / REPLAYED as f64
 }
 
@@ -136,7 +168,15 @@ pub fn table(calls: usize, repeats: usize) {
     println!(
         "### The log's cost per request, in process (a client thread and the server's worker over a shared-memory edge, both spinning; {calls} calls a round, median of {repeats} rounds, with and without the log taking turns)\n"
     );
-    row(&["request", "no log (ns)", "log (ns)", "log − no log (ns)", "× no log", "rounds, log (ns)"].map(String::from));
+    row(&[
+        "request",
+        "no log (ns)",
+        "log (ns)",
+        "log − no log (ns)",
+        "× no log",
+        "rounds, log (ns)",
+    ]
+    .map(String::from));
     row(&["---", "---:", "---:", "---:", "---:", "---"].map(String::from));
     let cpus = sched_getaffinity(None).ok();
     let pinned = cpus.as_ref().is_some_and(|c| c.is_set(0) && c.is_set(1));
@@ -153,16 +193,26 @@ pub fn table(calls: usize, repeats: usize) {
             format!("{l:.0}"),
             format!("{:.0}", l - b),
             format!("{:.3}", l / b),
-            logged.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(", "),
+            logged
+                .iter()
+                .map(|v| format!("{v:.0}"))
+                .collect::<Vec<_>>()
+                .join(", "),
         ]);
     }
-    let mut replays: Vec<f64> = (0..repeats).map(|_| replay(pinned)).collect();
-    println!(
-        "\nReplay of {REPLAYED} logged null requests after a rollback, in process: {:.0} ns per request (median of {repeats}; min {:.0}, max {:.0})",
-        median(&mut replays),
-        replays[0],
-        replays[replays.len() - 1]
-    );
+    println!("\nReplay of {REPLAYED} logged requests after a rollback, in process, median of {repeats}:\n");
+    row(&["request", "ns per request replayed", "min", "max"].map(String::from));
+    row(&["---", "---:", "---:", "---:"].map(String::from));
+    for r in &REPLAYS {
+        let mut v: Vec<f64> = (0..repeats).map(|_| replay(r, pinned)).collect();
+        let m = median(&mut v);
+        row(&[
+            r.name.to_string(),
+            format!("{m:.0}"),
+            format!("{:.0}", v[0]),
+            format!("{:.0}", v[v.len() - 1]),
+        ]);
+    }
     if let Some(cpus) = cpus {
         sched_setaffinity(None, &cpus).ok();
     }

@@ -33,16 +33,16 @@ pub struct SlotWorker {
 }
 
 /// A reply as the channel carries it: `status::*`, code and bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Reply {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reply<'a> {
     pub status: u32,
     pub code: u32,
-    pub bytes: Vec<u8>,
+    pub bytes: &'a [u8],
 }
 
 /// Runs one request through `service` into `response`; returns the
 /// reply's status, code and length (a refusal's message in `response`).
-fn dispatch_raw(
+pub(crate) fn dispatch_raw(
     service: &dyn Service,
     caller: &Caller,
     func: u32,
@@ -62,25 +62,9 @@ fn dispatch_raw(
     }
 }
 
-/// [`dispatch_raw`] into a private buffer, the reply copied out.
-pub(crate) fn dispatch_into(
-    service: &dyn Service,
-    caller: &Caller,
-    func: u32,
-    request: &[u8],
-    response: &mut [u8],
-) -> Reply {
-    let (status, code, n) = dispatch_raw(service, caller, func, request, response);
-    Reply {
-        status,
-        code,
-        bytes: response[..n].to_vec(),
-    }
-}
-
 /// Posts `reply` in slot `slot` (which holds a request this thread
 /// answers) and wakes its client.
-pub(crate) fn publish(edge: &Edge, slot: u32, reply: &Reply) {
+pub(crate) fn publish(edge: &Edge, slot: u32, reply: &Reply<'_>) {
     let s = edge.slot(slot);
     // SAFETY: the slot is in REQUEST and the caller answers it (in turn:
     // its own worker waits for the turn), so it owns the response buffer

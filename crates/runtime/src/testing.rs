@@ -105,7 +105,11 @@ impl Loopback {
     ///
     /// On a loopback that is not [journaled](Loopback::journaled).
     pub fn cut_log(&self) {
-        self.journal.as_ref().expect("a journaled loopback").log().cut();
+        self.journal
+            .as_ref()
+            .expect("a journaled loopback")
+            .log()
+            .cut();
     }
 
     fn start(

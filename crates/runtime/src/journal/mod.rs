@@ -39,7 +39,7 @@ use std::time::Instant;
 use crate::abi::channel::{state, Edge, SlotHeader, BUFFER_SIZE};
 use crate::abi::journal::{entry, padded, JournalRegion, ENTRY_HEAD};
 use crate::futex;
-use crate::server::{dispatch_into, publish, Reply};
+use crate::server::{dispatch_raw, publish, Reply};
 use crate::stub::{Caller, Service};
 
 /// A request log too full for one more request and its reply.
@@ -64,21 +64,50 @@ pub(crate) struct Journal {
     served: OnceLock<Vec<Served>>,
 }
 
-/// A logged request, read back and checked.
+/// A logged request, read back and checked; its bytes, and its logged
+/// reply's, are in the replay's [`Buffers`].
 struct Entry {
     edge: usize,
     slot: u32,
     func: u32,
     seq: u64,
     client_epoch: u64,
-    request: Vec<u8>,
-    reply: Option<Reply>,
+    request_len: usize,
+    /// The reply logged, if it replied.
+    reply: Option<Replied>,
     /// The calls it made to other servers, and whether the log ran out of
     /// room for them.
     calls: Vec<calls::Recorded>,
     calls_cut: bool,
     /// Where the entry ends, once replied.
     end: usize,
+}
+
+/// A logged reply's status, code and length.
+#[derive(Debug, Clone, Copy)]
+struct Replied {
+    status: u32,
+    code: u32,
+    len: usize,
+}
+
+/// A replay's buffers, reused from entry to entry (a replay runs
+/// thousands): the request read back, its logged reply, and the reply it
+/// gives again.
+struct Buffers {
+    request: Vec<u8>,
+    logged: Vec<u8>,
+    response: Vec<u8>,
+}
+
+impl Buffers {
+    fn new() -> Self {
+        Self {
+            request: vec![0; BUFFER_SIZE],
+            logged: vec![0; BUFFER_SIZE],
+            response: vec![0; BUFFER_SIZE],
+        }
+    }
 }
 
 impl Journal {
@@ -211,11 +240,11 @@ impl Journal {
         };
         let count = h.count.load(Ordering::SeqCst);
         let (mut at, mut done) = (0usize, 0u64);
-        let mut response = vec![0u8; BUFFER_SIZE];
+        let mut bufs = Buffers::new();
         let (mut calls_answered, mut diverged) = (0u64, 0u64);
         while done < count {
             let last = done + 1 == count;
-            let Some(mut e) = self.entry(at, last, served) else {
+            let Some(mut e) = self.entry(at, last, served, &mut bufs) else {
                 tracing::error!(
                     entry = done,
                     "request log: entry {done} of {count} is corrupt; replay stops there"
@@ -224,10 +253,22 @@ impl Journal {
                 break;
             };
             let srv = &served[e.edge];
-            let (reply, end, answered) = self.run_again(at, &mut e, srv, &mut response);
+            let request = &bufs.request[..e.request_len];
+            let ((status, code, n), end, answered) =
+                self.run_again(at, &mut e, srv, request, &mut bufs.response);
+            let reply = Reply {
+                status,
+                code,
+                bytes: &bufs.response[..n],
+            };
             calls_answered += u64::from(answered.calls);
             diverged += u64::from(answered.diverged);
-            if let Some(logged) = e.reply.as_ref().filter(|logged| **logged != reply) {
+            let logged = e.reply.map(|l| Reply {
+                status: l.status,
+                code: l.code,
+                bytes: &bufs.logged[..l.len],
+            });
+            if let Some(logged) = logged.filter(|logged| *logged != reply) {
                 diverged += 1;
                 tracing::warn!(
                     client = srv.client,
@@ -255,34 +296,39 @@ impl Journal {
         h.replay.store(0, Ordering::SeqCst);
     }
 
-    /// Runs the request logged at `at` again; returns its reply and where
-    /// its entry ends. A request that had replied gets its calls to other
-    /// servers answered from the log (a call the log does not hold is a
-    /// divergence, counted); the last one, which was running, runs in full
-    /// and is recorded anew.
+    /// Runs the request logged at `at` (whose bytes are `request`) again;
+    /// returns its reply's status, code and length (its bytes in
+    /// `response`) and where its entry ends. A request that had replied
+    /// gets its calls to other servers answered from the log (a call the
+    /// log does not hold is a divergence, counted); the last one, which
+    /// was running, runs in full and is recorded anew.
     fn run_again(
         &self,
         at: usize,
         e: &mut Entry,
         srv: &Served,
+        request: &[u8],
         response: &mut [u8],
-    ) -> (Reply, usize, calls::Answered) {
+    ) -> ((u32, u32, usize), usize, calls::Answered) {
         let caller = Caller {
             component: srv.client,
             slot: e.slot,
         };
-        let run = || dispatch_into(srv.service.as_ref(), &caller, e.func, &e.request, response);
-        match &e.reply {
+        let service = srv.service.as_ref();
+        match e.reply {
             Some(_) => {
+                let run = || dispatch_raw(service, &caller, e.func, request, response);
                 let (reply, answered) =
                     calls::replaying(std::mem::take(&mut e.calls), e.calls_cut, run);
                 (reply, e.end, answered)
             }
             None => {
                 calls::clear(&self.log, at);
-                let reply = self.run(at, run);
-                let end = self.replied(at, reply.status, reply.code, &reply.bytes);
-                (reply, end, calls::Answered::default())
+                let (status, code, n) = self.run(at, || {
+                    dispatch_raw(service, &caller, e.func, request, response)
+                });
+                let end = self.replied(at, status, code, &response[..n]);
+                ((status, code, n), end, calls::Answered::default())
             }
         }
     }
@@ -291,7 +337,7 @@ impl Journal {
     /// that very call: the crash came before the reply was posted, or its
     /// client could not decode the reply and awaits this replay's
     /// ([`state::REPLAY`], claimed first: the client may give up on it).
-    fn deliver(&self, srv: &Served, e: &Entry, reply: &Reply) -> bool {
+    fn deliver(&self, srv: &Served, e: &Entry, reply: &Reply<'_>) -> bool {
         let s = srv.edge.slot(e.slot);
         let same = s.seq.load(Ordering::SeqCst) == e.seq
             && s.client_epoch.load(Ordering::SeqCst) == e.client_epoch;
@@ -312,8 +358,9 @@ impl Journal {
     }
 
     /// The entry at `at`, checked: a state it may have (no reply only for
-    /// the last), an edge and slot that exist, lengths that fit.
-    fn entry(&self, at: usize, last: bool, served: &[Served]) -> Option<Entry> {
+    /// the last), an edge and slot that exist, lengths that fit; its
+    /// request and logged reply read into `bufs`.
+    fn entry(&self, at: usize, last: bool, served: &[Served], bufs: &mut Buffers) -> Option<Entry> {
         let head = self.log.head(at)?;
         let state = head.state.load(Ordering::Acquire);
         let replied = match state {
@@ -335,9 +382,11 @@ impl Journal {
         {
             return None;
         }
-        let mut request = vec![0u8; request_len];
         let reply_at = at + ENTRY_HEAD + padded(request_len) + calls_len;
-        if !self.log.read(at + ENTRY_HEAD, &mut request) {
+        if !self
+            .log
+            .read(at + ENTRY_HEAD, &mut bufs.request[..request_len])
+        {
             return None;
         }
         let calls = match replied {
@@ -347,14 +396,13 @@ impl Journal {
         let reply = match replied {
             false => None,
             true => {
-                let mut bytes = vec![0u8; response_len];
-                if !self.log.read(reply_at, &mut bytes) {
+                if !self.log.read(reply_at, &mut bufs.logged[..response_len]) {
                     return None;
                 }
-                Some(Reply {
+                Some(Replied {
                     status: head.status.load(Ordering::Relaxed),
                     code: head.code.load(Ordering::Relaxed),
-                    bytes,
+                    len: response_len,
                 })
             }
         };
@@ -364,7 +412,7 @@ impl Journal {
             func: head.func.load(Ordering::Relaxed),
             seq: head.seq.load(Ordering::Relaxed),
             client_epoch: head.client_epoch.load(Ordering::Relaxed),
-            request,
+            request_len,
             reply,
             calls,
             calls_cut: head.calls_cut.load(Ordering::Relaxed) != 0,

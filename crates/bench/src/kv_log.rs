@@ -23,21 +23,24 @@ const CUT_EVERY: usize = 1_000;
 /// Distinct keys the kv calls use.
 const KEYS: usize = 1_024;
 
+/// Makes one call; its number picks the key.
+type Call = Box<dyn FnMut(usize)>;
+
 /// One kind of request: its name, a fresh server, and a caller over a
 /// loopback's connection (the call's number picks the key).
 struct Request {
     name: &'static str,
     service: fn() -> Arc<dyn Service>,
-    caller: fn(&Loopback) -> Box<dyn FnMut(usize)>,
+    caller: fn(&Loopback) -> Call,
 }
 
-fn null_caller(lb: &Loopback) -> Box<dyn FnMut(usize)> {
+fn null_caller(lb: &Loopback) -> Call {
     let client = bench::Client::from_connection(lb.connection());
     Box::new(move |_| client.null().expect("a null call"))
 }
 
 /// A put and a get of one key, taking turns.
-fn kv_caller(lb: &Loopback) -> Box<dyn FnMut(usize)> {
+fn kv_caller(lb: &Loopback) -> Call {
     let client = kv::Client::from_connection(lb.connection());
     let keys: Vec<String> = (0..KEYS).map(|k| format!("key-{k}")).collect();
     Box::new(move |i| {
@@ -54,7 +57,7 @@ fn kv_caller(lb: &Loopback) -> Box<dyn FnMut(usize)> {
 /// Gets of keys put (and logged, the log cut after) first: requests that
 /// change nothing, so that a replay over the store as it is repeats them
 /// exactly.
-fn kv_getter(lb: &Loopback) -> Box<dyn FnMut(usize)> {
+fn kv_getter(lb: &Loopback) -> Call {
     let client = kv::Client::from_connection(lb.connection());
     let keys: Vec<String> = (0..KEYS).map(|k| format!("key-{k}")).collect();
     for key in &keys {

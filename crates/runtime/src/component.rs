@@ -457,16 +457,24 @@ impl Boot {
     where
         F: FnOnce(&Arc<Runtime>) -> anyhow::Result<Incarnation>,
     {
+        // One receive buffer (128 KiB, so mapped apart from the heap) for
+        // the pristine image's whole life: a buffer per message was mapped
+        // while the first standby was forked and unmapped after, so the
+        // first incarnation alone inherited it, and every mapping it made
+        // afterwards (its threads' stacks) lay 132 KiB lower than in every
+        // later one, which a checkpoint restored into another incarnation
+        // then had to remap (`kintsugi-checkpoint`'s `restore_new_frozen`).
+        let mut buf = Vec::new();
         loop {
-            let (msg, _) = match fdpass::recv(&self.zygote) {
-                Ok(m) => m,
+            let n = match fdpass::recv_into(&self.zygote, &mut buf) {
+                Ok((n, _)) => n,
                 Err(e) => fatal(&format!("zygote socket: {e}")),
             };
-            if msg.is_empty() {
+            if n == 0 {
                 std::process::exit(0); // the supervisor is gone or done with us
             }
             let Some(crate::abi::zygote::Command::Fork { generation, bank }) =
-                crate::abi::zygote::Command::decode(&msg)
+                crate::abi::zygote::Command::decode(&buf[..n])
             else {
                 fatal("malformed zygote command");
             };
@@ -699,7 +707,7 @@ fn start_workers(
             Arc::new(AtomicBool::new(false)),
         );
         worker.journal = journal.map(|j| (j.clone(), index as u32));
-        let (gate, control, interface) = (gate.clone(), control.clone(), p.interface.clone());
+        let (started, control, interface) = (gate.clone(), control.clone(), p.interface.clone());
         std::thread::Builder::new()
             .name(format!("{interface}:{slot}"))
             .stack_size(256 * 1024)
@@ -709,12 +717,23 @@ fn start_workers(
                 if let Err(e) = ctl.lifelines[bank][line].register() {
                     fatal(&format!("lifeline: {e}"));
                 }
-                gate.registered.fetch_add(1, Ordering::SeqCst);
-                let (service, epoch) = gate.wait(&interface);
+                started.registered.fetch_add(1, Ordering::SeqCst);
+                let (service, epoch) = started.wait(&interface);
                 crate::watchdog::register_worker(line - 1, &format!("{interface}:{slot}"));
-                worker.run_gated(service.as_ref(), epoch, &gate.recovery);
+                worker.run_gated(service.as_ref(), epoch, &started.recovery);
             })
             .unwrap_or_else(|e| fatal(&format!("spawn worker: {e}")));
+        // One thread started at a time: each maps its stack (here) and
+        // then its signal stack (the standard library, as it starts), so
+        // started together their mappings interleave differently in each
+        // incarnation. In this order every incarnation of the component
+        // lays them out alike, and a checkpoint restored into another one
+        // (a standby) finds them where the image has them, instead of
+        // remapping and rewriting each (`kintsugi-checkpoint`'s
+        // `restore_new_frozen`). Before activation: no reboot waits.
+        while (gate.registered.load(Ordering::SeqCst) as usize) < line {
+            std::thread::yield_now();
+        }
     }
     // Every thread holds its lifeline before this incarnation can serve.
     while (gate.registered.load(Ordering::SeqCst) as usize) < workers {

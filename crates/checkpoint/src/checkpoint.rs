@@ -516,7 +516,15 @@ impl Checkpointer {
                 source: e,
             },
         )?;
-        Ok(regions.iter().map(|r| (r.start, r.end)).collect())
+        // Sorted and disjoint, whatever the kernel reported: a scan of a
+        // process that runs meanwhile (a read-ahead) once gave regions that
+        // did not follow each other (the testbench, seed 924978: reading
+        // them ahead overran the area; not reproduced on demand), perhaps
+        // where the kernel walked a range again after a page table changed
+        // under it.
+        Ok(crate::restore::merged(
+            regions.iter().map(|r| (r.start, r.end)).collect(),
+        ))
     }
 
     pub(crate) fn parts(&mut self) -> Parts<'_> {

@@ -64,9 +64,9 @@ impl Checkpointer {
         same_shared_layout(pid, image)?;
         let pairs = thread_pairs(image, frozen);
         self.parts().image.pid = pid;
-        self.leave_own_words(frozen, &pairs)?;
+        let placed = self.leave_own_words(frozen, &pairs)?;
         let stats = self.restore_with(frozen, Memory::Sibling, &pairs)?;
-        self.take_image_words(frozen, &pairs)?;
+        self.take_image_words(frozen, &pairs, &placed)?;
         // The system calls just made ran in the threads, which the kernel
         // may answer by saving their extended state anew: set it again.
         restore_threads(self.image(), frozen, &pairs)?;
@@ -79,15 +79,38 @@ impl Checkpointer {
     /// is pointed at the image's thread `old`'s id word (`set_tid_address`
     /// only records the address). Done while their registers are their
     /// own; all threads at once, a call each per round.
-    fn leave_own_words(&mut self, frozen: &Frozen, pairs: &[(u32, u32)]) -> Result<(), Error> {
+    ///
+    /// A thread whose descriptor already lies where the image's thread's
+    /// does (the component lays its threads out alike in every
+    /// incarnation) needs neither: its rseq area is the image's, and its
+    /// id word, which holds its id, is at the image's id word's address;
+    /// in C libraries that keep both in the thread's descriptor, as glibc
+    /// does, that is also where the kernel clears it. Returns those
+    /// threads (new ids), which [`Self::take_image_words`] leaves
+    /// registered.
+    fn leave_own_words(
+        &mut self,
+        frozen: &Frozen,
+        pairs: &[(u32, u32)],
+    ) -> Result<Vec<u32>, Error> {
         let parts = self.parts();
         let mut unregister = Vec::new();
         let mut point = Vec::new();
+        let mut placed = Vec::new();
         for &(old, new) in pairs {
             let own = sys::rseq_config(new as i32).map_err(|e| Error::Kernel {
                 what: "PTRACE_GET_RSEQ_CONFIGURATION",
                 source: e,
             })?;
+            let image = thread(parts.image, old)?;
+            let same_rseq = own.address != 0
+                && own.address == image.rseq.address
+                && own.len == image.rseq.len
+                && own.signature == image.rseq.signature;
+            if same_rseq && holds_id(parts.mem, image.tid_address, new) {
+                placed.push(new);
+                continue;
+            }
             if own.address != 0 {
                 let args = [
                     own.address,
@@ -112,13 +135,20 @@ impl Checkpointer {
         let mut crew = Crew::new(frozen, parts.insn);
         crew.run(&unregister)?;
         crew.run(&point)?;
-        crew.finish()
+        crew.finish()?;
+        Ok(placed)
     }
 
     /// After the restore: each thread `new`'s id goes into the image's id
     /// word of thread `old` (which must hold `old`), and the image's rseq
-    /// area is registered for it (all threads at once).
-    fn take_image_words(&mut self, frozen: &Frozen, pairs: &[(u32, u32)]) -> Result<(), Error> {
+    /// area is registered for it (all threads at once) unless it is
+    /// `placed` (registered there already).
+    fn take_image_words(
+        &mut self,
+        frozen: &Frozen,
+        pairs: &[(u32, u32)],
+        placed: &[u32],
+    ) -> Result<(), Error> {
         let parts = self.parts();
         let mem_err = |e| Error::proc(&format!("/proc/{}/mem", parts.pid), e);
         let mut register = Vec::new();
@@ -145,7 +175,7 @@ impl Checkpointer {
                     .write_all_at(&new.to_le_bytes(), t.tid_address)
                     .map_err(mem_err)?;
             }
-            if t.rseq.address != 0 {
+            if t.rseq.address != 0 && !placed.contains(&new) {
                 let args = [
                     t.rseq.address,
                     t.rseq.len as u64,
@@ -200,6 +230,13 @@ pub fn thread_pairs(image: &Image, frozen: &Frozen) -> Vec<(u32, u32)> {
         .map(|t| t.tid)
         .zip(frozen.tids().iter().copied())
         .collect()
+}
+
+/// Whether the 4-byte word at `addr` (0: none) of the process whose
+/// memory `mem` is holds thread id `tid`.
+fn holds_id(mem: &std::fs::File, addr: u64, tid: u32) -> bool {
+    let mut word = [0u8; 4];
+    addr != 0 && mem.read_exact_at(&mut word, addr).is_ok() && u32::from_le_bytes(word) == tid
 }
 
 /// `RSEQ_FLAG_UNREGISTER`.

@@ -723,17 +723,6 @@ fn start_workers(
                 worker.run_gated(service.as_ref(), epoch, &started.recovery);
             })
             .unwrap_or_else(|e| fatal(&format!("spawn worker: {e}")));
-        // One thread started at a time: each maps its stack (here) and
-        // then its signal stack (the standard library, as it starts), so
-        // started together their mappings interleave differently in each
-        // incarnation. In this order every incarnation of the component
-        // lays them out alike, and a checkpoint restored into another one
-        // (a standby) finds them where the image has them, instead of
-        // remapping and rewriting each (`kintsugi-checkpoint`'s
-        // `restore_new_frozen`). Before activation: no reboot waits.
-        while (gate.registered.load(Ordering::SeqCst) as usize) < line {
-            std::thread::yield_now();
-        }
     }
     // Every thread holds its lifeline before this incarnation can serve.
     while (gate.registered.load(Ordering::SeqCst) as usize) < workers {

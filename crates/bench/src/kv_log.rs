@@ -70,15 +70,22 @@ fn kv_getter(lb: &Loopback) -> Call {
     })
 }
 
+/// A null call: the log's own part, the request's work aside.
+const NULL: Request = Request {
+    name: "null",
+    service: || bench::service(Arc::new(crate::NullServer)),
+    caller: null_caller,
+};
+
+fn kv_store() -> Arc<dyn Service> {
+    kv::service(Arc::new(kintsugi_kv::Store::new(None)))
+}
+
 const REQUESTS: [Request; 2] = [
-    Request {
-        name: "null",
-        service: || bench::service(Arc::new(crate::NullServer)),
-        caller: null_caller,
-    },
+    NULL,
     Request {
         name: "kv put, get (32-byte values)",
-        service: || kv::service(Arc::new(kintsugi_kv::Store::new(None))),
+        service: kv_store,
         caller: kv_caller,
     },
 ];
@@ -94,8 +101,9 @@ fn pin(cpu: usize) {
     }
 }
 
-/// Mean ns per call of `calls` calls of `r`, logged or not.
-fn run(r: &Request, logged: bool, calls: usize, pinned: bool) -> f64 {
+/// A loopback serving `r`, its server logged or not; `pinned`: its
+/// workers on CPU 1, and the calling thread (the client) on CPU 0.
+fn loopback(r: &Request, logged: bool, pinned: bool) -> Loopback {
     let service = (r.service)();
     if pinned {
         pin(1);
@@ -107,6 +115,12 @@ fn run(r: &Request, logged: bool, calls: usize, pinned: bool) -> f64 {
     if pinned {
         pin(0);
     }
+    lb
+}
+
+/// Mean ns per call of `calls` calls of `r`, logged or not.
+fn run(r: &Request, logged: bool, calls: usize, pinned: bool) -> f64 {
+    let lb = loopback(r, logged, pinned);
     let mut call = (r.caller)(&lb);
     let mut round = |n: usize| {
         let started = Instant::now();
@@ -126,32 +140,21 @@ fn run(r: &Request, logged: bool, calls: usize, pinned: bool) -> f64 {
 /// without asking for a checkpoint).
 const REPLAYED: usize = 2_000;
 
-/// Requests replayed: a null call (the log's own part of a replay, the
-/// request's work aside) and kv's get, neither of which changes the
-/// server's state, so that a replay over it as it is repeats them exactly.
+/// Requests replayed: a null call and kv's get, neither of which changes
+/// the server's state, so that a replay over it as it is repeats them
+/// exactly.
 const REPLAYS: [Request; 2] = [
-    Request {
-        name: "null",
-        service: || bench::service(Arc::new(crate::NullServer)),
-        caller: null_caller,
-    },
+    NULL,
     Request {
         name: "kv get (32-byte values)",
-        service: || kv::service(Arc::new(kintsugi_kv::Store::new(None))),
+        service: kv_store,
         caller: kv_getter,
     },
 ];
 
 /// Mean ns per logged request of a replay of [`REPLAYED`] calls of `r`.
 fn replay(r: &Request, pinned: bool) -> f64 {
-    let service = (r.service)();
-    if pinned {
-        pin(1);
-    }
-    let lb = Loopback::journaled(service);
-    if pinned {
-        pin(0);
-    }
+    let lb = loopback(r, true, pinned);
     let mut call = (r.caller)(&lb);
     for i in 0..REPLAYED {
         call(i);

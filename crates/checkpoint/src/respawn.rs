@@ -81,8 +81,8 @@ impl Checkpointer {
     /// own; all threads at once, a call each per round.
     ///
     /// A thread whose descriptor already lies where the image's thread's
-    /// does (the component lays its threads out alike in every
-    /// incarnation) needs neither: its rseq area is the image's, and its
+    /// does (when the component's incarnations laid their threads out
+    /// alike) needs neither: its rseq area is the image's, and its
     /// id word, which holds its id, is at the image's id word's address;
     /// in C libraries that keep both in the thread's descriptor, as glibc
     /// does, that is also where the kernel clears it. Returns those

@@ -707,7 +707,7 @@ fn start_workers(
             Arc::new(AtomicBool::new(false)),
         );
         worker.journal = journal.map(|j| (j.clone(), index as u32));
-        let (started, control, interface) = (gate.clone(), control.clone(), p.interface.clone());
+        let (gate, control, interface) = (gate.clone(), control.clone(), p.interface.clone());
         std::thread::Builder::new()
             .name(format!("{interface}:{slot}"))
             .stack_size(256 * 1024)
@@ -717,10 +717,10 @@ fn start_workers(
                 if let Err(e) = ctl.lifelines[bank][line].register() {
                     fatal(&format!("lifeline: {e}"));
                 }
-                started.registered.fetch_add(1, Ordering::SeqCst);
-                let (service, epoch) = started.wait(&interface);
+                gate.registered.fetch_add(1, Ordering::SeqCst);
+                let (service, epoch) = gate.wait(&interface);
                 crate::watchdog::register_worker(line - 1, &format!("{interface}:{slot}"));
-                worker.run_gated(service.as_ref(), epoch, &started.recovery);
+                worker.run_gated(service.as_ref(), epoch, &gate.recovery);
             })
             .unwrap_or_else(|e| fatal(&format!("spawn worker: {e}")));
     }

@@ -503,12 +503,6 @@ fn component_run(
     Ok((calls / secs, summaries))
 }
 
-/// The median of `v` (0 if empty).
-fn median_of(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
 /// Echo's throughput under its checker with each of `configs` (a label
 /// and echo's checkpoint policy line), echo writing `writes` pages a
 /// millisecond, with the pause of the checkpoints requested in the runs.
@@ -546,10 +540,10 @@ fn component_table(
             runs.push(rate);
             summaries.extend(s);
         }
-        let rate = median_of(runs);
+        let rate = crate::median_of(&mut runs);
         let base = *none.get_or_insert(rate);
         let of = |f: fn(&kintsugi_supervisor::CheckpointSummary) -> f64| {
-            median_of(summaries.iter().map(f).collect())
+            crate::median_of(&mut summaries.iter().map(f).collect::<Vec<_>>())
         };
         let counted = match summaries.last() {
             Some(s) => [

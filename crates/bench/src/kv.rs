@@ -127,13 +127,9 @@ fn throughput_table(ops: u64, repeats: usize, dir: &Path) -> anyhow::Result<()> 
             runs[i].push(rate(dir)?);
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let base = median(&mut runs[0]);
+    let base = crate::median_of(&mut runs[0]);
     for (recovery, mut v) in configs.into_iter().zip(runs) {
-        let m = median(&mut v);
+        let m = crate::median_of(&mut v);
         row(&[
             recovery.map_or("none (no checkpoint, no log)".into(), |ms| {
                 format!("checkpoint every {ms} ms + log")

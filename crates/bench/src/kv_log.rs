@@ -15,6 +15,7 @@ use kintsugi_runtime::testing::Loopback;
 use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
 
 use crate::kv::row;
+use crate::median_of;
 
 /// Calls between two cuts of the log (a 1 MiB log holds several
 /// thousand kv requests).
@@ -192,7 +193,7 @@ pub fn table(calls: usize, repeats: usize) {
             bare.push(run(r, false, calls, pinned));
             logged.push(run(r, true, calls, pinned));
         }
-        let (b, l) = (median(&mut bare), median(&mut logged));
+        let (b, l) = (median_of(&mut bare), median_of(&mut logged));
         row(&[
             r.name.to_string(),
             format!("{b:.0}"),
@@ -211,7 +212,7 @@ pub fn table(calls: usize, repeats: usize) {
     row(&["---", "---:", "---:", "---:"].map(String::from));
     for r in &REPLAYS {
         let mut v: Vec<f64> = (0..repeats).map(|_| replay(r, pinned)).collect();
-        let m = median(&mut v);
+        let m = median_of(&mut v);
         row(&[
             r.name.to_string(),
             format!("{m:.0}"),
@@ -223,9 +224,4 @@ pub fn table(calls: usize, repeats: usize) {
         sched_setaffinity(None, &cpus).ok();
     }
     println!();
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }

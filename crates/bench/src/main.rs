@@ -265,6 +265,12 @@ fn run(b: Bench) -> anyhow::Result<bool> {
     }
 }
 
+/// The median of `v`, sorted in place (0 if empty).
+pub(crate) fn median_of(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 /// A bench server that answers only `null`.
 pub(crate) struct NullServer;
 

@@ -26,7 +26,32 @@ impl Target {
             .read_line(&mut line)
             .unwrap();
         assert_eq!(line.trim(), "ready");
-        Self(child)
+        let t = Self(child);
+        t.wait_for_sleepers(sleepers as usize);
+        t
+    }
+
+    /// Waits until `sleepers` threads sleep: the target prints `ready`
+    /// once it has spawned them, and a sleeper that has not yet reached
+    /// its first `nanosleep` runs user code and could be caught as the
+    /// "running" thread (seen beside CPU hogs).
+    fn wait_for_sleepers(&self, sleepers: usize) {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let asleep = threads(self.pid())
+                .unwrap()
+                .iter()
+                .filter(|t| t.state != 'R')
+                .count();
+            if asleep >= sleepers {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "{asleep} of {sleepers} sleepers asleep after 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     fn pid(&self) -> u32 {
@@ -211,7 +236,12 @@ fn a_signal_goes_to_a_running_thread_and_kills_the_process() {
         Signal::SIGKILL,
     ] {
         let mut t = Target::start(1, 1);
-        let spinner = threads(t.pid()).unwrap()[0].tid;
+        let spinner = threads(t.pid())
+            .unwrap()
+            .into_iter()
+            .find(|t| t.state == 'R')
+            .expect("the spinner runs")
+            .tid;
         // Rust's runtime catches SIGSEGV and SIGBUS to report stack
         // overflows; its handler swallows one that was sent rather than
         // caused, and restores the default action (kintsugi components

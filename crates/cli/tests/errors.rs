@@ -90,6 +90,29 @@ fn malformed_idl_file_names_file_line_and_column() {
 }
 
 #[test]
+fn a_component_pinned_to_a_cpu_the_supervisor_may_not_use_is_refused_and_named() {
+    let dir = scratch("errors-cpus");
+    let system = write(
+        &dir,
+        "cpus.toml",
+        &format!("[system]\nname = \"x\"\n\n{RAMFS}cpus = [1023]\n"),
+    );
+    let tag = unique_tag("cpus");
+    let out = kintsugi(&tag)
+        .args(["run", system.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_ne!(out.status.code(), Some(0), "stdout:\n{stdout}");
+    assert!(stderr.contains("ramfs"), "{stderr}");
+    assert!(
+        stderr.contains("cpus lists CPU 1023, which the supervisor may not use"),
+        "{stderr}"
+    );
+    assert!(leftovers(&tag).is_empty());
+}
+
+#[test]
 fn a_binary_that_is_not_a_component_fails_to_boot_and_says_so() {
     let dir = scratch("errors-boot");
     let system = write(&dir, "boot.toml", "[system]\nname = \"x\"\n\n[[component]]\nname = \"fake\"\nbinary = \"/bin/true\"\nprovides = [\"fs\"]\n");

@@ -29,6 +29,7 @@ name = "insider"
 binary = "kintsugi-probe"
 uses = ["fs"]
 syscalls = ["socket", "openat"]
+cpus = [0]
 config = { siblings = 4 }
 
 [[component]]
@@ -75,7 +76,16 @@ config = { siblings = 4 }
         .iter()
         .any(|c| c.as_str().unwrap().contains("insider->ramfs:fs")));
 
+    // `cpus` pins a component; one without runs where the supervisor may.
+    assert_eq!(insider["cpus"], "0", "{insider}");
+    let ours = std::fs::read_to_string("/proc/self/status").unwrap();
+    let ours = ours
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim();
     let outsider = probe("outsider");
+    assert_eq!(outsider["cpus"], ours, "{outsider}");
     let refusal = outsider["connect"]["fs"].as_str().unwrap();
     assert!(refusal.contains("not granted interface `fs`"), "{refusal}");
     assert!(outsider["connect"]["bench"]

@@ -14,6 +14,7 @@ use rustix::event::{poll, PollFd, PollFlags};
 use rustix::process::{
     pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal, WaitId, WaitIdOptions,
 };
+use rustix::thread::CpuSet;
 
 use crate::events::Exit;
 
@@ -156,7 +157,7 @@ fn may_raise_limits() -> bool {
 
 /// How a component's processes are confined and scheduled (issue 17,
 /// least privilege).
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Confinement {
     /// Its nice value (applied also when 0: the supervisor's own threads
     /// run at a higher priority, and a child inherits its nice value).
@@ -178,6 +179,36 @@ pub struct Confinement {
     pub ceiling: Priority,
     /// The uid and gid it runs as (`user = …`), if not the supervisor's.
     pub user: Option<(u32, u32)>,
+    /// The CPUs it may run on (`cpus = […]`), if not the supervisor's.
+    pub cpus: Option<CpuSet>,
+}
+
+/// The CPU set of a component's `cpus`, refused unless the supervisor
+/// may use every CPU listed (the kernel would quietly drop the others,
+/// or refuse a set with none it allows, at exec).
+pub fn cpu_set(cpus: &[u16]) -> std::io::Result<Option<CpuSet>> {
+    if cpus.is_empty() {
+        return Ok(None);
+    }
+    let allowed = rustix::thread::sched_getaffinity(None)?;
+    let mut set = CpuSet::new();
+    for &cpu in cpus {
+        if !allowed.is_set(cpu as usize) {
+            let list: Vec<String> = (0..CpuSet::MAX_CPU)
+                .filter(|&c| allowed.is_set(c))
+                .map(|c| c.to_string())
+                .collect();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "cpus lists CPU {cpu}, which the supervisor may not use (it may use {})",
+                    list.join(", ")
+                ),
+            ));
+        }
+        set.set(cpu as usize);
+    }
+    Ok(Some(set))
 }
 
 /// Becomes user `uid` (group `gid`, no supplementary group) keeping the
@@ -234,6 +265,7 @@ pub fn spawn_component(
         capabilities: mut keep,
         ceiling,
         user,
+        cpus,
     } = how;
     // Raising a hard limit needs CAP_SYS_RESOURCE; where the supervisor
     // runs without it (some containers), components keep CAP_SYS_NICE
@@ -310,7 +342,8 @@ pub fn spawn_component(
         .process_group(0);
     // SAFETY: the closure runs in the forked child before exec and calls only
     // async-signal-safe functions (close_range, fcntl, prctl, setrlimit,
-    // setpriority, personality; for another user setgroups, setresgid,
+    // setpriority, personality, sched_setaffinity; for another user
+    // setgroups, setresgid,
     // setresuid and capset, as rustix's raw system calls); it allocates
     // nothing.
     unsafe {
@@ -354,6 +387,9 @@ pub fn spawn_component(
             // default, and a child inherits its nice value.
             if libc::setpriority(libc::PRIO_PROCESS, 0, nice) == -1 {
                 return Err(std::io::Error::last_os_error());
+            }
+            if let Some(set) = &cpus {
+                rustix::thread::sched_setaffinity(None, set)?;
             }
             if fixed_layout {
                 // 0xffffffff queries the persona without changing it.

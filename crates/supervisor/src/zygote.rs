@@ -14,7 +14,7 @@ use rustix::event::{poll, PollFd, PollFlags};
 use crate::events::Event;
 use crate::managed::{Incarnation, SystemWide, Wiring};
 use crate::options::SupervisorError;
-use crate::process::{spawn_component, Confinement, Proc};
+use crate::process::{cpu_set, spawn_component, Confinement, Proc};
 use crate::source::{listen, Source};
 use crate::supervisor::Supervisor;
 
@@ -26,20 +26,24 @@ pub(crate) fn exec(
 ) -> Result<Proc, SupervisorError> {
     let (boot, pass) = wiring.boot_info(spec, wide);
     let json = serde_json::to_string(&boot).expect("boot info serializes");
-    // A checkpointed component gets the same layout at every exec, so that
-    // its images restore under another supervisor (another machine).
-    let how = Confinement {
-        nice: spec.priority,
-        fixed_layout: spec.checkpoint.is_some(),
-        one_malloc_arena: spec.recovery == kintsugi_system::RecoveryMode::Checkpoint,
-        capabilities: spec
-            .capabilities
-            .iter()
-            .fold(0u64, |mask, c| mask | 1 << c.number()),
-        ceiling: wiring.ceiling,
-        user: spec.user.as_ref().map(|u| (u.uid, u.gid)),
-    };
-    spawn_component(&spec.binary, &json, &pass, &wiring.output, how).map_err(|source| {
+    let spawned = cpu_set(&spec.cpus).and_then(|cpus| {
+        // A checkpointed component gets the same layout at every exec, so
+        // that its images restore under another supervisor (another machine).
+        let how = Confinement {
+            nice: spec.priority,
+            fixed_layout: spec.checkpoint.is_some(),
+            one_malloc_arena: spec.recovery == kintsugi_system::RecoveryMode::Checkpoint,
+            capabilities: spec
+                .capabilities
+                .iter()
+                .fold(0u64, |mask, c| mask | 1 << c.number()),
+            ceiling: wiring.ceiling,
+            user: spec.user.as_ref().map(|u| (u.uid, u.gid)),
+            cpus,
+        };
+        spawn_component(&spec.binary, &json, &pass, &wiring.output, how)
+    });
+    spawned.map_err(|source| {
         let source = match &spec.user {
             Some(u) if source.kind() == std::io::ErrorKind::PermissionDenied => {
                 std::io::Error::new(

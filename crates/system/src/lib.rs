@@ -19,6 +19,7 @@
 //! provides = ["fs"]
 //! priority = 0              # nice value, -20..=19
 //! realtime = 10             # optional: SCHED_FIFO priority 1..=99 where permitted
+//! cpus = [1]                # optional: the CPUs its processes may run on (default: the supervisor's)
 //! recovery = "on-demand"    # on-demand | eager | checkpoint (restore the last checkpoint and replay the request log)
 //! reboot = "standby"        # standby | fork | exec
 //! restart = { max = 1000, window_ms = 1000, type = "transient", on_give_up = "stop" }  # type: permanent | transient | temporary; on_give_up = "isolate": leave it failed, the rest running
@@ -84,6 +85,8 @@ pub const SLOTS_RANGE: std::ops::RangeInclusive<u32> = 1..=64;
 pub const DEFAULT_SLOTS: u32 = 8;
 /// Values `realtime` (a SCHED_FIFO priority) may take.
 pub const REALTIME_RANGE: std::ops::RangeInclusive<u8> = 1..=99;
+/// CPU numbers `cpus` may list (the kernel's `CPU_SETSIZE`).
+pub const CPU_RANGE: std::ops::RangeInclusive<u16> = 0..=1023;
 /// Values `checkpoint.every_ms` may take (1 ms to an hour).
 pub const CHECKPOINT_EVERY_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=3_600_000;
 /// Values `checkpoint.read_ahead_pages` may take (0: always).
@@ -220,6 +223,10 @@ pub struct ComponentSpec {
     pub priority: i32,
     /// SCHED_FIFO priority for its threads where permitted, in [`REALTIME_RANGE`].
     pub realtime: Option<u8>,
+    /// The CPUs its processes may run on (`cpus = [0, 1]`, systemd's
+    /// `CPUAffinity=`), each in [`CPU_RANGE`] and listed once; empty: any
+    /// the supervisor may use.
+    pub cpus: Vec<u16>,
     pub recovery: RecoveryMode,
     pub reboot: RebootMode,
     pub restart: RestartPolicy,

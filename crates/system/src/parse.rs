@@ -14,9 +14,9 @@ use crate::{
     GroupStrategy, HangAction, Location, RebootMode, RecoveryMode, RestartGroup, RestartPolicy,
     RestartType, SpinPolicy, Sysno, System, SystemError, Use, User, VaultQuota, VaultStorage,
     WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE,
-    CHECKPOINT_READ_AHEAD_RANGE, DEFAULT_JOURNAL_KIB, DEFAULT_READ_AHEAD_PAGES, DEFAULT_SLOTS,
-    DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE, REALTIME_RANGE,
-    SLOTS_RANGE,
+    CHECKPOINT_READ_AHEAD_RANGE, CPU_RANGE, DEFAULT_JOURNAL_KIB, DEFAULT_READ_AHEAD_PAGES,
+    DEFAULT_SLOTS, DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE,
+    REALTIME_RANGE, SLOTS_RANGE,
 };
 
 #[derive(Deserialize)]
@@ -81,6 +81,7 @@ struct RawComponent {
     uses: Vec<Spanned<String>>,
     priority: Option<Spanned<i64>>,
     realtime: Option<Spanned<i64>>,
+    cpus: Option<Spanned<Vec<Spanned<i64>>>>,
     recovery: Option<RecoveryMode>,
     reboot: Option<RebootMode>,
     restart: Option<RawRestart>,
@@ -497,6 +498,45 @@ fn join_list(items: &[String], conj: &str) -> String {
 /// A component's `sockets = { KEY = "NAME", … }`: each NAME as systemd
 /// allows a `FileDescriptorName=` (1 to 255 printable ASCII characters, no
 /// `:`), each KEY a non-empty vault key.
+/// `cpus = [...]`: CPU numbers in [`CPU_RANGE`], each once, at least one.
+fn cpus(
+    cx: &Ctx<'_>,
+    owner: &str,
+    raw: Option<&Spanned<Vec<Spanned<i64>>>>,
+) -> Result<Vec<u16>, SystemError> {
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
+    if raw.get_ref().is_empty() {
+        return Err(cx.err(
+            &raw.span(),
+            ErrorKind::InvalidConfig,
+            format!("{owner}: cpus = [] leaves it no CPU to run on (leave cpus out for any)"),
+        ));
+    }
+    let mut out = Vec::with_capacity(raw.get_ref().len());
+    for cpu in raw.get_ref() {
+        let n = cx
+            .ranged(
+                owner,
+                "cpus",
+                &Some(cpu.clone()),
+                CPU_RANGE,
+                "a CPU number, ",
+            )?
+            .expect("a value was given");
+        if out.contains(&n) {
+            return Err(cx.err(
+                &cpu.span(),
+                ErrorKind::InvalidConfig,
+                format!("{owner}: cpus: CPU {n} is listed twice"),
+            ));
+        }
+        out.push(n);
+    }
+    Ok(out)
+}
+
 /// `syscalls = [...]`: system calls known on this architecture, none of
 /// [`crate::NEVER_ALLOWED`], each once.
 fn syscalls(
@@ -824,6 +864,7 @@ fn component(
             uses: Vec::new(),
             priority,
             realtime,
+            cpus: cpus(cx, &owner, rc.cpus.as_ref())?,
             recovery,
             reboot: rc.reboot.unwrap_or_default(),
             restart,

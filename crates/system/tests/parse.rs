@@ -485,7 +485,7 @@ fn unknown_key() {
     assert_eq!(
         msg,
         "sys.toml:7:1: unknown field `foo`, expected one of `name`, `binary`, `provides`, `uses`, \
-         `priority`, `realtime`, `recovery`, `reboot`, `restart`, `slots`, `arena_kib`, \
+         `priority`, `realtime`, `cpus`, `recovery`, `reboot`, `restart`, `slots`, `arena_kib`, \
          `pool_kib`, `journal_kib`, `capabilities`, `syscalls`, `user`, `vault_quota`, `sockets`, \
          `watchdog`, `start_timeout_ms`, `stop_timeout_ms`, `checkpoint`, `config`"
     );
@@ -996,5 +996,47 @@ fn a_components_syscalls_are_known_allowable_once_or_refused_where_written() {
     assert_eq!(
         msg,
         "sys.toml:7:21: component `a`: syscalls: `bind` is listed twice"
+    );
+}
+
+#[test]
+fn a_components_cpus_are_numbers_listed_once_or_refused_where_written() {
+    let body = |cpus: &str| format!("[[component]]\nname = \"a\"\nbinary = \"a\"\ncpus = {cpus}\n");
+    let s = parse(Path::new("sys.toml"), &format!("{HEAD}{}", body("[1, 0]"))).unwrap();
+    let a = s.component("a").unwrap();
+    assert_eq!(a.cpus, [1, 0]);
+    assert_eq!(
+        serde_json::to_value(a).unwrap()["cpus"],
+        serde_json::json!([1, 0])
+    );
+    let s = parse(Path::new("sys.toml"), DEMO).unwrap();
+    assert!(
+        s.components.iter().all(|c| c.cpus.is_empty()),
+        "the default"
+    );
+
+    let (msg, kind) = err_with_head(&body("[0, 1024]"));
+    assert_eq!(kind, ErrorKind::OutOfRange);
+    assert_eq!(
+        msg,
+        "sys.toml:7:12: component `a`: cpus 1024 is out of range (a CPU number, 0..=1023)"
+    );
+    let (msg, kind) = err_with_head(&body("[-1]"));
+    assert_eq!(kind, ErrorKind::OutOfRange);
+    assert!(
+        msg.starts_with("sys.toml:7:9: component `a`: cpus -1"),
+        "{msg}"
+    );
+    let (msg, kind) = err_with_head(&body("[1, 1]"));
+    assert_eq!(kind, ErrorKind::InvalidConfig);
+    assert_eq!(
+        msg,
+        "sys.toml:7:12: component `a`: cpus: CPU 1 is listed twice"
+    );
+    let (msg, kind) = err_with_head(&body("[]"));
+    assert_eq!(kind, ErrorKind::InvalidConfig);
+    assert_eq!(
+        msg,
+        "sys.toml:7:8: component `a`: cpus = [] leaves it no CPU to run on (leave cpus out for any)"
     );
 }

@@ -25,12 +25,14 @@ name = "kv"
 binary = "kintsugi-kv"
 provides = ["kv"]
 RECOVERY
+KV_CPUS
 restart = { max = 100000, window_ms = 1000 }
 
 [[component]]
 name = "w1"
 binary = "kintsugi-kv-workload"
 uses = ["kv"]
+W1_CPUS
 [component.config]
 seed = 1
 threads = THREADS
@@ -57,6 +59,13 @@ pub(crate) fn row(cells: &[String]) {
     println!("| {} |", cells.join(" | "));
 }
 
+/// Whether the timed runs pin kv to CPU 1 and their client to CPU 0
+/// (`cpus = […]`): where the two spinning threads land otherwise moves
+/// the throughput by a factor of two between runs of one configuration.
+fn pinned() -> bool {
+    rustix::thread::sched_getaffinity(None).is_ok_and(|c| c.is_set(0) && c.is_set(1))
+}
+
 /// The system with kv checkpointed every `recovery` ms (none: no
 /// recovery), a request log of `journal_kib` (0: the default), and `ops`
 /// operations per client thread (0: until stopped).
@@ -67,9 +76,13 @@ fn system(
     dir: &Path,
 ) -> anyhow::Result<kintsugi_system::System> {
     // Timed runs use one client thread (a client and a worker spinning:
-    // no more spinning threads than CPUs here); the others two clients of
-    // two threads, as the tests do.
+    // no more spinning threads than CPUs here), pinned apart where they
+    // can be; the others two clients of two threads, as the tests do.
     let (threads, clients) = if ops > 0 { (1, "") } else { (2, W2) };
+    let (kv_cpus, w1_cpus) = match ops > 0 && pinned() {
+        true => ("cpus = [1]", "cpus = [0]"),
+        false => ("", ""),
+    };
     let journal = match journal_kib {
         0 => String::new(),
         kib => format!("\njournal_kib = {kib}"),
@@ -81,6 +94,8 @@ fn system(
                 format!("recovery = \"checkpoint\"\ncheckpoint = {{ every_ms = {ms} }}{journal}")
             }),
         )
+        .replace("KV_CPUS", kv_cpus)
+        .replace("W1_CPUS", w1_cpus)
         .replace("OPS", &ops.to_string())
         .replace("THREADS", &threads.to_string())
         .replace("DIR", &dir.display().to_string());
@@ -109,8 +124,12 @@ fn rate(dir: &Path) -> anyhow::Result<f64> {
 }
 
 fn throughput_table(ops: u64, repeats: usize, dir: &Path) -> anyhow::Result<()> {
+    let placement = match pinned() {
+        true => "kv pinned to CPU 1 and the client to CPU 0",
+        false => "not pinned: fewer than CPUs 0 and 1 allowed",
+    };
     println!(
-        "### Throughput: kv under a checking client thread ({ops} operations, no pause; median of {repeats}, the configurations taking turns)\n"
+        "### Throughput: kv under a checking client thread ({ops} operations, no pause, {placement}; median of {repeats}, the configurations taking turns)\n"
     );
     row(&["kv's recovery", "ops/s", "× none", "runs (ops/s)"].map(String::from));
     row(&["---", "---:", "---:", "---"].map(String::from));

@@ -63,7 +63,7 @@ pub(crate) fn row(cells: &[String]) {
 /// (`cpus = […]`): where the two spinning threads land otherwise moves
 /// the throughput by a factor of two between runs of one configuration.
 fn pinned() -> bool {
-    rustix::thread::sched_getaffinity(None).is_ok_and(|c| c.is_set(0) && c.is_set(1))
+    crate::Pinning::new().pinned()
 }
 
 /// The system with kv checkpointed every `recovery` ms (none: no

@@ -12,10 +12,9 @@ use std::time::Instant;
 use kintsugi_interfaces::{bench, kv};
 use kintsugi_runtime::stub::Service;
 use kintsugi_runtime::testing::Loopback;
-use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
 
 use crate::kv::row;
-use crate::median_of;
+use crate::{median_of, Pinning};
 
 /// Calls between two cuts of the log (a 1 MiB log holds several
 /// thousand kv requests).
@@ -91,37 +90,19 @@ const REQUESTS: [Request; 2] = [
     },
 ];
 
-/// Keeps the calling thread (and the threads it starts) on CPU `cpu`:
-/// the server's workers on one, the client on another, so that no run
-/// depends on where the scheduler put the two spinners.
-fn pin(cpu: usize) {
-    let mut set = CpuSet::new();
-    set.set(cpu);
-    if let Err(e) = sched_setaffinity(None, &set) {
-        eprintln!("bench kv: could not pin to CPU {cpu}: {e}");
-    }
-}
-
-/// A loopback serving `r`, its server logged or not; `pinned`: its
-/// workers on CPU 1, and the calling thread (the client) on CPU 0.
-fn loopback(r: &Request, logged: bool, pinned: bool) -> Loopback {
+/// A loopback serving `r`, its server logged or not, its workers and the
+/// calling thread (the client) placed by `pins`.
+fn loopback(r: &Request, logged: bool, pins: &Pinning) -> Loopback {
     let service = (r.service)();
-    if pinned {
-        pin(1);
-    }
-    let lb = match logged {
+    pins.apart(|| match logged {
         true => Loopback::journaled(service),
         false => Loopback::new(service),
-    };
-    if pinned {
-        pin(0);
-    }
-    lb
+    })
 }
 
 /// Mean ns per call of `calls` calls of `r`, logged or not.
-fn run(r: &Request, logged: bool, calls: usize, pinned: bool) -> f64 {
-    let lb = loopback(r, logged, pinned);
+fn run(r: &Request, logged: bool, calls: usize, pins: &Pinning) -> f64 {
+    let lb = loopback(r, logged, pins);
     let mut call = (r.caller)(&lb);
     let mut round = |n: usize| {
         let started = Instant::now();
@@ -154,8 +135,8 @@ const REPLAYS: [Request; 2] = [
 ];
 
 /// Mean ns per logged request of a replay of [`REPLAYED`] calls of `r`.
-fn replay(r: &Request, pinned: bool) -> f64 {
-    let lb = loopback(r, true, pinned);
+fn replay(r: &Request, pins: &Pinning) -> f64 {
+    let lb = loopback(r, true, pins);
     let mut call = (r.caller)(&lb);
     for i in 0..REPLAYED {
         call(i);
@@ -185,13 +166,12 @@ pub fn table(calls: usize, repeats: usize) {
     ]
     .map(String::from));
     row(&["---", "---:", "---:", "---:", "---:", "---"].map(String::from));
-    let cpus = sched_getaffinity(None).ok();
-    let pinned = cpus.as_ref().is_some_and(|c| c.is_set(0) && c.is_set(1));
+    let pins = Pinning::new();
     for r in &REQUESTS {
         let (mut bare, mut logged) = (Vec::new(), Vec::new());
         for _ in 0..repeats {
-            bare.push(run(r, false, calls, pinned));
-            logged.push(run(r, true, calls, pinned));
+            bare.push(run(r, false, calls, &pins));
+            logged.push(run(r, true, calls, &pins));
         }
         let (b, l) = (median_of(&mut bare), median_of(&mut logged));
         row(&[
@@ -211,7 +191,7 @@ pub fn table(calls: usize, repeats: usize) {
     row(&["request", "ns per request replayed", "min", "max"].map(String::from));
     row(&["---", "---:", "---:", "---:"].map(String::from));
     for r in &REPLAYS {
-        let mut v: Vec<f64> = (0..repeats).map(|_| replay(r, pinned)).collect();
+        let mut v: Vec<f64> = (0..repeats).map(|_| replay(r, &pins)).collect();
         let m = median_of(&mut v);
         row(&[
             r.name.to_string(),
@@ -219,9 +199,6 @@ pub fn table(calls: usize, repeats: usize) {
             format!("{:.0}", v[0]),
             format!("{:.0}", v[v.len() - 1]),
         ]);
-    }
-    if let Some(cpus) = cpus {
-        sched_setaffinity(None, &cpus).ok();
     }
     println!();
 }

@@ -271,6 +271,59 @@ pub(crate) fn median_of(v: &mut [f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// Where an in-process measurement's two spinning threads run: the
+/// server's workers on CPU 1 and the client on CPU 0, where this process
+/// may use both (where the scheduler puts two spinners otherwise moves
+/// a round trip by a factor of two). The calling thread's CPUs are
+/// restored when dropped.
+pub(crate) struct Pinning {
+    /// The calling thread's CPUs before, if CPUs 0 and 1 are among them.
+    saved: Option<rustix::thread::CpuSet>,
+}
+
+impl Pinning {
+    pub(crate) fn new() -> Self {
+        let saved = rustix::thread::sched_getaffinity(None)
+            .ok()
+            .filter(|c| c.is_set(0) && c.is_set(1));
+        Self { saved }
+    }
+
+    /// Whether the threads are pinned.
+    pub(crate) fn pinned(&self) -> bool {
+        self.saved.is_some()
+    }
+
+    /// Runs `start` (which starts the server's workers) on CPU 1, then
+    /// keeps the calling thread on CPU 0.
+    pub(crate) fn apart<T>(&self, start: impl FnOnce() -> T) -> T {
+        if !self.pinned() {
+            return start();
+        }
+        pin(1);
+        let started = start();
+        pin(0);
+        started
+    }
+}
+
+impl Drop for Pinning {
+    fn drop(&mut self) {
+        if let Some(cpus) = &self.saved {
+            rustix::thread::sched_setaffinity(None, cpus).ok();
+        }
+    }
+}
+
+/// Keeps the calling thread (and the threads it starts) on CPU `cpu`.
+fn pin(cpu: usize) {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
+        eprintln!("bench: could not pin to CPU {cpu}: {e}");
+    }
+}
+
 /// A bench server that answers only `null`.
 pub(crate) struct NullServer;
 

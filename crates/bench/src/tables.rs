@@ -9,8 +9,15 @@ use std::hint::black_box;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use std::sync::Arc;
+
+use kintsugi_interfaces::bench;
+use kintsugi_interfaces::evt::EvtRecord;
 use kintsugi_runtime::generated::{DescTable, FieldTable};
+use kintsugi_runtime::testing::Loopback;
 use kintsugi_supervisor::stats::Summary;
+
+use crate::Pinning;
 
 /// A local descriptor's record, like fs's: a remembered path and a
 /// tracked offset.
@@ -20,10 +27,19 @@ struct FileRecord {
     offset: u64,
 }
 
-/// A global descriptor's per-client field, like evt's `seen`.
-#[derive(Clone, Default)]
-struct Seen {
-    seen: u64,
+/// ns per null invocation of the bench interface over a loopback edge
+/// (the runtime's real channel and worker, in this process), and where
+/// its two threads ran.
+fn null_invocation(blocks: usize, per_block: u64) -> (Summary, &'static str) {
+    let pins = Pinning::new();
+    let lb = pins.apart(|| Loopback::new(bench::service(Arc::new(crate::NullServer))));
+    let client = bench::Client::from_connection(lb.connection());
+    let null = time(blocks, per_block, |_| client.null().expect("a null call"));
+    let placed = match pins.pinned() {
+        true => "pinned to CPUs 1 and 0",
+        false => "not pinned",
+    };
+    (null, placed)
 }
 
 /// Times `op` over `blocks` blocks of `per_block` calls: ns per call per block.
@@ -93,14 +109,32 @@ pub fn tables(descriptors: u64, blocks: usize, per_block: u64) -> anyhow::Result
     });
 
     // Global descriptors' fields (evt's `seen`): read, then store.
-    let fields = FieldTable::<Seen>::default();
+    let fields = FieldTable::<EvtRecord, 1>::default();
     let gids: Vec<u64> = (0..descriptors).map(|i| 0x5eed_0000 + i * 7919).collect();
     let global = time(blocks, per_block, |k| {
         let g = gids[(k % descriptors) as usize];
-        let seen = black_box(fields.get(g).seen);
-        fields.update(g, |f| f.seen = seen + 1);
+        // As the generated stub does: one probe before the call.
+        let looked = fields.look(g);
+        let seen = black_box(looked.fields.seen);
+        fields.update_looked(&looked, g, |f| f.seen = seen + 1);
     });
-    let std_fields: Mutex<HashMap<u64, Seen>> = Mutex::new(HashMap::new());
+    // The table before the seqlock (2026-11-28): one mutex, hashbrown's
+    // seeded foldhash, two lookups per call.
+    let locked: Mutex<hashbrown::HashMap<u64, EvtRecord>> = Mutex::new(hashbrown::HashMap::new());
+    let global_locked = time(blocks, per_block, |k| {
+        let g = gids[(k % descriptors) as usize];
+        let seen = black_box(
+            locked
+                .lock()
+                .unwrap()
+                .get(&g)
+                .cloned()
+                .unwrap_or_default()
+                .seen,
+        );
+        locked.lock().unwrap().entry(g).or_default().seen = seen + 1;
+    });
+    let std_fields: Mutex<HashMap<u64, EvtRecord>> = Mutex::new(HashMap::new());
     let global_base = time(blocks, per_block, |k| {
         let g = gids[(k % descriptors) as usize];
         let seen = black_box(
@@ -115,16 +149,22 @@ pub fn tables(descriptors: u64, blocks: usize, per_block: u64) -> anyhow::Result
         std_fields.lock().unwrap().entry(g).or_default().seen = seen + 1;
     });
 
-    println!("| descriptor kind | table | blocks | ns per call p50 | p99 | max | ratio to baseline (p50) |");
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    let (null, pinned) = null_invocation(blocks.div_ceil(4), per_block);
+    println!(
+        "A null invocation in the same run (a real shared-memory edge in this process, client and\nworker spinning, {pinned}): p50 {:.1} ns over {} blocks of {per_block} calls.\n",
+        null.p50, null.n
+    );
+    println!("| descriptor kind | table | blocks | ns per call p50 | p99 | max | ratio to baseline (p50) | % of a null invocation (p50) |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     let row = |kind: &str, what: &str, s: &Summary, base: &Summary| {
         println!(
-            "| {kind} | {what} | {} | {:.1} | {:.1} | {:.1} | {:.2}× |",
+            "| {kind} | {what} | {} | {:.1} | {:.1} | {:.1} | {:.2}× | {:.1} % |",
             s.n,
             s.p50,
             s.p99,
             s.max,
-            s.p50 / base.p50
+            s.p50 / base.p50,
+            100.0 * s.p50 / null.p50
         );
     };
     row(
@@ -147,7 +187,13 @@ pub fn tables(descriptors: u64, blocks: usize, per_block: u64) -> anyhow::Result
     );
     row(
         "global fields (evt)",
-        "`FieldTable`: `Mutex<hashbrown>`",
+        "`Mutex<hashbrown>`, two lookups (the table before)",
+        &global_locked,
+        &global_base,
+    );
+    row(
+        "global fields (evt)",
+        "`FieldTable`: seqlock read, one compare-and-swap per update, one probe",
         &global,
         &global_base,
     );

@@ -106,18 +106,32 @@ fn bench_tables_measures_each_table_against_its_baseline() {
         &["bench", "tables", "--blocks", "5", "--per-block", "1000"],
     );
     let table = rows(&stdout, &["local (fs, timer, net)", "global fields (evt)"]);
-    assert_eq!(table.len(), 4, "{stdout}");
-    for pair in table.chunks(2) {
-        let (base, new) = (&pair[0], &pair[1]);
+    // Per kind: the baseline first, then the tables measured against it
+    // (evt's: the table before and the one the stubs use).
+    assert_eq!(table.len(), 5, "{stdout}");
+    let null: f64 = stdout
+        .split("p50 ")
+        .nth(1)
+        .and_then(|s| s.split(" ns").next())
+        .unwrap_or_else(|| panic!("no null invocation: {stdout}"))
+        .parse()
+        .unwrap();
+    assert!(null > 0.0, "{stdout}");
+    for group in [&table[..2], &table[2..]] {
+        let base = &group[0];
         assert!(
             base[1].contains("baseline") && base[6] == "1.00×",
             "{base:?}"
         );
-        assert_eq!(new[2], "5", "{new:?}");
-        let (p50, p99, max) = (number(new[3]), number(new[4]), number(new[5]));
-        assert!(p50 > 0.0 && p99 >= p50 && max >= p99, "{new:?}");
-        let ratio = number(new[6].trim_end_matches('×'));
-        assert!((ratio - p50 / number(base[3])).abs() < 0.02, "{new:?}");
+        for new in &group[1..] {
+            assert_eq!(new[2], "5", "{new:?}");
+            let (p50, p99, max) = (number(new[3]), number(new[4]), number(new[5]));
+            assert!(p50 > 0.0 && p99 >= p50 && max >= p99, "{new:?}");
+            let ratio = number(new[6].trim_end_matches('×'));
+            assert!((ratio - p50 / number(base[3])).abs() < 0.02, "{new:?}");
+            let share = number(new[7]);
+            assert!((share - 100.0 * p50 / null).abs() < 0.2, "{new:?}");
+        }
     }
 }
 

@@ -301,9 +301,11 @@ fn generated_timer_replays_its_transitions() {
 fn generated_evt_tracks_global_fields() {
     let code = kintsugi_idl::generate(&parsed("evt", EVT));
     for item in [
-        "evts: rt::FieldTable<EvtRecord>,",
-        "let seen = self.0.evts.get(ev.0).seen;",
-        "self.0.evts.update(ev.0, |t| t.seen = ret);",
+        "evts: rt::FieldTable<EvtRecord, 1>,",
+        "impl rt::Fields<1> for EvtRecord {",
+        "let ev_now = self.0.evts.look(ev.0);",
+        "let seen = ev_now.fields.seen;",
+        "self.0.evts.update_looked(&ev_now, ev.0, |t| t.seen = ret);",
         "pub fn wait(&self, ev: Evt) -> rt::Result<u64, rt::CallError<Error>> {",
     ] {
         assert!(

@@ -33,6 +33,7 @@ pub mod component;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 pub mod counters;
 mod durable;
+mod field_table;
 pub mod futex;
 mod journal;
 pub mod logging;
@@ -87,7 +88,7 @@ pub mod generated {
     pub use crate::stub::{
         above, app_error, at_most, malformed, out_of_range, records_unavailable, retry,
         retry_idempotent, serve, CallError, Caller, DescTable, Dispatched, Fault, FieldTable,
-        InterfaceInfo, Location, Refusal, Service,
+        Fields, InterfaceInfo, Location, Refusal, Service,
     };
     pub use crate::upcall::Recover;
     pub use crate::wire::{Reader, WireError, Writer};

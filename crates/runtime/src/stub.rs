@@ -8,7 +8,8 @@
 
 use thiserror::Error;
 
-pub use crate::table::{DescTable, FieldTable, Location};
+pub use crate::field_table::{FieldTable, Fields, Looked};
+pub use crate::table::{DescTable, Location};
 use crate::wire::{Reader, WireError, Writer};
 
 /// Static facts about one interface, emitted by the IDL compiler.

@@ -300,53 +300,6 @@ impl<R: Clone> DescTable<R> {
     }
 }
 
-/// A client stub's per-client fields of global descriptors, keyed by their
-/// global ids (a descriptor another component created starts at defaults).
-///
-/// The ids are the server's, so the map is a hash map, with hashbrown's
-/// default hasher (foldhash, randomly seeded per process): a lookup costs
-/// about 6 ns less than with the standard library's SipHash, which matters
-/// at two lookups per call, and a server cannot choose ids that collide
-/// without knowing the seed.
-pub struct FieldTable<R> {
-    inner: Mutex<hashbrown::HashMap<u64, R>>,
-}
-
-impl<R: Clone + Default> Default for FieldTable<R> {
-    fn default() -> Self {
-        Self {
-            inner: Mutex::new(hashbrown::HashMap::new()),
-        }
-    }
-}
-
-impl<R: Clone + Default> FieldTable<R> {
-    pub fn get(&self, id: u64) -> R {
-        self.inner
-            .lock()
-            .unwrap()
-            .get(&id)
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    pub fn update(&self, id: u64, f: impl FnOnce(&mut R)) {
-        f(self.inner.lock().unwrap().entry(id).or_default())
-    }
-
-    pub fn remove(&self, id: u64) {
-        self.inner.lock().unwrap().remove(&id);
-    }
-
-    pub fn len(&self) -> usize {
-        self.inner.lock().unwrap().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -84,9 +84,10 @@ impl Ctx<'_> {
         }
         for d in self.global_fields() {
             o.line(format!(
-                "{}s: rt::FieldTable<{}Record>,",
+                "{}s: rt::FieldTable<{}Record, {}>,",
                 snake(&d.name),
-                d.name
+                d.name,
+                d.fields.len()
             ));
         }
         if self.has_local() {
@@ -272,6 +273,14 @@ impl Ctx<'_> {
         o.close("}");
     }
 
+    /// Whether `f` reads or changes a tracked field of its argument `arg`.
+    fn fields_touched(&self, f: &Function, arg: &str) -> bool {
+        let names = |r: &Option<FieldRef>| r.as_ref().is_some_and(|r| r.arg == arg);
+        names(&f.advance)
+            || names(&f.store)
+            || f.args.iter().any(|a| names(&a.from) || names(&a.set))
+    }
+
     /// `self.0.{table}.update(..)` applying `body` to descriptor argument `a`'s
     /// tracked record, which `body` names `@`.
     pub(super) fn update(&self, f: &Function, a: &str, body: String) -> String {
@@ -284,7 +293,10 @@ impl Ctx<'_> {
         let (name, a) = (a, ident(a));
         if self.is_global(d) {
             let body = body.replace("@.", "t.");
-            return format!("self.0.{}s.update({a}.0, |t| {body});", snake(d));
+            return format!(
+                "self.0.{}s.update_looked(&{name}_now, {a}.0, |t| {body});",
+                snake(d)
+            );
         }
         // A call's effect lands on a descriptor that another thread may have
         // rebuilt since the call (eager recovery) from the record without
@@ -407,6 +419,20 @@ impl Ctx<'_> {
             }
             (_, None) => "rt::None".to_string(),
         };
+        // Each global descriptor whose fields the call reads or changes is
+        // looked up once, before it; the update after starts where its
+        // fields were found.
+        for (a, d) in f
+            .descriptor_args()
+            .filter(|(a, d)| self.is_global(d) && self.fields_touched(f, &a.name))
+        {
+            o.line(format!(
+                "let {}_now = self.0.{}s.look({}.0);",
+                a.name,
+                snake(d),
+                ident(&a.name)
+            ));
+        }
         for a in &f.args {
             let Some(r) = &a.from else { continue };
             let d = match f.arg_type(&r.arg) {
@@ -415,10 +441,9 @@ impl Ctx<'_> {
             };
             if self.is_global(d) {
                 o.line(format!(
-                    "let {} = self.0.{}s.get({}.0).{};",
+                    "let {} = {}_now.fields.{};",
                     ident(&a.name),
-                    snake(d),
-                    ident(&r.arg),
+                    r.arg,
                     r.field
                 ));
             } else {

@@ -95,6 +95,21 @@ impl Ctx<'_> {
             o.line(format!("pub {}: u64,", f.name));
         }
         o.close("}");
+        // Its words, for the client stub's lock-free table.
+        let names: Vec<&str> = d.fields.iter().map(|f| f.name.as_str()).collect();
+        let n = names.len();
+        o.open(format!("impl rt::Fields<{n}> for {}Record {{", d.name));
+        o.open(format!("fn to_words(&self) -> [u64; {n}] {{"));
+        let words: Vec<String> = names.iter().map(|f| format!("self.{f}")).collect();
+        o.line(format!("[{}]", words.join(", ")));
+        o.close("}");
+        o.open(format!(
+            "fn from_words([{}]: [u64; {n}]) -> Self {{",
+            names.join(", ")
+        ));
+        o.line(format!("Self {{ {} }}", names.join(", ")));
+        o.close("}");
+        o.close("}");
         o.line("");
     }
 

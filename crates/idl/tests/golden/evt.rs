@@ -21,6 +21,14 @@ pub struct EvtRecord {
     /// Tracked field `seen`.
     pub seen: u64,
 }
+impl rt::Fields<1> for EvtRecord {
+    fn to_words(&self) -> [u64; 1] {
+        [self.seen]
+    }
+    fn from_words([seen]: [u64; 1]) -> Self {
+        Self { seen }
+    }
+}
 /// What a component implements to serve `evt`. Descriptors are the
 /// server's own `u64` ids; the client stubs map them to stable handles.
 pub trait Server: rt::Send + rt::Sync + 'static {
@@ -156,7 +164,7 @@ pub struct Client(rt::Arc<Inner>);
 /// The connection and the tracked descriptors, shared with the recovery upcall.
 struct Inner {
     conn: rt::Connection,
-    evts: rt::FieldTable<EvtRecord>,
+    evts: rt::FieldTable<EvtRecord, 1>,
 }
 impl Client {
     /// Connects to the `evt` server the system description grants this component.
@@ -184,10 +192,11 @@ impl Client {
     /// Invokes `wait`. May block; re-issued if the server reboots meanwhile.
     pub fn wait(&self, ev: Evt) -> rt::Result<u64, rt::CallError<Error>> {
         rt::retry(|| {
-            let seen = self.0.evts.get(ev.0).seen;
+            let ev_now = self.0.evts.look(ev.0);
+            let seen = ev_now.fields.seen;
             match self.0.raw_wait(rt::None, ev.0, seen) {
                 rt::Ok(ret) => {
-                    self.0.evts.update(ev.0, |t| t.seen = ret);
+                    self.0.evts.update_looked(&ev_now, ev.0, |t| t.seen = ret);
                     rt::Ok(ret)
                 }
                 rt::Err(e) => rt::Err(e),

@@ -91,6 +91,17 @@ struct Replied {
     len: usize,
 }
 
+/// What running a logged request again gave: its reply's status, code
+/// and length (the bytes are in the replay's response buffer), where its
+/// entry ends, and how its calls to other servers were answered.
+struct RanAgain {
+    status: u32,
+    code: u32,
+    len: usize,
+    end: usize,
+    answered: calls::Answered,
+}
+
 /// A replay's buffers, reused from entry to entry (a replay runs
 /// thousands): the request read back, its logged reply, and the reply it
 /// gives again.
@@ -254,15 +265,14 @@ impl Journal {
             };
             let srv = &served[e.edge];
             let request = &bufs.request[..e.request_len];
-            let ((status, code, n), end, answered) =
-                self.run_again(at, &mut e, srv, request, &mut bufs.response);
+            let ran = self.run_again(at, &mut e, srv, request, &mut bufs.response);
             let reply = Reply {
-                status,
-                code,
-                bytes: &bufs.response[..n],
+                status: ran.status,
+                code: ran.code,
+                bytes: &bufs.response[..ran.len],
             };
-            calls_answered += u64::from(answered.calls);
-            diverged += u64::from(answered.diverged);
+            calls_answered += u64::from(ran.answered.calls);
+            diverged += u64::from(ran.answered.diverged);
             let logged = e.reply.map(|l| Reply {
                 status: l.status,
                 code: l.code,
@@ -281,7 +291,7 @@ impl Journal {
             if self.deliver(srv, &e, &reply) {
                 h.delivered.fetch_add(1, Ordering::Relaxed);
             }
-            at = end;
+            at = ran.end;
             done += 1;
         }
         h.end.store(at as u64, Ordering::SeqCst);
@@ -309,7 +319,7 @@ impl Journal {
         srv: &Served,
         request: &[u8],
         response: &mut [u8],
-    ) -> ((u32, u32, usize), usize, calls::Answered) {
+    ) -> RanAgain {
         let caller = Caller {
             component: srv.client,
             slot: e.slot,
@@ -318,17 +328,28 @@ impl Journal {
         match e.reply {
             Some(_) => {
                 let run = || dispatch_raw(service, &caller, e.func, request, response);
-                let (reply, answered) =
+                let ((status, code, len), answered) =
                     calls::replaying(std::mem::take(&mut e.calls), e.calls_cut, run);
-                (reply, e.end, answered)
+                RanAgain {
+                    status,
+                    code,
+                    len,
+                    end: e.end,
+                    answered,
+                }
             }
             None => {
                 calls::clear(&self.log, at);
                 let (status, code, n) = self.run(at, || {
                     dispatch_raw(service, &caller, e.func, request, response)
                 });
-                let end = self.replied(at, status, code, &response[..n]);
-                ((status, code, n), end, calls::Answered::default())
+                RanAgain {
+                    status,
+                    code,
+                    len: n,
+                    end: self.replied(at, status, code, &response[..n]),
+                    answered: calls::Answered::default(),
+                }
             }
         }
     }

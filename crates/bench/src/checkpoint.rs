@@ -287,11 +287,16 @@ fn restore_table(mib: u64, rounds: usize, dir: &std::path::Path) -> anyhow::Resu
 /// written per command) answered in `secs`, with a checkpoint every
 /// `every` (none if `None`) taken by another thread, each read ahead
 /// first if `ahead` (while the workload runs).
-fn throughput(
-    every: Option<Duration>,
-    ahead: bool,
-    secs: f64,
-) -> anyhow::Result<(f64, usize, f64)> {
+/// One throughput run: commands a second, checkpoints taken, and their
+/// pause's p50 (ms).
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    rate: f64,
+    taken: usize,
+    pause_p50: f64,
+}
+
+fn throughput(every: Option<Duration>, ahead: bool, secs: f64) -> anyhow::Result<Run> {
     let mut t = Target::start(64 << 20, 2)?;
     let stop = Arc::new(AtomicBool::new(false));
     let ckpt = every.map(|every| {
@@ -326,8 +331,11 @@ fn throughput(
             .map_err(|_| anyhow::anyhow!("checkpoint thread panicked"))??,
         None => Vec::new(),
     };
-    let p50 = Summary::of(&pauses).map_or(0.0, |s| s.p50);
-    Ok((rate, pauses.len(), p50))
+    Ok(Run {
+        rate,
+        taken: pauses.len(),
+        pause_p50: Summary::of(&pauses).map_or(0.0, |s| s.p50),
+    })
 }
 
 fn throughput_table(secs: f64, repeats: usize) -> anyhow::Result<()> {
@@ -356,13 +364,18 @@ fn throughput_table(secs: f64, repeats: usize) -> anyhow::Result<()> {
             results[i].push(throughput(*every, *ahead, secs)?);
         }
     }
-    let median = |v: &mut Vec<(f64, usize, f64)>| {
-        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // The run of median rate, whole: its checkpoints and pauses with it.
+    let median = |v: &mut Vec<Run>| {
+        v.sort_by(|a, b| a.rate.total_cmp(&b.rate));
         v[v.len() / 2]
     };
-    let none = median(&mut results[0]).0;
+    let none = median(&mut results[0]).rate;
     for (i, (name, _, _)) in configs.iter().enumerate() {
-        let (rate, taken, p50) = median(&mut results[i]);
+        let Run {
+            rate,
+            taken,
+            pause_p50: p50,
+        } = median(&mut results[i]);
         row(&[
             name.to_string(),
             format!("{rate:.0}"),

@@ -239,6 +239,11 @@ fn recovery_table(kills: u32, dir: &Path) -> anyhow::Result<()> {
         ("pages written", count_of(|x| x.pages), 0),
         ("replay (ms)", ms_of(|x| x.replay), 2),
         ("recovery, detection to serving (ms)", ms_of(|x| x.total), 2),
+        (
+            "of which neither restore nor replay (ms)",
+            ms_of(|x| x.total.saturating_sub(x.pause + x.replay)),
+            2,
+        ),
         ("requests replayed", count_of(|x| x.entries), 0),
     ] {
         let s = Summary::of(&v).expect("non-empty");

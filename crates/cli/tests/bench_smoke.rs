@@ -232,6 +232,12 @@ fn bench_kv_prints_throughput_and_recovery_tables() {
     assert_eq!(recovery[0][1], "3", "one row per kill: {stdout}");
     let (p50, p99) = (number(recovery[0][2]), number(recovery[0][3]));
     assert!(p50 > 0.0 && p99 >= p50, "{stdout}");
+    let rest = rows(&stdout, &["of which neither restore nor replay (ms)"]);
+    assert_eq!(rest.len(), 1, "{stdout}");
+    assert!(
+        number(rest[0][2]) <= p50 && number(rest[0][3]) <= number(recovery[0][4]),
+        "a part of the whole: {stdout}"
+    );
     // The log's length table: a row per kill, with requests replayed (how
     // many depends on the machine's speed, and on when the one checkpoint
     // landed: a kill right after it, before the clients' next request,

@@ -252,6 +252,9 @@ pub struct Summary {
 /// Asks the checkpoint thread for something; the answer comes back on
 /// `reply`.
 pub(crate) enum Command {
+    /// A standby of the component waits in `pid`: attach to it now, so
+    /// that neither its recovery nor its first checkpoint waits for that.
+    Standby { name: String, pid: u32 },
     /// An incarnation of the component serves from `pid`.
     Live { name: String, pid: u32 },
     /// The component has no live incarnation.
@@ -372,6 +375,8 @@ pub(crate) struct Tracked {
     /// log) until [`recover`] has restored that state and replayed it.
     recovering: bool,
     incarnation: Holder,
+    /// Attached to the standby that waits to be the next incarnation.
+    standby: Option<Box<Checkpointer>>,
     next_due: Option<Instant>,
     taken: u64,
     skipped: u64,
@@ -430,6 +435,7 @@ impl Tracked {
             last: None,
             recovering: false,
             incarnation: Holder::Down,
+            standby: None,
             next_due: None,
             taken: 0,
             skipped: 0,
@@ -481,9 +487,24 @@ pub(crate) fn serve(mut comps: Vec<Tracked>, dir: PathBuf, commands: Receiver<Co
 
 fn handle(comps: &mut [Tracked], cmd: Command) {
     match cmd {
+        Command::Standby { name, pid } => {
+            if let Ok(c) = find(comps, &name) {
+                // Attaching freezes the standby once, for about a
+                // millisecond (seizing its threads, taking a userfaultfd):
+                // done here while it waits, not when it is needed.
+                let attached = {
+                    let _counted = Counted::begin(&c.quiet.freezes);
+                    Checkpointer::attach(pid)
+                };
+                c.standby = attached.map(Box::new).ok();
+            }
+        }
         Command::Live { name, pid } => {
             if let Ok(c) = find(comps, &name) {
-                c.incarnation = Holder::Live(pid);
+                c.incarnation = match c.standby.take() {
+                    Some(ready) if ready.pid() == pid => Holder::Attached(ready),
+                    _ => Holder::Live(pid),
+                };
                 if !c.recovering {
                     c.next_due = c.policy.map(|p| Instant::now() + p.every);
                 }

@@ -303,6 +303,12 @@ impl Roster {
         });
     }
 
+    /// A standby of checkpointed component `name` waits in `pid`.
+    pub(crate) fn standby_parked(&self, name: &str, pid: u32) {
+        let name = name.to_string();
+        self.tell_checkpoints(Command::Standby { name, pid });
+    }
+
     pub(crate) fn set_checkpoints(&self, commands: Option<Sender<Command>>) {
         *self.checkpoints.lock().unwrap_or_else(|p| p.into_inner()) = commands;
     }

@@ -146,7 +146,11 @@ impl Supervisor<'_> {
     pub(crate) fn on_zygote(&mut self, idx: usize) -> Result<(), SupervisorError> {
         if self.comps[idx].standby.pending() {
             let inc = self.take_fork_reply(idx)?;
-            self.comps[idx].standby.park(inc);
+            let m = &mut self.comps[idx];
+            if m.spec.checkpoint.is_some() {
+                self.roster.standby_parked(&m.spec.name, inc.proc.pid);
+            }
+            m.standby.park(inc);
         }
         Ok(())
     }

@@ -945,18 +945,20 @@ pub(crate) const FRESH: &str = "fresh start (checkpoint and log dropped)";
 /// goes on after the reboot is reported.
 const REPLAY_WAIT: Duration = Duration::from_secs(2);
 
+/// How often a wait for a replay looks whether its process still lives.
+const REPLAY_RECHECK: Duration = Duration::from_millis(1);
+
 /// Waits until process `pid` has replayed its log (true), died, or taken
 /// [`REPLAY_WAIT`].
 fn wait_replayed(journal: &JournalRegion, pid: u32) -> bool {
     let until = Instant::now() + REPLAY_WAIT;
     let alive = || std::path::Path::new(&format!("/proc/{pid}")).exists();
-    let mut pause = Duration::from_micros(10);
     while journal.replay_pending() {
         if Instant::now() >= until || !alive() {
             return false;
         }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_micros(200));
+        // Woken when the replay ends; bounded, to notice a death.
+        kintsugi_runtime::futex::wait(&journal.header().replay, 1, Some(REPLAY_RECHECK));
     }
     true
 }

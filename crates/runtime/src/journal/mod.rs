@@ -304,6 +304,8 @@ impl Journal {
         h.last_replay_ns
             .store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         h.replay.store(0, Ordering::SeqCst);
+        // The supervisor waits for it to report the recovery.
+        futex::wake_all(&h.replay);
     }
 
     /// Runs the request logged at `at` (whose bytes are `request`) again;

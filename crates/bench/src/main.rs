@@ -283,10 +283,9 @@ pub(crate) struct Pinning {
 
 impl Pinning {
     pub(crate) fn new() -> Self {
-        let saved = rustix::thread::sched_getaffinity(None)
-            .ok()
-            .filter(|c| c.is_set(0) && c.is_set(1));
-        Self { saved }
+        Self {
+            saved: cpus_0_and_1(),
+        }
     }
 
     /// Whether the threads are pinned.
@@ -313,6 +312,13 @@ impl Drop for Pinning {
             rustix::thread::sched_setaffinity(None, cpus).ok();
         }
     }
+}
+
+/// The calling thread's CPUs, if CPUs 0 and 1 are among them.
+pub(crate) fn cpus_0_and_1() -> Option<rustix::thread::CpuSet> {
+    rustix::thread::sched_getaffinity(None)
+        .ok()
+        .filter(|c| c.is_set(0) && c.is_set(1))
 }
 
 /// Keeps the calling thread (and the threads it starts) on CPU `cpu`.

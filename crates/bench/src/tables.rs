@@ -2,14 +2,16 @@
 //! costs per call before and after the invocation, without the noise of
 //! the invocation itself (C3's per-call tracking, issue 14's ≤ 10 % of a
 //! null invocation). The baseline, measured in the same run, is the
-//! table the stubs used before: a `Mutex<std HashMap>` looked up twice.
+//! table the stubs used before issue 14: a `Mutex<std HashMap>` looked
+//! up twice (and, for global descriptors' fields, the table they used
+//! before the seqlock); a null invocation over a real shared-memory edge
+//! in this process gives the scale.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::hint::black_box;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
-
-use std::sync::Arc;
 
 use kintsugi_interfaces::bench;
 use kintsugi_interfaces::evt::EvtRecord;
@@ -40,6 +42,60 @@ fn null_invocation(blocks: usize, per_block: u64) -> (Summary, &'static str) {
         false => "not pinned",
     };
     (null, placed)
+}
+
+// Each table's work around one call is a function of its own, never
+// inlined into the timing loop: inlined, how the compiler laid out the
+// loop moved one table's figure by a factor of two between builds that
+// changed only the code around it.
+
+/// A local descriptor around a call: where it lives before it, its
+/// record updated after it.
+#[inline(never)]
+fn desc_table_fields(table: &DescTable<FileRecord>, id: u32) {
+    let epoch = black_box(table.locate(id).expect("tracked").epoch);
+    table.update(id, |t| {
+        t.record.offset += 1;
+        if t.epoch != epoch {
+            t.epoch = 0;
+        }
+    });
+}
+
+/// The same in one locked map (server id, epoch, record), looked up twice.
+#[inline(never)]
+fn locked_local(map: &Mutex<HashMap<u32, (u64, u64, FileRecord)>>, id: u32) {
+    let epoch = black_box(map.lock().unwrap().get(&id).expect("tracked").1);
+    if let Some(t) = map.lock().unwrap().get_mut(&id) {
+        t.2.offset += 1;
+        if t.1 != epoch {
+            t.1 = 0;
+        }
+    }
+}
+
+/// What the generated stub does around a call: one probe before it, the
+/// update after it where the probe found the fields.
+#[inline(never)]
+fn seqlock_fields(fields: &FieldTable<EvtRecord, 1>, g: u64) {
+    let looked = fields.look(g);
+    let seen = black_box(looked.fields.seen);
+    fields.update_looked(&looked, g, |f| f.seen = seen + 1);
+}
+
+/// What a stub did around a call with its fields in one locked map: a
+/// lookup before the call, another for the update after it.
+#[inline(never)]
+fn locked_fields<S: BuildHasher>(map: &Mutex<HashMap<u64, EvtRecord, S>>, g: u64) {
+    let seen = black_box(
+        map.lock()
+            .unwrap()
+            .get(&g)
+            .cloned()
+            .unwrap_or_default()
+            .seen,
+    );
+    map.lock().unwrap().entry(g).or_default().seen = seen + 1;
 }
 
 /// Times `op` over `blocks` blocks of `per_block` calls: ns per call per block.
@@ -83,14 +139,7 @@ pub fn tables(descriptors: u64, blocks: usize, per_block: u64) -> anyhow::Result
         })
         .collect();
     let local = time(blocks, per_block, |k| {
-        let id = ids[(k % descriptors) as usize];
-        let epoch = black_box(table.locate(id).expect("tracked").epoch);
-        table.update(id, |t| {
-            t.record.offset += 1;
-            if t.epoch != epoch {
-                t.epoch = 0;
-            }
-        });
+        desc_table_fields(&table, ids[(k % descriptors) as usize])
     });
     let baseline: Mutex<HashMap<u32, (u64, u64, FileRecord)>> = Mutex::new(
         ids.iter()
@@ -98,55 +147,26 @@ pub fn tables(descriptors: u64, blocks: usize, per_block: u64) -> anyhow::Result
             .collect(),
     );
     let local_base = time(blocks, per_block, |k| {
-        let id = ids[(k % descriptors) as usize];
-        let epoch = black_box(baseline.lock().unwrap().get(&id).expect("tracked").1);
-        if let Some(t) = baseline.lock().unwrap().get_mut(&id) {
-            t.2.offset += 1;
-            if t.1 != epoch {
-                t.1 = 0;
-            }
-        }
+        locked_local(&baseline, ids[(k % descriptors) as usize])
     });
 
     // Global descriptors' fields (evt's `seen`): read, then store.
     let fields = FieldTable::<EvtRecord, 1>::default();
     let gids: Vec<u64> = (0..descriptors).map(|i| 0x5eed_0000 + i * 7919).collect();
     let global = time(blocks, per_block, |k| {
-        let g = gids[(k % descriptors) as usize];
-        // As the generated stub does: one probe before the call.
-        let looked = fields.look(g);
-        let seen = black_box(looked.fields.seen);
-        fields.update_looked(&looked, g, |f| f.seen = seen + 1);
+        seqlock_fields(&fields, gids[(k % descriptors) as usize])
     });
     // The table before the seqlock (2026-11-28): one mutex, hashbrown's
     // seeded foldhash, two lookups per call.
-    let locked: Mutex<hashbrown::HashMap<u64, EvtRecord>> = Mutex::new(hashbrown::HashMap::new());
+    let locked = Mutex::new(HashMap::with_hasher(
+        hashbrown::DefaultHashBuilder::default(),
+    ));
     let global_locked = time(blocks, per_block, |k| {
-        let g = gids[(k % descriptors) as usize];
-        let seen = black_box(
-            locked
-                .lock()
-                .unwrap()
-                .get(&g)
-                .cloned()
-                .unwrap_or_default()
-                .seen,
-        );
-        locked.lock().unwrap().entry(g).or_default().seen = seen + 1;
+        locked_fields(&locked, gids[(k % descriptors) as usize])
     });
-    let std_fields: Mutex<HashMap<u64, EvtRecord>> = Mutex::new(HashMap::new());
+    let std_fields = Mutex::new(HashMap::new());
     let global_base = time(blocks, per_block, |k| {
-        let g = gids[(k % descriptors) as usize];
-        let seen = black_box(
-            std_fields
-                .lock()
-                .unwrap()
-                .get(&g)
-                .cloned()
-                .unwrap_or_default()
-                .seen,
-        );
-        std_fields.lock().unwrap().entry(g).or_default().seen = seen + 1;
+        locked_fields(&std_fields, gids[(k % descriptors) as usize])
     });
 
     let (null, pinned) = null_invocation(blocks.div_ceil(4), per_block);

@@ -496,7 +496,14 @@ fn handle(comps: &mut [Tracked], cmd: Command) {
                     let _counted = Counted::begin(&c.quiet.freezes);
                     Checkpointer::attach(pid)
                 };
-                c.standby = attached.map(Box::new).ok();
+                c.standby = match attached {
+                    Ok(ready) => Some(Box::new(ready)),
+                    Err(e) => {
+                        // It attaches when it goes live instead.
+                        tracing::debug!("{name}: standby {pid} not attached: {e}");
+                        None
+                    }
+                };
             }
         }
         Command::Live { name, pid } => {

@@ -31,6 +31,7 @@ mod memio;
 mod remote;
 mod respawn;
 mod restore;
+mod startover;
 mod sys;
 
 pub use checkpoint::{Checkpointer, Stats};
@@ -38,6 +39,7 @@ pub use file::ImageError;
 pub use freeze::{thread_ids, Frozen};
 pub use image::{Area, Image, Rseq, ThreadState};
 pub use respawn::thread_pairs;
+pub use startover::StartOver;
 
 use thiserror::Error;
 

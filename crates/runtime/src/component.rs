@@ -693,6 +693,7 @@ fn start_workers(
     if let Err(e) = ctl.lifelines[bank][0].register() {
         fatal(&format!("lifeline: {e}"));
     }
+    crate::restart::publish(&ctl.restarts);
     let gate = Arc::new(Gate::default());
     let slots = provided
         .iter()
@@ -708,9 +709,19 @@ fn start_workers(
         );
         worker.journal = journal.map(|j| (j.clone(), index as u32));
         let (gate, control, interface) = (gate.clone(), control.clone(), p.interface.clone());
+        let name = format!("{interface}:{slot}");
+        // The loop a restart after a restore runs again (`restart.rs`).
+        let body = {
+            let gate = gate.clone();
+            move || {
+                let (service, epoch) = gate.wait(&interface);
+                crate::watchdog::register_worker(line - 1, &name);
+                worker.run_gated(service.as_ref(), epoch, &gate.recovery);
+            }
+        };
         std::thread::Builder::new()
-            .name(format!("{interface}:{slot}"))
-            .stack_size(256 * 1024)
+            .name(format!("{}:{slot}", p.interface))
+            .stack_size(crate::restart::WORKER_STACK)
             .spawn(move || {
                 take_priority(prio);
                 let ctl: &ControlBlock = control.at(0);
@@ -718,9 +729,7 @@ fn start_workers(
                     fatal(&format!("lifeline: {e}"));
                 }
                 gate.registered.fetch_add(1, Ordering::SeqCst);
-                let (service, epoch) = gate.wait(&interface);
-                crate::watchdog::register_worker(line - 1, &format!("{interface}:{slot}"));
-                worker.run_gated(service.as_ref(), epoch, &gate.recovery);
+                crate::restart::run(line, Box::new(body));
             })
             .unwrap_or_else(|e| fatal(&format!("spawn worker: {e}")));
     }

@@ -44,6 +44,7 @@ pub mod priority;
 pub mod process;
 #[doc(hidden)]
 pub mod records;
+mod restart;
 mod scratch;
 pub mod seccomp;
 #[doc(hidden)]

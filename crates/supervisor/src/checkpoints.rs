@@ -30,8 +30,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kintsugi_checkpoint::{file, Checkpointer, Frozen, Image, Stats};
-use kintsugi_runtime::abi::boot::ControlBlock;
+use kintsugi_checkpoint::{file, Checkpointer, Frozen, Image, StartOver, Stats};
+use kintsugi_runtime::abi::boot::{ControlBlock, LIFELINES};
 use kintsugi_runtime::abi::channel::Edge;
 use kintsugi_runtime::abi::journal::JournalRegion;
 use kintsugi_runtime::abi::shm::Region;
@@ -219,6 +219,10 @@ pub struct Summary {
     pub compared: u64,
     pub bytes: u64,
     pub threads: usize,
+    /// Of those, a restore's: worker threads started over at the top of
+    /// their loops rather than resumed.
+    #[serde(default)]
+    pub started_over: usize,
     /// How long the component was held still, µs.
     pub pause_us: u64,
     /// From the request to the answer (waiting for a safe point and
@@ -787,7 +791,9 @@ fn restore(c: &mut Tracked, from: Option<&Path>, force: bool) -> Result<Summary,
             ckpt.restore_new_frozen(&frozen, image),
         ),
     };
+    let mut started_over = 0;
     if stats.is_ok() {
+        started_over = start_workers_over(&c.quiet.control, ckpt, &frozen, &c.name);
         rolled_back(c, pid);
     }
     let pause = frozen.held();
@@ -804,14 +810,34 @@ fn restore(c: &mut Tracked, from: Option<&Path>, force: bool) -> Result<Summary,
     }
     let mut stats = stats.map_err(|e| e.to_string())?;
     stats.pause = pause;
-    Ok(summary(
-        c,
-        kind,
-        stats,
-        waited,
-        started,
-        from.map(Path::to_path_buf),
-    ))
+    let mut done = summary(c, kind, stats, waited, started, from.map(Path::to_path_buf));
+    done.started_over = started_over;
+    Ok(done)
+}
+
+/// After a restore, with the process still frozen: its workers start
+/// their loops over (the runtime's `restart.rs`), so that what their
+/// registers and frames held at the checkpoint, a safe point where they
+/// serve nothing, is left behind, a captured fault with it; the memory
+/// stays the image's. Returns how many did (0 if the component published
+/// no restart point, or on failure, when the rest resume where the image
+/// had them: either way is a valid state).
+fn start_workers_over(control: &Region, ckpt: &Checkpointer, frozen: &Frozen, name: &str) -> usize {
+    let ctl: &ControlBlock = control.at(0);
+    let r = &ctl.restarts;
+    let at = StartOver {
+        entry: r.entry.load(Ordering::Acquire),
+        tops: r.tops.load(Ordering::Relaxed),
+        lines: LIFELINES,
+        stack: r.stack.load(Ordering::Relaxed),
+    };
+    if at.entry == 0 {
+        return 0;
+    }
+    ckpt.start_over(frozen, &at).unwrap_or_else(|e| {
+        tracing::warn!(component = %name, "its workers resume where the checkpoint had them: {e}");
+        0
+    })
 }
 
 /// After a restore, with the process still frozen: every worker is back
@@ -1003,7 +1029,9 @@ fn restore_last(
         kintsugi_checkpoint::thread_pairs(&image, &frozen),
     );
     let stats = ckpt.restore_new_frozen(&frozen, image);
+    let mut started_over = 0;
     if stats.is_ok() {
+        started_over = start_workers_over(&c.quiet.control, ckpt, &frozen, &c.name);
         adopt_worker_entries(c, died, pid, &pairs);
         rolled_back(c, pid);
     }
@@ -1013,14 +1041,9 @@ fn restore_last(
     match stats {
         Ok(mut stats) => {
             stats.pause = pause;
-            Ok(summary(
-                c,
-                "restore and replay",
-                stats,
-                waited,
-                started,
-                None,
-            ))
+            let mut done = summary(c, "restore and replay", stats, waited, started, None);
+            done.started_over = started_over;
+            Ok(done)
         }
         Err(e) => {
             if let Holder::Attached(ckpt) = std::mem::replace(&mut c.incarnation, Holder::Live(pid))
@@ -1067,6 +1090,7 @@ fn summary(
         replay_us: 0,
         replayed_calls: 0,
         diverged: 0,
+        started_over: 0,
     }
 }
 

@@ -181,6 +181,10 @@ pub enum Event {
         pages: u64,
         #[serde(rename = "pause_us", with = "micros")]
         pause: Duration,
+        /// Worker threads started over at the top of their loops (see
+        /// `kintsugi_runtime`'s `restart.rs`) rather than resumed.
+        #[serde(default)]
+        started_over: usize,
     },
     /// A checkpoint-recovered component's new incarnation got the last
     /// checkpoint (`kind`: "restore and replay", or "replay" if there was
@@ -208,6 +212,9 @@ pub enum Event {
         calls: u64,
         #[serde(default)]
         diverged: u64,
+        /// Worker threads started over rather than resumed.
+        #[serde(default)]
+        started_over: usize,
     },
     /// A component's first incarnation took an image exported elsewhere
     /// (`kintsugi run --restore`).
@@ -299,9 +306,10 @@ impl fmt::Display for Event {
                 detail,
                 pages,
                 pause,
+                started_over,
             } => write!(
                 f,
-                "{component}: {detail}; rolled back in place (pid {pid}, {pages} pages, held {} µs)",
+                "{component}: {detail}; rolled back in place (pid {pid}, {pages} pages, held {} µs, {started_over} workers started over)",
                 pause.as_micros()
             ),
             Event::Replayed {
@@ -315,9 +323,10 @@ impl fmt::Display for Event {
                 replay,
                 calls,
                 diverged,
+                started_over,
             } => write!(
                 f,
-                "{component}: checkpoint recovery into pid {pid}: {kind} ({pages} pages written of {compared} compared, held {} µs), {entries} logged requests replayed in {} µs ({calls} calls to other servers answered from the log, {diverged} divergences)",
+                "{component}: checkpoint recovery into pid {pid}: {kind} ({pages} pages written of {compared} compared, held {} µs, {started_over} workers started over), {entries} logged requests replayed in {} µs ({calls} calls to other servers answered from the log, {diverged} divergences)",
                 pause.as_micros(),
                 replay.as_micros()
             ),

@@ -380,6 +380,7 @@ impl Supervisor<'_> {
                     replay: Duration::from_micros(done.replay_us),
                     calls: done.replayed_calls,
                     diverged: done.diverged,
+                    started_over: done.started_over,
                 });
                 Ok(())
             }

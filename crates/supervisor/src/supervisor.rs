@@ -660,6 +660,7 @@ impl<'a> Supervisor<'a> {
                         detail: done.detail,
                         pages: s.pages,
                         pause: Duration::from_micros(s.pause_us),
+                        started_over: s.started_over,
                     })
                 }
                 Err(e) => self.roster.report_fault(FaultReport {

@@ -186,6 +186,34 @@ pub struct ControlBlock {
     /// the restarts of a component that panics at the same place again and
     /// again.
     pub panic_site: AtomicU64,
+    /// Where this component's worker threads can start over after a
+    /// restore ([`crate::restart`]).
+    pub restarts: Restarts,
+}
+
+/// A component's restart point, as its incarnation publishes it at boot:
+/// every incarnation forked from one pristine image publishes the same.
+/// The supervisor uses it only on that component's own threads.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Restarts {
+    /// The address of the function a restarted worker begins in (0: none
+    /// published).
+    pub entry: AtomicU64,
+    /// The address of the table of [`LIFELINES`] words, one per worker
+    /// line: where its stack stood when it entered its loop (0: no worker).
+    pub tops: AtomicU64,
+    /// The size of a worker's stack: a thread whose stack pointer lies
+    /// within this many bytes below a line's top is that line's worker.
+    pub stack: AtomicU64,
+}
+
+impl Restarts {
+    pub fn publish(&self, entry: u64, tops: u64, stack: u64) {
+        self.tops.store(tops, Ordering::Relaxed);
+        self.stack.store(stack, Ordering::Relaxed);
+        self.entry.store(entry, Ordering::Release);
+    }
 }
 // SAFETY: repr(C), atomics only, all-zero means "nothing activated yet".
 unsafe impl SharedPod for ControlBlock {}

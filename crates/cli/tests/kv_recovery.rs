@@ -637,3 +637,147 @@ think_us = 100
         "GLIBC_TUNABLES of each at its start"
     );
 }
+
+/// A fault a checkpoint captured in idle workers' registers is left
+/// behind: with kv's log and clients running, the test freezes kv and
+/// sets the callee-saved registers of every worker waiting in `futex`
+/// to non-canonical addresses (a flip into a thread that went idle before
+/// it showed), and lets it go. Checkpoints every 10 ms capture the damage
+/// before the workers' bounded wait (100 ms) ends and they crash on it.
+/// The recovery restores that checkpoint, but its workers start their
+/// loops over instead of resuming the captured registers: kv crashes
+/// once, is not started afresh, and its clients see every answer right.
+/// (Resuming them crashed every restore at once, and the crash ladder
+/// ended in a fresh start that lost kv's state.)
+#[test]
+fn a_fault_captured_in_idle_workers_registers_is_left_behind_by_the_restore() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let seed = seed("kv_captured");
+    let dir = scratch("kv-captured");
+    let toml = format!(
+        r#"[system]
+name = "kv-captured"
+
+[[component]]
+name = "kv"
+binary = "kintsugi-kv"
+provides = ["kv"]
+recovery = "checkpoint"
+checkpoint = {{ every_ms = 10 }}
+
+[[component]]
+name = "w1"
+binary = "kintsugi-kv-workload"
+uses = ["kv"]
+[component.config]
+seed = {seed}
+threads = 2
+ops = 120
+keys = 16
+think_us = 20000
+"#
+    );
+    let system = write(&dir, "kv-captured.toml", &toml);
+    let tag = unique_tag("kv_captured");
+    let mut child = run_system(&tag, &system)
+        .env("XDG_RUNTIME_DIR", scratch("kv_captured-run"))
+        .args(["--duration", "8"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut err, &mut text).unwrap();
+        text
+    });
+    let mut damaged = None;
+    let mut stdout = String::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        stdout += &line;
+        stdout += "\n";
+        if let Some(Event::Started { component, pid, .. }) = events(&line).pop() {
+            if component == "kv" && damaged.is_none() {
+                damaged = Some(std::thread::spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    damage_idle_workers(pid)
+                }));
+            }
+        }
+    }
+    let stderr = stderr.join().unwrap();
+    child.wait().unwrap();
+    let damaged = damaged.expect("kv started").join().unwrap();
+    assert!(leftovers(&tag).is_empty(), "processes left behind");
+    eprintln!("kv_captured: seed {seed}, {damaged} idle workers damaged");
+    assert!(damaged > 0, "no worker was idle in futex");
+    let crashes = crashes(&stdout, "kv");
+    let replays = replays(&stdout);
+    assert!(
+        !crashes.is_empty() && crashes.iter().all(|c| c.by(SIGSEGV)),
+        "the damage showed as SIGSEGV: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        crashes.iter().map(|c| &c.exit).collect::<Vec<_>>()
+    );
+    assert!(
+        replays.iter().all(|(kind, _)| kind == "restore and replay"),
+        "every recovery restored the checkpoint, none started afresh: {replays:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let started_over: Vec<usize> = events(&stdout)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Replayed {
+                component,
+                started_over,
+                ..
+            } if component == "kv" => Some(started_over),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        started_over.iter().all(|&n| n > 0),
+        "workers started over in each recovery: {started_over:?}"
+    );
+    reports_clean(&stdout, &["w1"]);
+}
+
+/// Freezes `pid` (retrying while the supervisor's checkpoint thread holds
+/// it) and sets the callee-saved registers of each of its worker threads
+/// (named `kv:<slot>`) that waits in `futex` to non-canonical addresses;
+/// returns how many.
+fn damage_idle_workers(pid: u32) -> usize {
+    // A wait the supervisor's freezes interrupted goes on in `restart_syscall`.
+    const FUTEX: u64 = 202;
+    const RESTART_SYSCALL: u64 = 219;
+    let frozen = (0..2000)
+        .find_map(|_| {
+            kintsugi_checkpoint::Frozen::freeze(pid)
+                .inspect_err(|_| std::thread::sleep(std::time::Duration::from_millis(1)))
+                .ok()
+        })
+        .expect("kv frozen");
+    let mut damaged = 0;
+    for &tid in frozen.tids() {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap();
+        let mut regs = frozen.regs(tid).unwrap();
+        if !comm.starts_with("kv:") || ![FUTEX, RESTART_SYSCALL].contains(&regs.orig_rax) {
+            continue;
+        }
+        let bad = 0xdead_0000_0000_0000 | u64::from(tid);
+        for r in [
+            &mut regs.rbx,
+            &mut regs.rbp,
+            &mut regs.r12,
+            &mut regs.r13,
+            &mut regs.r14,
+            &mut regs.r15,
+        ] {
+            *r = bad;
+        }
+        frozen.set_regs(tid, regs).unwrap();
+        damaged += 1;
+    }
+    damaged
+}

@@ -297,47 +297,103 @@ fn kv_killed_while_its_log_asks_for_checkpoints_loses_nothing() {
 
 /// A hang that comes back with every restore climbs the ladder: rolled
 /// back in place; hung again within a second, rebooted from the last
-/// checkpoint; hung again within a second of that recovery, started
-/// afresh with its checkpoint and log dropped (the state is lost, as the
-/// clients then see). SIGSTOPs 500 ms apart stand for a fault the
-/// checkpoints captured; the watchdog finds each in about 300 ms.
+/// checkpoint; hung again within a second of that recovery and before it
+/// served a new request, started afresh with its checkpoint and log
+/// dropped (the state is lost, as the clients then see). The test stops
+/// kv (SIGSTOP) once, then again as soon as each rollback or recovery is
+/// reported, standing for a fault the checkpoints captured; its one
+/// client, pausing 200 ms between calls, leaves each new incarnation at
+/// most the call it had waiting, and the watchdog finds each stop once a
+/// call waits 250 ms.
 #[test]
 fn a_hang_that_every_restore_brings_back_ends_in_a_fresh_start() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
     let seed = seed("kv_ladder");
     let dir = scratch("kv-ladder");
-    let system = kv_system(&dir, seed, true, &GENTLE);
+    let toml = format!(
+        r#"[system]
+name = "kv-ladder"
+
+[watchdog]
+period_us = 1000
+stuck_ms = 250
+default_bound_us = 100000
+
+[[component]]
+name = "kv"
+binary = "kintsugi-kv"
+provides = ["kv"]
+recovery = "checkpoint"
+checkpoint = {{ every_ms = 20 }}
+
+[[component]]
+name = "w1"
+binary = "kintsugi-kv-workload"
+uses = ["kv"]
+[component.config]
+seed = {seed}
+threads = 1
+ops = 0
+keys = 16
+think_us = 200000
+"#
+    );
+    let system = write(&dir, "kv-ladder.toml", &toml);
     let tag = unique_tag("kv_ladder");
-    let out = run_system(&tag, &system)
+    let mut child = run_system(&tag, &system)
         .env("XDG_RUNTIME_DIR", scratch("kv_ladder-run"))
-        .args([
-            "--kill",
-            "kv",
-            "--seed",
-            &seed.to_string(),
-            "--stop-after-kills",
-        ])
-        .args([
-            "--signals",
-            "stop",
-            "--kills",
-            "3",
-            "--kill-every",
-            "500..500",
-        ])
-        .output()
+        .args(["--duration", "6"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    let (stdout, stderr) = text(&out);
+    let mut err = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut err, &mut text).unwrap();
+        text
+    });
+    let stop = |pid: u32| {
+        let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    };
+    let (mut steps, mut first) = (Vec::<String>::new(), None);
+    let mut stdout = String::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        stdout += &line;
+        stdout += "\n";
+        match events(&line).pop() {
+            Some(Event::Started { component, pid, .. }) if component == "kv" && first.is_none() => {
+                // Stopped once it has served a while.
+                first = Some(std::thread::spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(1000));
+                    stop(pid);
+                }));
+            }
+            Some(Event::RolledBack { component, pid, .. }) if component == "kv" => {
+                stop(pid);
+                steps.push("rollback".into());
+            }
+            Some(Event::Replayed {
+                component,
+                pid,
+                kind,
+                ..
+            }) if component == "kv" => {
+                if kind == "restore and replay" {
+                    stop(pid);
+                }
+                steps.push(kind);
+            }
+            _ => {}
+        }
+    }
+    let stderr = stderr.join().unwrap();
+    child.wait().unwrap();
+    first.expect("kv started").join().unwrap();
     assert!(leftovers(&tag).is_empty(), "processes left behind");
-    let steps: Vec<String> = events(&stdout)
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::RolledBack { component, .. } if component == "kv" => Some("rollback".into()),
-            Event::Replayed {
-                component, kind, ..
-            } if component == "kv" => Some(kind),
-            _ => None,
-        })
-        .collect();
     assert_eq!(
         steps,
         [

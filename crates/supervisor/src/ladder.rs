@@ -3,18 +3,25 @@
 //! (`seeds/001_68a97066b3f6a3ed.txt` §6); a new incarnation from the last
 //! checkpoint if the incarnation hangs again within a second of its
 //! rollback; and, for a checkpoint-recovered component whose recovered
-//! incarnation hangs within a second too, a fresh start, its checkpoint
-//! and request log dropped. The last step is OTP's escalation to a restart
+//! incarnation hangs within a second too and before serving any new
+//! request (see [`at_once`]), a fresh start, its checkpoint and request log dropped. The last step is OTP's escalation to a restart
 //! from the initial state: a fault can reach a checkpoint before it shows
 //! (a flipped register in an idle worker, captured at the next safe
 //! point), and a state that brings its hang back with every restore would
 //! otherwise be restored for ever. The state is lost then, and the event
-//! log says so.
+//! log says so. Restores start the workers' loops over (the runtime's
+//! `restart.rs`), so a fault captured in an idle worker's registers no
+//! longer climbs this far; one captured in memory still does.
+//!
+//! A hang of a recovered incarnation that has logged a new request is a
+//! new fault (a fault campaign reboots its target before each injection,
+//! so every injection lands within a second of a recovery) and starts at
+//! the bottom.
 //!
 //! A crash is answered the same way at its last step: when two
 //! incarnations in a row crash by themselves (a signal of their own making
 //! or an exit, not a SIGKILL and not the injector's signal) within a
-//! second of their checkpoint recoveries and before logging any new
+//! second of their checkpoint recoveries and before serving any new
 //! request, the restored state or the replayed log is taken to bring the
 //! fault back, and the next recovery starts fresh (a register flip
 //! captured by a checkpoint made every restore crash at once: a crash
@@ -25,19 +32,36 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use kintsugi_runtime::abi::journal::JournalRegion;
+
 /// A hang within this long of a restore is taken for the restored state's.
 pub(crate) const AGAIN: Duration = Duration::from_secs(1);
 
-/// A crash, as the ladder weighs it.
+/// An incarnation that failed, as the ladder weighs it.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Crash {
+pub(crate) struct Failed {
     pub pid: u32,
-    /// By a signal of its own making or an exit (see the module doc).
-    pub by_itself: bool,
     /// Requests its log counts so far (`logged`), and whether its replay
     /// was still to finish.
     pub logged: u64,
     pub replaying: bool,
+}
+
+/// Incarnation `pid` of a component whose log is `journal`, failed now.
+pub(crate) fn failed(pid: u32, journal: Option<&JournalRegion>) -> Failed {
+    Failed {
+        pid,
+        logged: journal.map_or(0, JournalRegion::logged),
+        replaying: journal.is_some_and(JournalRegion::replay_pending),
+    }
+}
+
+/// A crash, as the ladder weighs it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Crash {
+    pub failed: Failed,
+    /// By a signal of its own making or an exit (see the module doc).
+    pub by_itself: bool,
 }
 
 /// How a component's state was last put back after a failure.
@@ -71,19 +95,21 @@ pub(crate) struct Ladder {
 }
 
 impl Ladder {
-    /// The answer to a hang of `component`'s incarnation `pid`;
+    /// The answer to a hang of `component`'s incarnation `hung.pid`;
     /// `rollback` says whether its policy rolls hangs back at all.
-    pub fn answer(&mut self, component: &str, pid: u32, rollback: bool) -> HangAnswer {
+    pub fn answer(&mut self, component: &str, hung: Failed, rollback: bool) -> HangAnswer {
         let recent = self
             .last
             .get(component)
-            .filter(|(last, at, _)| *last == pid && at.elapsed() < AGAIN)
+            .filter(|(last, at, _)| *last == hung.pid && at.elapsed() < AGAIN)
             .map(|(_, _, how)| *how);
         let answer = match (rollback, recent) {
             (false, _) => HangAnswer::Reboot,
             (true, None) => HangAnswer::RollBack,
             (true, Some(How::RolledBack)) => HangAnswer::Reboot,
-            (true, Some(How::Recovered { .. })) => HangAnswer::RebootFresh,
+            (true, Some(how)) if at_once(&how, &hung) => HangAnswer::RebootFresh,
+            // It served since its recovery: a new fault.
+            (true, Some(How::Recovered { .. })) => HangAnswer::RollBack,
         };
         if answer == HangAnswer::RebootFresh {
             self.fresh.insert(component.to_string());
@@ -96,13 +122,10 @@ impl Ladder {
     /// before any new request was logged, has the next recovery start
     /// fresh (see the module doc). Returns whether it does.
     pub fn crashed(&mut self, component: &str, crash: Crash) -> bool {
-        let at_once = |how: &How| match how {
-            How::Recovered { logged } => crash.replaying || crash.logged == *logged,
-            How::RolledBack => false,
-        };
+        let died = crash.failed;
         let quick = crash.by_itself
             && self.last.get(component).is_some_and(|(last, at, how)| {
-                *last == crash.pid && at.elapsed() < AGAIN && at_once(how)
+                *last == died.pid && at.elapsed() < AGAIN && at_once(how, &died)
             });
         let count = self.quick_crashes.entry(component.to_string()).or_default();
         *count = match quick {
@@ -144,6 +167,17 @@ impl Ladder {
     }
 }
 
+/// Whether `failed` came before its incarnation did anything new since it
+/// was put back `how`: a checkpoint recovery whose replay had not ended,
+/// or after which at most one request was logged (the one it failed in:
+/// a request is logged before it runs).
+fn at_once(how: &How, failed: &Failed) -> bool {
+    match how {
+        How::Recovered { logged } => failed.replaying || failed.logged.saturating_sub(*logged) <= 1,
+        How::RolledBack => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,22 +185,49 @@ mod tests {
     #[test]
     fn a_hang_climbs_from_rollback_to_reboot_to_a_fresh_start() {
         let mut l = Ladder::default();
-        assert_eq!(l.answer("kv", 10, true), HangAnswer::RollBack);
+        assert_eq!(l.answer("kv", hung(10, 0), true), HangAnswer::RollBack);
         l.rolled_back("kv", 10);
-        assert_eq!(l.answer("kv", 10, true), HangAnswer::Reboot);
+        assert_eq!(l.answer("kv", hung(10, 0), true), HangAnswer::Reboot);
         assert!(!l.take_fresh("kv"));
         l.recovered("kv", 11, 0);
-        assert_eq!(l.answer("kv", 11, true), HangAnswer::RebootFresh);
+        assert_eq!(l.answer("kv", hung(11, 0), true), HangAnswer::RebootFresh);
         assert!(l.take_fresh("kv"));
         assert!(!l.take_fresh("kv"), "asked once");
     }
 
-    fn crash(pid: u32, by_itself: bool, logged: u64) -> Crash {
-        Crash {
+    #[test]
+    fn a_hang_after_the_recovered_incarnation_served_is_a_new_fault() {
+        let mut l = Ladder::default();
+        l.recovered("kv", 11, 100);
+        assert_eq!(l.answer("kv", hung(11, 102), true), HangAnswer::RollBack);
+        l.recovered("kv", 12, 100);
+        assert_eq!(
+            l.answer("kv", hung(12, 101), true),
+            HangAnswer::RebootFresh,
+            "hung in the first request it took"
+        );
+        assert!(l.take_fresh("kv"));
+        l.recovered("kv", 11, 100);
+        assert!(!l.fresh_next("kv"));
+        let replaying = Failed {
+            replaying: true,
+            ..hung(11, 250)
+        };
+        assert_eq!(l.answer("kv", replaying, true), HangAnswer::RebootFresh);
+    }
+
+    fn hung(pid: u32, logged: u64) -> Failed {
+        Failed {
             pid,
-            by_itself,
             logged,
             replaying: false,
+        }
+    }
+
+    fn crash(pid: u32, by_itself: bool, logged: u64) -> Crash {
+        Crash {
+            failed: hung(pid, logged),
+            by_itself,
         }
     }
 
@@ -198,13 +259,16 @@ mod tests {
         l.recovered("kv", 8, 100);
         assert!(!l.crashed("kv", crash(8, true, 100)));
         l.recovered("kv", 9, 100);
-        assert!(!l.crashed("kv", crash(9, true, 101)), "it logged a request");
+        assert!(!l.crashed("kv", crash(9, true, 102)), "it served a request");
         l.recovered("kv", 10, 100);
         assert!(!l.crashed("kv", crash(10, true, 100)));
         l.recovered("kv", 11, 100);
         let replaying = Crash {
-            replaying: true,
-            ..crash(11, true, 250)
+            failed: Failed {
+                replaying: true,
+                ..hung(11, 250)
+            },
+            by_itself: true,
         };
         assert!(
             l.crashed("kv", replaying),
@@ -216,8 +280,8 @@ mod tests {
     fn another_incarnation_or_a_policy_without_rollback_starts_at_the_bottom() {
         let mut l = Ladder::default();
         l.recovered("kv", 11, 0);
-        assert_eq!(l.answer("kv", 12, true), HangAnswer::RollBack);
-        assert_eq!(l.answer("kv", 11, false), HangAnswer::Reboot);
-        assert_eq!(l.answer("lock", 11, true), HangAnswer::RollBack);
+        assert_eq!(l.answer("kv", hung(12, 0), true), HangAnswer::RollBack);
+        assert_eq!(l.answer("kv", hung(11, 0), false), HangAnswer::Reboot);
+        assert_eq!(l.answer("lock", hung(11, 0), true), HangAnswer::RollBack);
     }
 }

@@ -125,10 +125,8 @@ impl Supervisor<'_> {
         let name = m.spec.name.clone();
         let journal = m.wiring.durable.journal.as_deref();
         let crash = Crash {
-            pid,
+            failed: crate::ladder::failed(pid, journal),
             by_itself,
-            logged: journal.map_or(0, JournalRegion::logged),
-            replaying: journal.is_some_and(|j| j.replay_pending()),
         };
         if self.ladder.crashed(&name, crash) {
             tracing::warn!(

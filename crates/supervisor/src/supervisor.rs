@@ -624,13 +624,14 @@ impl<'a> Supervisor<'a> {
                     .spec
                     .checkpoint
                     .is_some_and(|p| p.on_hang == HangAction::Rollback);
-                match self.ladder.answer(&report.component, report.pid, rollback) {
+                let hung = crate::ladder::failed(report.pid, m.wiring.durable.journal.as_deref());
+                match self.ladder.answer(&report.component, hung, rollback) {
                     HangAnswer::RollBack => {
                         self.roll_back(report);
                         continue;
                     }
                     HangAnswer::RebootFresh => tracing::warn!(
-                        "{}: hung again within {} ms of its checkpoint recovery: it starts afresh, its checkpoint and request log dropped (its state is lost)",
+                        "{}: hung again within {} ms of its checkpoint recovery, before serving anything new: it starts afresh, its checkpoint and request log dropped (its state is lost)",
                         report.component,
                         crate::ladder::AGAIN.as_millis()
                     ),

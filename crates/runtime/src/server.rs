@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::abi::channel::{flags, state, status, Edge};
+use crate::abi::channel::{flags, state, status, Edge, SlotHeader};
 use crate::futex;
 use crate::journal::{Full, Journal};
 use crate::priority;
@@ -30,6 +30,9 @@ pub struct SlotWorker {
     /// The request log of a checkpoint-recovered server, with this edge's
     /// place among the provided ones.
     pub(crate) journal: Option<(Arc<Journal>, u32)>,
+    /// The address of this worker's slot header, taken when the worker was
+    /// made, to check the one it computes before each request against.
+    home: usize,
 }
 
 /// A reply as the channel carries it: `status::*`, code and bytes.
@@ -83,12 +86,35 @@ pub(crate) fn publish(edge: &Edge, slot: u32, reply: &Reply<'_>) {
 
 impl SlotWorker {
     pub fn new(edge: Arc<Edge>, slot: u32, client: u32, retire: Arc<AtomicBool>) -> Self {
+        let home = edge.slot(slot) as *const SlotHeader as usize;
         Self {
             edge,
             slot,
             client,
             retire,
             journal: None,
+            home,
+        }
+    }
+
+    /// Ends the process if the slot header this worker is about to serve
+    /// is not its own. The worker keeps its slot's offset in a register
+    /// across its waits; a flipped bit there (SuperGlue's fault) made it
+    /// read another place of the edge as its request and write its reply
+    /// there, and its client saw a wrong answer with nothing detected (ten
+    /// of 1,000 register flips into kv). No correct worker computes another
+    /// address, so the process is taken for damaged: it aborts, and is
+    /// recovered. `black_box` makes the check read both values anew on
+    /// every request.
+    fn check_home(&self, s: &SlotHeader) {
+        let here = std::hint::black_box(s as *const SlotHeader as usize);
+        if here != std::hint::black_box(self.home) {
+            tracing::error!(
+                slot = self.slot,
+                "a worker's slot is at {here:#x}, not {:#x}: its registers are damaged; aborting",
+                self.home
+            );
+            std::process::abort();
         }
     }
 
@@ -103,74 +129,94 @@ impl SlotWorker {
     /// at once, gate or not: it runs nothing, and its client goes on to
     /// rebuild its descriptors.
     pub fn run_gated(&self, service: &dyn Service, epoch: u64, gate: &RecoveryGate) {
+        while self.wait_for_request() {
+            self.serve_posted(service, epoch, gate);
+        }
+    }
+
+    /// Serves the request slot `self.slot` holds, if it still does. Not
+    /// inlined into the loop, and neither is the wait: the slot's address
+    /// is computed anew for each request rather than kept in a register
+    /// across the waits, where a flipped bit made the worker serve another
+    /// place of the edge with nothing detected ([`SlotWorker::check_home`]).
+    #[inline(never)]
+    fn serve_posted(&self, service: &dyn Service, epoch: u64, gate: &RecoveryGate) {
         let s = self.edge.slot(self.slot);
+        self.check_home(s);
+        let watch = crate::watchdog::this_worker();
+        // Held here while the supervisor checkpoints this component;
+        // a request gone meanwhile (this thread was rolled back to a
+        // checkpoint taken just after it saw one, or a replay answered
+        // it) is not served.
+        let serving = self.edge.begin_serving(self.slot);
+        let turn = self.journal.as_ref().map(|(j, _)| j.turn());
+        if s.state.load(Ordering::SeqCst) != state::REQUEST {
+            return;
+        }
+        if let Some(w) = watch {
+            w.take();
+        }
+        let req_epoch = s.epoch.load(Ordering::Relaxed);
+        let caller_epoch = s.client_epoch.load(Ordering::Relaxed);
+        if (req_epoch != 0 && req_epoch != epoch)
+            || caller_epoch != self.edge.header().client_epoch.load(Ordering::SeqCst)
+        {
+            // Descriptors of another server epoch, or a request left by
+            // a client incarnation that has died: run nothing.
+            s.status.store(status::STALE, Ordering::Relaxed);
+        } else {
+            // A client that died and came back is told of first, so its
+            // new incarnation never races its old one's release.
+            self.edge
+                .tell_client_deaths(|| service.client_died(self.client));
+            gate.pass(s.flags.load(Ordering::Relaxed));
+            priority::adopt(s.priority.load(Ordering::Relaxed));
+            if let (Err(Full), Some((journal, _))) =
+                (self.handle_watched(service, watch), &self.journal)
+            {
+                // No room to log it: let a checkpoint cut the log,
+                // then serve it (it is still posted).
+                if let Some(w) = watch {
+                    w.release();
+                }
+                drop(turn);
+                drop(serving);
+                journal.wait_for_room();
+                return;
+            }
+        }
+        s.state.store(state::RESPONSE, Ordering::SeqCst);
+        if let Some(w) = watch {
+            w.release();
+        }
+        if s.client_sleeping.load(Ordering::SeqCst) != 0 {
+            futex::wake(&s.state, 1);
+        }
+    }
+
+    /// Runs the request, in a stretch of the watchdog's if it watches.
+    fn handle_watched(
+        &self,
+        service: &dyn Service,
+        watch: Option<&crate::watchdog::WorkerEntry>,
+    ) -> Result<(), Full> {
         let caller = Caller {
             component: self.client,
             slot: self.slot,
         };
-        let header = self.edge.header();
-        let watch = crate::watchdog::this_worker();
-        while self.wait_for_request() {
-            // Held here while the supervisor checkpoints this component;
-            // a request gone meanwhile (this thread was rolled back to a
-            // checkpoint taken just after it saw one, or a replay answered
-            // it) is not served.
-            let serving = self.edge.begin_serving(self.slot);
-            let turn = self.journal.as_ref().map(|(j, _)| j.turn());
-            if s.state.load(Ordering::SeqCst) != state::REQUEST {
-                continue;
-            }
-            if let Some(w) = watch {
-                w.take();
-            }
-            let req_epoch = s.epoch.load(Ordering::Relaxed);
-            let caller_epoch = s.client_epoch.load(Ordering::Relaxed);
-            if (req_epoch != 0 && req_epoch != epoch)
-                || caller_epoch != header.client_epoch.load(Ordering::SeqCst)
-            {
-                // Descriptors of another server epoch, or a request left by
-                // a client incarnation that has died: run nothing.
-                s.status.store(status::STALE, Ordering::Relaxed);
-            } else {
-                // A client that died and came back is told of first, so its
-                // new incarnation never races its old one's release.
-                self.edge
-                    .tell_client_deaths(|| service.client_died(self.client));
-                gate.pass(s.flags.load(Ordering::Relaxed));
-                priority::adopt(s.priority.load(Ordering::Relaxed));
-                let handled = match watch {
-                    Some(w) => {
-                        w.begin(s.func.load(Ordering::Relaxed));
-                        let handled = self.handle(service, &caller);
-                        w.end();
-                        handled
-                    }
-                    None => self.handle(service, &caller),
-                };
-                if let (Err(Full), Some((journal, _))) = (handled, &self.journal) {
-                    // No room to log it: let a checkpoint cut the log,
-                    // then serve it (it is still posted).
-                    if let Some(w) = watch {
-                        w.release();
-                    }
-                    drop(turn);
-                    drop(serving);
-                    journal.wait_for_room();
-                    continue;
-                }
-            }
-            s.state.store(state::RESPONSE, Ordering::SeqCst);
-            if let Some(w) = watch {
-                w.release();
-            }
-            if s.client_sleeping.load(Ordering::SeqCst) != 0 {
-                futex::wake(&s.state, 1);
-            }
-        }
+        let Some(w) = watch else {
+            return self.handle(service, &caller);
+        };
+        w.begin(self.edge.slot(self.slot).func.load(Ordering::Relaxed));
+        let handled = self.handle(service, &caller);
+        w.end();
+        handled
     }
 
     /// Spins briefly, then sleeps, until a request arrives or a replay is
-    /// asked for (true), or the worker is retired (false).
+    /// asked for (true), or the worker is retired (false). Not inlined
+    /// (see [`SlotWorker::serve_posted`]).
+    #[inline(never)]
     fn wait_for_request(&self) -> bool {
         let s = self.edge.slot(self.slot);
         let replay = || {

@@ -1,5 +1,6 @@
-//! Threads started over after a restore: a thread whose stack pointer
-//! lies in a stack the process names is pointed at an entry point, its
+//! Threads started over after a restore: a thread the process names (by
+//! its `fs` base, the thread pointer) whose stack pointer lies below the
+//! top the process gives for it is pointed at an entry point, its
 //! registers otherwise cleared, instead of resuming where the image had
 //! it. The process says which stacks and which entry (kintsugi's runtime:
 //! its worker threads, each at the top of its loop, see
@@ -18,14 +19,14 @@ use crate::Error;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StartOver {
     /// The function a thread begins in; its argument (in `rdi`) is the
-    /// index of the stack the thread's stack pointer lay in.
+    /// index of the thread's line.
     pub entry: u64,
-    /// The address, in the process, of `lines` words: each the address a
-    /// stack's frames begin below (0: none).
-    pub tops: u64,
+    /// The address, in the process, of `lines` pairs of words: a thread's
+    /// `fs` base (0: none) and the address its frames begin below.
+    pub table: u64,
     pub lines: usize,
-    /// A stack's size: a stack pointer within this many bytes below a top
-    /// is in that stack.
+    /// A stack's size: a line's thread whose stack pointer lies within
+    /// this many bytes below its top is started over.
     pub stack: u64,
 }
 
@@ -38,21 +39,25 @@ impl Checkpointer {
     /// how many were. Called after a restore, before the process runs.
     pub fn start_over(&self, frozen: &Frozen, at: &StartOver) -> Result<usize, Error> {
         let pid = frozen.pid();
-        let mut words = vec![0u8; at.lines * 8];
+        let mut words = vec![0u8; at.lines * 16];
         self.mem()
-            .read_exact_at(&mut words, at.tops)
+            .read_exact_at(&mut words, at.table)
             .map_err(|e| Error::Unrestorable {
                 pid,
-                detail: format!("reading the stacks' table at {:#x}: {e}", at.tops),
+                detail: format!("reading the threads' table at {:#x}: {e}", at.table),
             })?;
-        let tops: Vec<u64> = words
-            .chunks_exact(8)
-            .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")))
+        let word = |w: &[u8]| u64::from_ne_bytes(w.try_into().expect("8 bytes"));
+        let lines: Vec<Line> = words
+            .chunks_exact(16)
+            .map(|l| Line {
+                thread: word(&l[..8]),
+                top: word(&l[8..]),
+            })
             .collect();
         let mut started = 0;
         for &tid in frozen.tids() {
             let mut regs = frozen.regs(tid)?;
-            let Some(line) = line_of(&tops, at.stack, regs.rsp) else {
+            let Some(line) = line_of(&lines, at.stack, regs.fs_base, regs.rsp) else {
                 continue;
             };
             // Segments and the TLS base stay; every general register is cleared.
@@ -77,7 +82,7 @@ impl Checkpointer {
             regs.rip = at.entry;
             regs.rdi = line as u64;
             // As if called: 8 bytes below a 16-byte boundary.
-            regs.rsp = ((tops[line] - MARGIN) & !15) - 8;
+            regs.rsp = ((lines[line].top - MARGIN) & !15) - 8;
             regs.eflags = 0x202; // IF, and the reserved bit
                                  // No system call to restart: the thread was stopped in one.
             regs.orig_rax = u64::MAX;
@@ -88,11 +93,19 @@ impl Checkpointer {
     }
 }
 
-/// The index of the stack `sp` lies in: at most `stack` bytes below its
-/// top.
-fn line_of(tops: &[u64], stack: u64, sp: u64) -> Option<usize> {
-    tops.iter()
-        .position(|&top| top > MARGIN && sp <= top && top - sp < stack)
+/// One thread the process names.
+#[derive(Debug, Clone, Copy)]
+struct Line {
+    thread: u64,
+    top: u64,
+}
+
+/// The line of the thread whose `fs` base is `thread`, if its stack
+/// pointer `sp` lies at most `stack` bytes below the line's top.
+fn line_of(lines: &[Line], stack: u64, thread: u64, sp: u64) -> Option<usize> {
+    lines.iter().position(|l| {
+        l.thread != 0 && l.thread == thread && l.top > MARGIN && sp <= l.top && l.top - sp < stack
+    })
 }
 
 #[cfg(test)]
@@ -100,12 +113,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stack_pointer_is_in_the_stack_whose_top_is_at_most_a_stack_above() {
-        let tops = [0, 0x10_0000, 0x20_0000];
-        assert_eq!(line_of(&tops, 0x4_0000, 0x0f_ff00), Some(1));
-        assert_eq!(line_of(&tops, 0x4_0000, 0x1f_0000), Some(2));
-        assert_eq!(line_of(&tops, 0x4_0000, 0x10_0008), None, "above a top");
-        assert_eq!(line_of(&tops, 0x4_0000, 0x15_0000), None, "below a stack");
-        assert_eq!(line_of(&tops, 0x4_0000, 0x100), None, "no worker");
+    fn a_thread_is_its_lines_by_its_thread_pointer_and_below_its_top() {
+        let line = |thread, top| Line { thread, top };
+        let lines = [line(0, 0), line(0xa000, 0x10_0000), line(0xb000, 0x20_0000)];
+        let stack = 0x4_0000;
+        assert_eq!(line_of(&lines, stack, 0xa000, 0x0f_ff00), Some(1));
+        assert_eq!(line_of(&lines, stack, 0xb000, 0x1f_0000), Some(2));
+        assert_eq!(
+            line_of(&lines, stack, 0xb000, 0x0f_ff00),
+            None,
+            "another's stack"
+        );
+        assert_eq!(
+            line_of(&lines, stack, 0xc000, 0x0f_ff00),
+            None,
+            "no line's thread"
+        );
+        assert_eq!(
+            line_of(&lines, stack, 0xa000, 0x10_0008),
+            None,
+            "above its top"
+        );
+        assert_eq!(
+            line_of(&lines, stack, 0xa000, 0x0b_0000),
+            None,
+            "below its stack"
+        );
+        assert_eq!(line_of(&lines, stack, 0, 0x100), None, "no worker");
     }
 }

@@ -44,6 +44,7 @@ pub mod priority;
 pub mod process;
 #[doc(hidden)]
 pub mod records;
+#[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod restart;
 mod scratch;
 pub mod seccomp;

@@ -827,7 +827,7 @@ fn start_workers_over(control: &Region, ckpt: &Checkpointer, frozen: &Frozen, na
     let r = &ctl.restarts;
     let at = StartOver {
         entry: r.entry.load(Ordering::Acquire),
-        tops: r.tops.load(Ordering::Relaxed),
+        table: r.lines.load(Ordering::Relaxed),
         lines: LIFELINES,
         stack: r.stack.load(Ordering::Relaxed),
     };

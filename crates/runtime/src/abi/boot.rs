@@ -200,17 +200,28 @@ pub struct Restarts {
     /// The address of the function a restarted worker begins in (0: none
     /// published).
     pub entry: AtomicU64,
-    /// The address of the table of [`LIFELINES`] words, one per worker
-    /// line: where its stack stood when it entered its loop (0: no worker).
-    pub tops: AtomicU64,
-    /// The size of a worker's stack: a thread whose stack pointer lies
-    /// within this many bytes below a line's top is that line's worker.
+    /// The address of the table of [`LIFELINES`] [`WorkerLine`]s, in the
+    /// component's own memory.
+    pub lines: AtomicU64,
+    /// The size of a worker's stack: a line's thread whose stack pointer
+    /// lies within this many bytes below the line's top is in its loop.
     pub stack: AtomicU64,
 }
 
+/// One worker line's entry in the table [`Restarts::lines`] names (in the
+/// component's memory, not shared: a restore puts back the image's).
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct WorkerLine {
+    /// The worker thread's thread pointer (its `fs` base; 0: no worker).
+    pub thread: AtomicU64,
+    /// Where its stack stood when it entered its loop.
+    pub top: AtomicU64,
+}
+
 impl Restarts {
-    pub fn publish(&self, entry: u64, tops: u64, stack: u64) {
-        self.tops.store(tops, Ordering::Relaxed);
+    pub fn publish(&self, entry: u64, lines: u64, stack: u64) {
+        self.lines.store(lines, Ordering::Relaxed);
         self.stack.store(stack, Ordering::Relaxed);
         self.entry.store(entry, Ordering::Release);
     }

@@ -694,19 +694,22 @@ think_us = 100
     );
 }
 
-/// A fault a checkpoint captured in idle workers' registers is left
-/// behind: with kv's log and clients running, the test freezes kv and
-/// sets the callee-saved registers of every worker waiting in `futex`
-/// to non-canonical addresses (a flip into a thread that went idle before
-/// it showed), and lets it go. Checkpoints every 10 ms capture the damage
-/// before the workers' bounded wait (100 ms) ends and they crash on it.
-/// The recovery restores that checkpoint, but its workers start their
-/// loops over instead of resuming the captured registers: kv crashes
-/// once, is not started afresh, and its clients see every answer right.
-/// (Resuming them crashed every restore at once, and the crash ladder
-/// ended in a fresh start that lost kv's state.)
+/// Every restore starts kv's workers over: with kv's log and its client
+/// running, the test freezes kv and sets the callee-saved registers of
+/// every worker waiting in `futex` to non-canonical addresses (a flip
+/// into threads that went idle before it showed), and lets it go; the
+/// workers crash on them within their bounded wait (100 ms), while
+/// checkpoints are taken every 10 ms. kv crashes, its recovery restores
+/// the last checkpoint with every worker started at the top of its loop
+/// (counted in the `replayed` event), nothing starts afresh, and the
+/// client sees every answer right. With the workers resumed instead, five
+/// runs of five failed only on that count: the damage did not come back
+/// from the checkpoint here (the crash came first, or the restore's
+/// resumed wait did not return into the damaged frame), so this test
+/// holds the mechanism; the campaign into kv (`docs/reliability.md`) is
+/// where a fault captured at a checkpoint shows.
 #[test]
-fn a_fault_captured_in_idle_workers_registers_is_left_behind_by_the_restore() {
+fn every_restore_starts_kvs_damaged_idle_workers_over() {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     let seed = seed("kv_captured");
@@ -792,11 +795,12 @@ think_us = 20000
             _ => None,
         })
         .collect();
+    eprintln!("kv_captured: workers started over in each recovery: {started_over:?}");
+    reports_clean(&stdout, &["w1"]);
     assert!(
         started_over.iter().all(|&n| n > 0),
         "workers started over in each recovery: {started_over:?}"
     );
-    reports_clean(&stdout, &["w1"]);
 }
 
 /// Freezes `pid` (retrying while the supervisor's checkpoint thread holds

@@ -148,6 +148,79 @@ fn replays(stdout: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// A system of kv (its `checkpoint` key `every_ms`) and one client, `w1`
+/// (`threads`, `ops`, `think_us`), and a watchdog section if `watchdog`.
+fn kv_and_w1(test: &str, seed: u64, every_ms: u32, client: &str, watchdog: &str) -> PathBuf {
+    let toml = format!(
+        r#"[system]
+name = "{test}"
+{watchdog}
+[[component]]
+name = "kv"
+binary = "kintsugi-kv"
+provides = ["kv"]
+recovery = "checkpoint"
+checkpoint = {{ every_ms = {every_ms} }}
+
+[[component]]
+name = "w1"
+binary = "kintsugi-kv-workload"
+uses = ["kv"]
+[component.config]
+seed = {seed}
+keys = 16
+{client}
+"#
+    );
+    write(&scratch(test), &format!("{test}.toml"), &toml)
+}
+
+/// Runs `system` for `seconds`, handing `on_event` each event as it is
+/// printed; returns stdout and stderr once the run is over, having
+/// checked that it left no process behind.
+fn run_watching(
+    test: &str,
+    system: &Path,
+    seconds: u32,
+    mut on_event: impl FnMut(Event),
+) -> (String, String) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let tag = unique_tag(test);
+    let mut child = run_system(&tag, system)
+        .env("XDG_RUNTIME_DIR", scratch(&format!("{test}-run")))
+        .args(["--duration", &seconds.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut err, &mut text).unwrap();
+        text
+    });
+    let mut stdout = String::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        stdout += &line;
+        stdout += "\n";
+        if let Some(event) = events(&line).pop() {
+            on_event(event);
+        }
+    }
+    let stderr = stderr.join().unwrap();
+    child.wait().unwrap();
+    assert!(leftovers(&tag).is_empty(), "processes left behind");
+    (stdout, stderr)
+}
+
+/// Sends `signal` to process `pid`.
+fn signal(pid: u32, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+    rustix::process::kill_process(pid, signal).unwrap();
+}
+
 #[test]
 fn kv_keeps_every_update_through_200_crashes() {
     let seed = seed("kv_crashes");
@@ -307,93 +380,42 @@ fn kv_killed_while_its_log_asks_for_checkpoints_loses_nothing() {
 /// call waits 250 ms.
 #[test]
 fn a_hang_that_every_restore_brings_back_ends_in_a_fresh_start() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
     let seed = seed("kv_ladder");
-    let dir = scratch("kv-ladder");
-    let toml = format!(
-        r#"[system]
-name = "kv-ladder"
-
-[watchdog]
-period_us = 1000
-stuck_ms = 250
-default_bound_us = 100000
-
-[[component]]
-name = "kv"
-binary = "kintsugi-kv"
-provides = ["kv"]
-recovery = "checkpoint"
-checkpoint = {{ every_ms = 20 }}
-
-[[component]]
-name = "w1"
-binary = "kintsugi-kv-workload"
-uses = ["kv"]
-[component.config]
-seed = {seed}
-threads = 1
-ops = 0
-keys = 16
-think_us = 200000
-"#
+    let system = kv_and_w1(
+        "kv_ladder",
+        seed,
+        20,
+        "threads = 1\nops = 0\nthink_us = 200000",
+        "\n[watchdog]\nperiod_us = 1000\nstuck_ms = 250\ndefault_bound_us = 100000\n",
     );
-    let system = write(&dir, "kv-ladder.toml", &toml);
-    let tag = unique_tag("kv_ladder");
-    let mut child = run_system(&tag, &system)
-        .env("XDG_RUNTIME_DIR", scratch("kv_ladder-run"))
-        .args(["--duration", "6"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut err, &mut text).unwrap();
-        text
-    });
-    let stop = |pid: u32| {
-        let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
-    };
+    let stop = |pid| signal(pid, rustix::process::Signal::STOP);
     let (mut steps, mut first) = (Vec::<String>::new(), None);
-    let mut stdout = String::new();
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
-        stdout += &line;
-        stdout += "\n";
-        match events(&line).pop() {
-            Some(Event::Started { component, pid, .. }) if component == "kv" && first.is_none() => {
-                // Stopped once it has served a while.
-                first = Some(std::thread::spawn(move || {
-                    std::thread::sleep(std::time::Duration::from_millis(1000));
-                    stop(pid);
-                }));
-            }
-            Some(Event::RolledBack { component, pid, .. }) if component == "kv" => {
+    let (stdout, stderr) = run_watching("kv_ladder", &system, 6, |event| match event {
+        Event::Started { component, pid, .. } if component == "kv" && first.is_none() => {
+            // Stopped once it has served a while.
+            first = Some(std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(1000));
                 stop(pid);
-                steps.push("rollback".into());
-            }
-            Some(Event::Replayed {
-                component,
-                pid,
-                kind,
-                ..
-            }) if component == "kv" => {
-                if kind == "restore and replay" {
-                    stop(pid);
-                }
-                steps.push(kind);
-            }
-            _ => {}
+            }));
         }
-    }
-    let stderr = stderr.join().unwrap();
-    child.wait().unwrap();
+        Event::RolledBack { component, pid, .. } if component == "kv" => {
+            stop(pid);
+            steps.push("rollback".into());
+        }
+        Event::Replayed {
+            component,
+            pid,
+            kind,
+            ..
+        } if component == "kv" => {
+            if kind == "restore and replay" {
+                stop(pid);
+            }
+            steps.push(kind);
+        }
+        _ => {}
+    });
     first.expect("kv started").join().unwrap();
-    assert!(leftovers(&tag).is_empty(), "processes left behind");
     assert_eq!(
         steps,
         [
@@ -580,52 +602,15 @@ changelog = "/kv-changes"
 /// row a fresh start.
 #[test]
 fn a_crash_that_every_restore_brings_back_ends_in_a_fresh_start() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
     let seed = seed("kv_crash_ladder");
-    let dir = scratch("kv-crash-ladder");
-    let toml = format!(
-        r#"[system]
-name = "kv-crash-ladder"
-
-[[component]]
-name = "kv"
-binary = "kintsugi-kv"
-provides = ["kv"]
-recovery = "checkpoint"
-checkpoint = {{ every_ms = 20 }}
-
-[[component]]
-name = "w1"
-binary = "kintsugi-kv-workload"
-uses = ["kv"]
-[component.config]
-seed = {seed}
-threads = 2
-ops = 300
-keys = 16
-think_us = 100
-"#
+    let system = kv_and_w1(
+        "kv_crash_ladder",
+        seed,
+        20,
+        "threads = 2\nops = 300\nthink_us = 100",
+        "",
     );
-    let system = write(&dir, "kv-crash-ladder.toml", &toml);
-    let tag = unique_tag("kv_crash_ladder");
-    let mut child = run_system(&tag, &system)
-        .env("XDG_RUNTIME_DIR", scratch("kv_crash_ladder-run"))
-        .args(["--duration", "6"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut err, &mut text).unwrap();
-        text
-    });
-    let abort = |pid: u32| {
-        let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::ABORT).unwrap();
-    };
+    let abort = |pid| signal(pid, rustix::process::Signal::ABORT);
     // A checkpoint-recovered server's threads share one malloc arena
     // (glibc's tunable, set by the supervisor); a client's do not.
     let one_arena = |pid: u32| {
@@ -639,41 +624,32 @@ think_us = 100
     };
     let mut arenas = Vec::new();
     let (mut kinds, mut kv) = (Vec::new(), 0);
-    let mut stdout = String::new();
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
-        stdout += &line;
-        stdout += "\n";
-        match events(&line).pop() {
-            Some(Event::Started { component, pid, .. }) if component == "kv" => {
-                kv = pid;
-                arenas.push((component, one_arena(pid)));
-            }
-            Some(Event::Started { component, pid, .. }) if component == "w1" => {
-                arenas.push((component, one_arena(pid)));
-            }
-            Some(Event::Finished { component, .. }) if component == "w1" => {
-                // kv is checkpointed every 20 ms: let one be taken idle.
-                std::thread::sleep(std::time::Duration::from_millis(100));
-                abort(kv);
-            }
-            Some(Event::Replayed {
-                component,
-                pid,
-                kind,
-                ..
-            }) if component == "kv" => {
-                if kinds.len() < 2 {
-                    abort(pid);
-                }
-                kinds.push(kind);
-            }
-            _ => {}
+    let (stdout, stderr) = run_watching("kv_crash_ladder", &system, 6, |event| match event {
+        Event::Started { component, pid, .. } if component == "kv" => {
+            kv = pid;
+            arenas.push((component, one_arena(pid)));
         }
-    }
-    let stderr = stderr.join().unwrap();
-    child.wait().unwrap();
-    assert!(leftovers(&tag).is_empty(), "processes left behind");
+        Event::Started { component, pid, .. } if component == "w1" => {
+            arenas.push((component, one_arena(pid)));
+        }
+        Event::Finished { component, .. } if component == "w1" => {
+            // kv is checkpointed every 20 ms: let one be taken idle.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            abort(kv);
+        }
+        Event::Replayed {
+            component,
+            pid,
+            kind,
+            ..
+        } if component == "kv" => {
+            if kinds.len() < 2 {
+                abort(pid);
+            }
+            kinds.push(kind);
+        }
+        _ => {}
+    });
     assert_eq!(
         kinds,
         [
@@ -710,55 +686,17 @@ think_us = 100
 /// where a fault captured at a checkpoint shows.
 #[test]
 fn every_restore_starts_kvs_damaged_idle_workers_over() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
     let seed = seed("kv_captured");
-    let dir = scratch("kv-captured");
-    let toml = format!(
-        r#"[system]
-name = "kv-captured"
-
-[[component]]
-name = "kv"
-binary = "kintsugi-kv"
-provides = ["kv"]
-recovery = "checkpoint"
-checkpoint = {{ every_ms = 10 }}
-
-[[component]]
-name = "w1"
-binary = "kintsugi-kv-workload"
-uses = ["kv"]
-[component.config]
-seed = {seed}
-threads = 2
-ops = 120
-keys = 16
-think_us = 20000
-"#
+    let system = kv_and_w1(
+        "kv_captured",
+        seed,
+        10,
+        "threads = 2\nops = 120\nthink_us = 20000",
+        "",
     );
-    let system = write(&dir, "kv-captured.toml", &toml);
-    let tag = unique_tag("kv_captured");
-    let mut child = run_system(&tag, &system)
-        .env("XDG_RUNTIME_DIR", scratch("kv_captured-run"))
-        .args(["--duration", "8"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let stderr = std::thread::spawn(move || {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut err, &mut text).unwrap();
-        text
-    });
     let mut damaged = None;
-    let mut stdout = String::new();
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
-        stdout += &line;
-        stdout += "\n";
-        if let Some(Event::Started { component, pid, .. }) = events(&line).pop() {
+    let (stdout, stderr) = run_watching("kv_captured", &system, 8, |event| {
+        if let Event::Started { component, pid, .. } = event {
             if component == "kv" && damaged.is_none() {
                 damaged = Some(std::thread::spawn(move || {
                     std::thread::sleep(std::time::Duration::from_millis(500));
@@ -766,11 +704,8 @@ think_us = 20000
                 }));
             }
         }
-    }
-    let stderr = stderr.join().unwrap();
-    child.wait().unwrap();
+    });
     let damaged = damaged.expect("kv started").join().unwrap();
-    assert!(leftovers(&tag).is_empty(), "processes left behind");
     eprintln!("kv_captured: seed {seed}, {damaged} idle workers damaged");
     assert!(damaged > 0, "no worker was idle in futex");
     let crashes = crashes(&stdout, "kv");

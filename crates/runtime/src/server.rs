@@ -98,14 +98,14 @@ impl SlotWorker {
     }
 
     /// Ends the process if the slot header this worker is about to serve
-    /// is not its own. The worker keeps its slot's offset in a register
-    /// across its waits; a flipped bit there (SuperGlue's fault) made it
-    /// read another place of the edge as its request and write its reply
-    /// there, and its client saw a wrong answer with nothing detected (ten
-    /// of 1,000 register flips into kv). No correct worker computes another
-    /// address, so the process is taken for damaged: it aborts, and is
-    /// recovered. `black_box` makes the check read both values anew on
-    /// every request.
+    /// is not its own. A worker that kept its slot's offset in a register
+    /// across its waits (the loop before [`SlotWorker::serve_posted`]) and
+    /// had a bit of it flipped (SuperGlue's fault) read another place of
+    /// the edge as its request and wrote its reply there: its client saw a
+    /// wrong answer with nothing detected (ten of 1,000 register flips into
+    /// kv). No correct worker computes another address, so the process is
+    /// taken for damaged: it aborts, and is recovered. `black_box` makes
+    /// the check read both values anew on every request.
     fn check_home(&self, s: &SlotHeader) {
         let here = std::hint::black_box(s as *const SlotHeader as usize);
         if here != std::hint::black_box(self.home) {

@@ -528,7 +528,10 @@ strategy = "{strategy}"
         ),
     );
     let out = run_system(&tag, &system)
-        .args(["--duration", "2", "--seed", "5"])
+        // The three kills take about 0.75 s; two seconds ended a loaded CI
+        // run after two of them. (`--stop-after-kills` would stop during
+        // the last group restart.)
+        .args(["--duration", "4", "--seed", "5"])
         .args(["--kill", victim, "--kills", "3", "--kill-every", "200..300"])
         .output()
         .unwrap();
@@ -572,7 +575,8 @@ fn a_restart_group_restarts_its_members_together_as_its_strategy_says() {
             if component == "fs-b" && group == "storage" && because == "fs-a")));
     assert_eq!(
         (reboots_of(&events, "fs-a"), reboots_of(&events, "fs-b")),
-        (3, 3)
+        (3, 3),
+        "{events:?}"
     );
     // rest_for_one: the last member's deaths take no one with them.
     let events = group_run("rest_for_one", "fs-b");
@@ -584,7 +588,8 @@ fn a_restart_group_restarts_its_members_together_as_its_strategy_says() {
     );
     assert_eq!(
         (reboots_of(&events, "fs-a"), reboots_of(&events, "fs-b")),
-        (0, 3)
+        (0, 3),
+        "{events:?}"
     );
 }
 

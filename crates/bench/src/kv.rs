@@ -172,6 +172,8 @@ struct Recovery {
     /// Pages of the new incarnation written, and compared with the image.
     pages: u64,
     compared: u64,
+    /// System calls made to put the mappings back.
+    layout_calls: u64,
     pause: Duration,
     replay: Duration,
     /// From the death's detection to the incarnation serving again.
@@ -187,20 +189,24 @@ fn recoveries(events: &[Event]) -> Vec<Recovery> {
                 entries,
                 pages,
                 compared,
+                layout_calls,
                 pause,
                 replay,
                 ..
-            } => pending = Some((*entries, (*pages, *compared), *pause, *replay)),
+            } => {
+                pending = Some(Recovery {
+                    entries: *entries,
+                    pages: *pages,
+                    compared: *compared,
+                    layout_calls: *layout_calls,
+                    pause: *pause,
+                    replay: *replay,
+                    total: Duration::ZERO,
+                })
+            }
             Event::Rebooted { took, .. } => {
-                if let Some((entries, (pages, compared), pause, replay)) = pending.take() {
-                    out.push(Recovery {
-                        entries,
-                        pages,
-                        compared,
-                        pause,
-                        replay,
-                        total: *took,
-                    });
+                if let Some(r) = pending.take() {
+                    out.push(Recovery { total: *took, ..r });
                 }
             }
             _ => {}
@@ -238,6 +244,11 @@ fn recovery_table(kills: u32, dir: &Path) -> anyhow::Result<()> {
         ("restore, kv held (ms)", ms_of(|x| x.pause), 2),
         ("pages compared with the image", count_of(|x| x.compared), 0),
         ("pages written", count_of(|x| x.pages), 0),
+        (
+            "calls to put the mappings back",
+            count_of(|x| x.layout_calls),
+            0,
+        ),
         ("replay (ms)", ms_of(|x| x.replay), 2),
         ("recovery, detection to serving (ms)", ms_of(|x| x.total), 2),
         (
@@ -260,9 +271,11 @@ fn recovery_table(kills: u32, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Recovery against the log's length: one checkpoint requested early,
-/// none after (the periodic interval is an hour, the log 512 MiB), so
-/// that each kill replays everything logged since that checkpoint.
+/// Recovery against the log's length: one checkpoint requested early, no
+/// periodic ones (the interval is an hour, the log 512 MiB), and kills at
+/// random instants 50..1,000 ms apart. Each recovery that replays ends
+/// with a checkpoint, so each kill replays what was logged since the
+/// recovery before it: as long a log as the interval was long.
 fn length_table(kills: u32, dir: &Path) -> anyhow::Result<()> {
     // A log large enough that it never asks for a checkpoint of its own.
     let system = system(Some(3_600_000), 512 * 1024, 0, dir)?;
@@ -275,8 +288,8 @@ fn length_table(kills: u32, dir: &Path) -> anyhow::Result<()> {
         chaos: Some(kintsugi_inject::ChaosPlan {
             target: "kv".into(),
             signals: vec![nix::sys::signal::Signal::SIGKILL],
-            min_interval: Duration::from_millis(150),
-            max_interval: Duration::from_millis(150),
+            min_interval: Duration::from_millis(50),
+            max_interval: Duration::from_millis(1000),
             count: Some(kills),
             seed: 1,
         }),
@@ -292,7 +305,7 @@ fn length_table(kills: u32, dir: &Path) -> anyhow::Result<()> {
         Err(_) => anyhow::bail!("the thread asking for kv's checkpoint panicked"),
     }
     println!(
-        "### Recovery against the log's length: one checkpoint, then a SIGKILL every 150 ms under the clients (each replays everything logged since the checkpoint)\n"
+        "### Recovery against the log's length: SIGKILLs 50..1,000 ms apart under the clients, no periodic checkpoint (each replays what was logged since the recovery before it, which ended with a checkpoint), by length\n"
     );
     row(&[
         "requests replayed",
@@ -303,7 +316,9 @@ fn length_table(kills: u32, dir: &Path) -> anyhow::Result<()> {
     ]
     .map(String::from));
     row(&["---:", "---:", "---:", "---:", "---:"].map(String::from));
-    for r in recoveries(&events) {
+    let mut by_length = recoveries(&events);
+    by_length.sort_by_key(|r| r.entries);
+    for r in by_length {
         row(&[
             r.entries.to_string(),
             ms(r.pause),

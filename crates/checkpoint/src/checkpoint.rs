@@ -41,6 +41,9 @@ pub struct Stats {
     /// Pages a restore into a sibling process compared with the image
     /// before writing only those that differ.
     pub compared: u64,
+    /// System calls a restore made the process run to put its mappings
+    /// back as the image has them (`brk`, `mmap`, `mprotect`, `munmap`).
+    pub layout_calls: u64,
     pub bytes: u64,
     pub threads: usize,
     /// How long the process was held still.

@@ -83,8 +83,11 @@ impl Checkpointer {
         // The image holds the latest checkpoint again; the pages read
         // ahead were written since, and an in-place restore writes them back.
         let read_ahead = self.revert_read_ahead();
-        let remade = self.parts().restore_layout(frozen, into)?;
-        let mut stats = Stats::default();
+        let Layout { remade, calls } = self.parts().restore_layout(frozen, into)?;
+        let mut stats = Stats {
+            layout_calls: calls,
+            ..Stats::default()
+        };
         let starts: Vec<u64> = self.image().areas.keys().copied().collect();
         for start in starts {
             let map = self.image().areas[&start].map.clone();
@@ -293,12 +296,17 @@ pub(crate) fn restore_threads(
     Ok(())
 }
 
-/// The private mappings of `pid` but the kernel's own.
-fn private_maps(pid: u32) -> Result<Vec<Mapping>, Error> {
-    Ok(maps::read(pid)?
-        .into_iter()
-        .filter(|m| !m.prot.shared && !m.is_special())
-        .collect())
+/// Whether a restore puts `m` back: private, and not the kernel's own.
+fn is_private(m: &Mapping) -> bool {
+    !m.prot.shared && !m.is_special()
+}
+
+/// What putting a process's mappings back did.
+struct Layout {
+    /// The start of each checkpointed area mapped anew.
+    remade: Vec<u64>,
+    /// System calls made.
+    calls: u64,
 }
 
 /// How the current mappings cover an image mapping.
@@ -342,7 +350,7 @@ fn subtract(current: &[Mapping], wanted: &[Mapping]) -> Vec<(u64, u64)> {
 impl Parts<'_> {
     /// Puts the break and the private mappings back as the image has
     /// them; returns the start of each checkpointed area mapped anew
-    /// (whose every page must then be written). Mappings are compared by
+    /// (whose every page must then be written) and the calls it took. Mappings are compared by
     /// the addresses they cover, not by `/proc`'s lines (the kernel merges
     /// and splits those): an image mapping not wholly covered as it was is
     /// mapped again in place (`MAP_FIXED` replaces what is there in one
@@ -352,11 +360,13 @@ impl Parts<'_> {
     /// unmapped. Into [`Memory::Unknown`], every checkpointed mapping is
     /// mapped anew. The calls of each of those two steps touch disjoint
     /// ranges: they are made at once, spread over the process's threads.
-    fn restore_layout(&mut self, frozen: &Frozen, into: Memory) -> Result<Vec<u64>, Error> {
+    fn restore_layout(&mut self, frozen: &Frozen, into: Memory) -> Result<Layout, Error> {
         let whole = into == Memory::Unknown;
         let mut crew = Crew::new(frozen, self.insn);
-        let (_, brk) = maps::program_break(self.pid, &maps::read(self.pid)?)?;
-        if brk != self.image.brk.1 {
+        let mut current = maps::read(self.pid)?;
+        let (_, brk) = maps::program_break(self.pid, &current)?;
+        let moved_break = brk != self.image.brk.1;
+        if moved_break {
             let got = crew.run(&[(
                 self.pid,
                 Syscall::new("brk", libc::SYS_brk, [self.image.brk.1, 0, 0, 0, 0, 0]),
@@ -367,8 +377,9 @@ impl Parts<'_> {
                     detail: format!("brk({:#x}) gave {:#x}", self.image.brk.1, got[0]),
                 });
             }
+            current = maps::read(self.pid)?;
         }
-        let current = private_maps(self.pid)?;
+        current.retain(is_private);
         let wanted: Vec<Mapping> = self
             .image
             .layout
@@ -429,13 +440,18 @@ impl Parts<'_> {
                 remade.push(w.start);
             }
         }
-        let unmaps: Vec<Syscall> = subtract(&private_maps(self.pid)?, &wanted)
+        // What the calls just made mapped lies within `wanted`: what it
+        // does not cover is what it did not cover before them.
+        let unmaps: Vec<Syscall> = subtract(&current, &wanted)
             .into_iter()
             .map(|(s, e)| Syscall::new("munmap", libc::SYS_munmap, [s, e - s, 0, 0, 0, 0]))
             .collect();
         crew.spread(&unmaps)?;
         crew.finish()?;
-        Ok(remade)
+        Ok(Layout {
+            remade,
+            calls: (u64::from(moved_break) + calls.len() as u64 + unmaps.len() as u64),
+        })
     }
 
     /// Registers the area at `w` for write-protection.

@@ -272,6 +272,32 @@ fn kv_keeps_every_update_through_200_crashes() {
     assert!(restored > 0, "checkpoints were restored");
     assert!(logged > 0, "requests were replayed");
     assert_eq!(reboots(&stdout, "kv"), crashes.len());
+    // Every incarnation lays its worker threads out alike, so a restore
+    // into a new one finds their stacks in place: a call or two to remap
+    // at most (a thread started after the activation), not the 20 to 40
+    // that interleaved stacks took.
+    let mut remaps = layout_calls(&stdout);
+    remaps.sort_unstable();
+    eprintln!("kv_crashes: calls to remap per restore, sorted: {remaps:?}");
+    let median = remaps[remaps.len() / 2];
+    assert!(median <= 3, "median {median} calls to remap: {remaps:?}");
+}
+
+/// The calls each restore into a new incarnation of kv made to put its
+/// mappings back.
+fn layout_calls(stdout: &str) -> Vec<u64> {
+    events(stdout)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Replayed {
+                component,
+                kind,
+                layout_calls,
+                ..
+            } if component == "kv" && kind == "restore and replay" => Some(layout_calls),
+            _ => None,
+        })
+        .collect()
 }
 
 #[test]

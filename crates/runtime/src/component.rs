@@ -708,6 +708,7 @@ fn start_workers(
             Arc::new(AtomicBool::new(false)),
         );
         worker.journal = journal.map(|j| (j.clone(), index as u32));
+        let started = gate.clone();
         let (gate, control, interface) = (gate.clone(), control.clone(), p.interface.clone());
         let name = format!("{interface}:{slot}");
         // The loop a restart after a restore runs again (`restart.rs`).
@@ -732,11 +733,20 @@ fn start_workers(
                 crate::restart::run(line, Box::new(body));
             })
             .unwrap_or_else(|e| fatal(&format!("spawn worker: {e}")));
+        // One thread at a time: a thread maps its own signal stack as it
+        // starts, and the next one's stack is mapped by this thread, so
+        // starting them together would interleave the two at random. One at
+        // a time, every incarnation forked from the pristine image lays its
+        // workers out alike, and a checkpoint restored into another one
+        // (`kintsugi-checkpoint`, `respawn.rs`) finds its threads' stacks
+        // where it left them, with nothing to map anew.
+        while (started.registered.load(Ordering::SeqCst) as usize) < line {
+            std::thread::yield_now();
+        }
     }
-    // Every thread holds its lifeline before this incarnation can serve.
-    while (gate.registered.load(Ordering::SeqCst) as usize) < workers {
-        std::thread::yield_now();
-    }
+    // Every thread holds its lifeline before this incarnation can serve:
+    // each did before the next was started.
+    debug_assert_eq!(gate.registered.load(Ordering::SeqCst) as usize, workers);
     gate
 }
 

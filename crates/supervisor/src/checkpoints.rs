@@ -217,6 +217,10 @@ pub struct Summary {
     /// find the ones to write.
     #[serde(default)]
     pub compared: u64,
+    /// System calls a restore made the component run to put its mappings
+    /// back (`brk`, `mmap`, `mprotect`, `munmap`).
+    #[serde(default)]
+    pub layout_calls: u64,
     pub bytes: u64,
     pub threads: usize,
     /// Of those, a restore's: worker threads started over at the top of
@@ -955,6 +959,12 @@ fn recover(c: &mut Tracked, fresh: bool) -> Result<Summary, String> {
         done.replayed = h.last_replay_entries.load(Ordering::SeqCst);
         done.replayed_calls = h.last_replay_calls.load(Ordering::SeqCst);
         done.diverged = h.last_replay_diverged.load(Ordering::SeqCst);
+        if done.replayed > 0 && c.next_due.is_some() {
+            // What was just replayed is in the log still: a crash before
+            // the next checkpoint would replay it again. The next one is
+            // due now.
+            c.next_due = Some(Instant::now());
+        }
     }
     done.total_us = started.elapsed().as_micros() as u64;
     Ok(done)
@@ -1077,6 +1087,7 @@ fn summary(
         pages: stats.pages,
         read_ahead: stats.read_ahead,
         compared: stats.compared,
+        layout_calls: stats.layout_calls,
         bytes: stats.bytes,
         threads: stats.threads,
         pause_us: stats.pause.as_micros() as u64,

@@ -200,6 +200,10 @@ pub enum Event {
         pages: u64,
         #[serde(default)]
         compared: u64,
+        /// System calls it made to put the mappings back as the image has
+        /// them (`brk`, `mmap`, `mprotect`, `munmap`).
+        #[serde(default)]
+        layout_calls: u64,
         #[serde(rename = "pause_us", with = "micros")]
         pause: Duration,
         entries: u64,
@@ -318,6 +322,7 @@ impl fmt::Display for Event {
                 kind,
                 pages,
                 compared,
+                layout_calls,
                 pause,
                 entries,
                 replay,
@@ -326,7 +331,7 @@ impl fmt::Display for Event {
                 started_over,
             } => write!(
                 f,
-                "{component}: checkpoint recovery into pid {pid}: {kind} ({pages} pages written of {compared} compared, held {} µs, {started_over} workers started over), {entries} logged requests replayed in {} µs ({calls} calls to other servers answered from the log, {diverged} divergences)",
+                "{component}: checkpoint recovery into pid {pid}: {kind} ({pages} pages written of {compared} compared, {layout_calls} calls to remap, held {} µs, {started_over} workers started over), {entries} logged requests replayed in {} µs ({calls} calls to other servers answered from the log, {diverged} divergences)",
                 pause.as_micros(),
                 replay.as_micros()
             ),

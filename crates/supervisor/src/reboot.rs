@@ -373,6 +373,7 @@ impl Supervisor<'_> {
                     kind: done.kind,
                     pages: done.pages,
                     compared: done.compared,
+                    layout_calls: done.layout_calls,
                     pause: Duration::from_micros(done.pause_us),
                     entries: done.replayed,
                     replay: Duration::from_micros(done.replay_us),

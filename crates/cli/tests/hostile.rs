@@ -528,10 +528,11 @@ strategy = "{strategy}"
         ),
     );
     let out = run_system(&tag, &system)
-        // The three kills take about 0.75 s; two seconds ended a loaded CI
-        // run after two of them. (`--stop-after-kills` would stop during
-        // the last group restart.)
-        .args(["--duration", "4", "--seed", "5"])
+        // The stop comes right after the last kill, while its group
+        // restart is under way: it waits for that restart, or the
+        // workload of the member killed for the group would wait out its
+        // whole stop grace for a server that is gone, and be killed.
+        .args(["--stop-after-kills", "--seed", "5"])
         .args(["--kill", victim, "--kills", "3", "--kill-every", "200..300"])
         .output()
         .unwrap();
@@ -633,9 +634,8 @@ fn a_restart_group_waits_for_its_member_that_backs_off() {
     // fragile panics 100 ms into each of its first five incarnations, the
     // same way each time: from its second failure on it backs off 300 ms,
     // and ramfs, killed with it each time, must restart with it, not
-    // before. Its sixth runs on (from about 1.8 s): a stop that comes
-    // while the group waits leaves the workload blocked on ramfs until the
-    // stop timeout kills it (an open limitation, README "Restart groups").
+    // before. Its sixth runs on (from about 1.8 s), so the stop at 3 s
+    // finds the group running (a stop while it waits is the next test's).
     let out = run_system(&tag, &system)
         .args(["--duration", "3"])
         .output()

@@ -56,6 +56,10 @@ use std::path::PathBuf;
 /// nice -10 (docs/benchmarks.md).
 const SUPERVISOR_NICE: i32 = -10;
 
+/// How long a planned stop waits for a restart group's member killed for
+/// its group to die and be restarted.
+const GROUP_SETTLE: Duration = Duration::from_secs(1);
+
 /// The calling thread at [`SUPERVISOR_NICE`] while it lives (where the
 /// kernel permits: without `CAP_SYS_NICE` it stays as it was), then back.
 struct Raised {
@@ -516,31 +520,30 @@ impl<'a> Supervisor<'a> {
 
     fn event_loop(&mut self) -> Result<StopReason, SupervisorError> {
         let mut buf = [MaybeUninit::<epoll::Event>::uninit(); 32];
+        // A planned stop (the run's duration, the injections done) that came
+        // while a restart group's member was killed for its group and not
+        // yet restarted: the stop waits for that restart (up to
+        // [`GROUP_SETTLE`]), or the member's clients would wait out their
+        // whole stop grace for a server that is gone.
+        let mut stopping: Option<(StopReason, Instant)> = None;
         loop {
             self.roster.turned();
             if self.roster.stop_requested() {
                 return Ok(StopReason::Requested);
             }
-            let now = Instant::now();
-            if let Some(d) = self.options.duration {
-                if now.duration_since(self.started) >= d {
-                    return Ok(StopReason::Duration);
+            if stopping.is_none() {
+                stopping = self.planned_stop().map(|r| (r, Instant::now()));
+            }
+            if let Some((reason, since)) = &stopping {
+                if !self.group_restarting() || since.elapsed() >= GROUP_SETTLE {
+                    return Ok(reason.clone());
                 }
             }
-            let target = self.chaos_target();
-            if let Some(sig) = self.chaos.as_mut().and_then(|c| c.due(now, target)) {
-                self.inject(sig);
-            }
-            let target = self.chaos_target();
             let now = Instant::now();
-            if self.options.stop_after_chaos
-                && self.chaos.as_ref().is_some_and(|c| c.finished(now, target))
-            {
-                return Ok(StopReason::ChaosDone);
-            }
             if let Some(reason) = self.restart_due(now)? {
                 return Ok(reason);
             }
+            let target = self.chaos_target();
             let mut wake = self.chaos.as_ref().and_then(|c| c.wake(now, target));
             if let Some(reason) = self.check_starting()? {
                 return Ok(reason);
@@ -555,6 +558,10 @@ impl<'a> Supervisor<'a> {
             }
             if let Some(d) = self.options.duration {
                 let end = self.started + d;
+                wake = Some(wake.map_or(end, |w| w.min(end)));
+            }
+            if let Some((_, since)) = &stopping {
+                let end = *since + GROUP_SETTLE;
                 wake = Some(wake.map_or(end, |w| w.min(end)));
             }
             let timeout = wake.map(|w| timespec(w.saturating_duration_since(Instant::now())));
@@ -586,6 +593,35 @@ impl<'a> Supervisor<'a> {
                 }
             }
         }
+    }
+
+    /// The run's planned end, if it has come: its duration over, or the
+    /// injections done (`stop_after_chaos`); injects the next fault if one
+    /// is due first.
+    fn planned_stop(&mut self) -> Option<StopReason> {
+        let now = Instant::now();
+        if let Some(d) = self.options.duration {
+            if now.duration_since(self.started) >= d {
+                return Some(StopReason::Duration);
+            }
+        }
+        let target = self.chaos_target();
+        if let Some(sig) = self.chaos.as_mut().and_then(|c| c.due(now, target)) {
+            self.inject(sig);
+        }
+        let target = self.chaos_target();
+        let done = self.options.stop_after_chaos
+            && self
+                .chaos
+                .as_ref()
+                .is_some_and(|c| c.finished(Instant::now(), target));
+        done.then_some(StopReason::ChaosDone)
+    }
+
+    /// Whether a restart group's member was killed for its group and its
+    /// death not yet handled (it is restarted when it is).
+    fn group_restarting(&self) -> bool {
+        self.comps.iter().any(|m| m.killed_for_group.is_some())
     }
 
     /// Restarts the components whose backoff delay is over at `now`.

@@ -132,8 +132,18 @@ fn reports_clean(stdout: &str, clients: &[&str]) {
     }
 }
 
-/// The checkpoint recoveries in the event log: (kind, entries to replay).
-fn replays(stdout: &str) -> Vec<(String, u64)> {
+/// A checkpoint recovery of kv, as the event log tells it.
+#[derive(Debug)]
+struct Replay {
+    kind: String,
+    /// Requests replayed.
+    entries: u64,
+    /// Calls made to put the mappings back.
+    layout_calls: u64,
+}
+
+/// The checkpoint recoveries of kv in the event log.
+fn replays(stdout: &str) -> Vec<Replay> {
     events(stdout)
         .into_iter()
         .filter_map(|e| match e {
@@ -141,12 +151,19 @@ fn replays(stdout: &str) -> Vec<(String, u64)> {
                 component,
                 kind,
                 entries,
+                layout_calls,
                 ..
-            } if component == "kv" => Some((kind, entries)),
+            } if component == "kv" => Some(Replay {
+                kind,
+                entries,
+                layout_calls,
+            }),
             _ => None,
         })
         .collect()
 }
+
+const RESTORED: &str = "restore and replay";
 
 /// A system of kv (its `checkpoint` key `every_ms`) and one client, `w1`
 /// (`threads`, `ops`, `think_us`), and a watchdog section if `watchdog`.
@@ -263,11 +280,8 @@ fn kv_keeps_every_update_through_200_crashes() {
         crashes.len(),
         "each crash recovered from the log"
     );
-    let restored = replays
-        .iter()
-        .filter(|(kind, _)| kind == "restore and replay")
-        .count();
-    let logged: u64 = replays.iter().map(|(_, n)| n).sum();
+    let restored = replays.iter().filter(|r| r.kind == RESTORED).count();
+    let logged: u64 = replays.iter().map(|r| r.entries).sum();
     eprintln!("kv_crashes: {restored} recoveries restored a checkpoint, {logged} requests replayed in all");
     assert!(restored > 0, "checkpoints were restored");
     assert!(logged > 0, "requests were replayed");
@@ -276,28 +290,15 @@ fn kv_keeps_every_update_through_200_crashes() {
     // into a new one finds their stacks in place: a call or two to remap
     // at most (a thread started after the activation), not the 20 to 40
     // that interleaved stacks took.
-    let mut remaps = layout_calls(&stdout);
+    let mut remaps: Vec<u64> = replays
+        .iter()
+        .filter(|r| r.kind == RESTORED)
+        .map(|r| r.layout_calls)
+        .collect();
     remaps.sort_unstable();
     eprintln!("kv_crashes: calls to remap per restore, sorted: {remaps:?}");
     let median = remaps[remaps.len() / 2];
     assert!(median <= 3, "median {median} calls to remap: {remaps:?}");
-}
-
-/// The calls each restore into a new incarnation of kv made to put its
-/// mappings back.
-fn layout_calls(stdout: &str) -> Vec<u64> {
-    events(stdout)
-        .into_iter()
-        .filter_map(|e| match e {
-            Event::Replayed {
-                component,
-                kind,
-                layout_calls,
-                ..
-            } if component == "kv" && kind == "restore and replay" => Some(layout_calls),
-            _ => None,
-        })
-        .collect()
 }
 
 #[test]
@@ -383,10 +384,7 @@ fn kv_killed_while_its_log_asks_for_checkpoints_loses_nothing() {
     let crashes = crashes(&stdout, "kv");
     assert!(crashes.len() >= 37, "{} crashes of 40 kills", crashes.len());
     assert_eq!(replays.len(), crashes.len(), "each crash recovered");
-    let restored = replays
-        .iter()
-        .filter(|(kind, _)| kind == "restore and replay")
-        .count();
+    let restored = replays.iter().filter(|r| r.kind == RESTORED).count();
     eprintln!(
         "kv_full_log: {} crashes, {restored} restored a checkpoint",
         crashes.len()
@@ -742,7 +740,7 @@ fn every_restore_starts_kvs_damaged_idle_workers_over() {
         crashes.iter().map(|c| &c.exit).collect::<Vec<_>>()
     );
     assert!(
-        replays.iter().all(|(kind, _)| kind == "restore and replay"),
+        replays.iter().all(|r| r.kind == RESTORED),
         "every recovery restored the checkpoint, none started afresh: {replays:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
     let started_over: Vec<usize> = events(&stdout)

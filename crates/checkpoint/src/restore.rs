@@ -350,14 +350,14 @@ fn subtract(current: &[Mapping], wanted: &[Mapping]) -> Vec<(u64, u64)> {
 impl Parts<'_> {
     /// Puts the break and the private mappings back as the image has
     /// them; returns the start of each checkpointed area mapped anew
-    /// (whose every page must then be written) and the calls it took. Mappings are compared by
-    /// the addresses they cover, not by `/proc`'s lines (the kernel merges
-    /// and splits those): an image mapping not wholly covered as it was is
-    /// mapped again in place (`MAP_FIXED` replaces what is there in one
-    /// step, so no page the process needs is ever missing between two
-    /// calls: the kernel itself writes a thread's rseq area on each return
-    /// to user space), and only then is what the image does not cover
-    /// unmapped. Into [`Memory::Unknown`], every checkpointed mapping is
+    /// (whose every page must then be written) and the calls it took.
+    /// Mappings are compared by the addresses they cover, not by `/proc`'s
+    /// lines (the kernel merges and splits those): an image mapping not
+    /// wholly covered as it was is mapped again in place (`MAP_FIXED`
+    /// replaces what is there in one step, so no page the process needs is
+    /// ever missing between two calls: the kernel itself writes a thread's
+    /// rseq area on each return to user space), and only then is what the
+    /// image does not cover unmapped. Into [`Memory::Unknown`], every checkpointed mapping is
     /// mapped anew. The calls of each of those two steps touch disjoint
     /// ranges: they are made at once, spread over the process's threads.
     fn restore_layout(&mut self, frozen: &Frozen, into: Memory) -> Result<Layout, Error> {

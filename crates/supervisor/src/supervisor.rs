@@ -532,7 +532,11 @@ impl<'a> Supervisor<'a> {
                 return Ok(StopReason::Requested);
             }
             if stopping.is_none() {
-                stopping = self.planned_stop().map(|r| (r, Instant::now()));
+                let reason = self.duration_over().or_else(|| {
+                    self.inject_due();
+                    self.injections_done()
+                });
+                stopping = reason.map(|r| (r, Instant::now()));
             }
             if let Some((reason, since)) = &stopping {
                 if !self.group_restarting() || since.elapsed() >= GROUP_SETTLE {
@@ -595,20 +599,30 @@ impl<'a> Supervisor<'a> {
         }
     }
 
-    /// The run's planned end, if it has come: its duration over, or the
-    /// injections done (`stop_after_chaos`); injects the next fault if one
-    /// is due first.
-    fn planned_stop(&mut self) -> Option<StopReason> {
-        let now = Instant::now();
-        if let Some(d) = self.options.duration {
-            if now.duration_since(self.started) >= d {
-                return Some(StopReason::Duration);
-            }
-        }
+    /// The run's planned end, if its duration is over.
+    fn duration_over(&self) -> Option<StopReason> {
+        let over = self
+            .options
+            .duration
+            .is_some_and(|d| self.started.elapsed() >= d);
+        over.then_some(StopReason::Duration)
+    }
+
+    /// Injects the next fault, if one is due.
+    fn inject_due(&mut self) {
         let target = self.chaos_target();
-        if let Some(sig) = self.chaos.as_mut().and_then(|c| c.due(now, target)) {
+        if let Some(sig) = self
+            .chaos
+            .as_mut()
+            .and_then(|c| c.due(Instant::now(), target))
+        {
             self.inject(sig);
         }
+    }
+
+    /// The run's planned end, if it stops after its injections
+    /// (`stop_after_chaos`) and they are done.
+    fn injections_done(&self) -> Option<StopReason> {
         let target = self.chaos_target();
         let done = self.options.stop_after_chaos
             && self

@@ -776,12 +776,14 @@ fn a_client_that_sends_nothing_holds_no_one_elses_request() {
     let tag = unique_tag("silent");
     let dir = scratch("silent");
     let system = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../systems/demo.toml");
-    let mut child = kintsugi(&tag)
+    // Its output is kept for the assertion on its exit (it failed once in
+    // a run of this file, and did not say why).
+    let child = kintsugi(&tag)
         .env("XDG_RUNTIME_DIR", &dir)
         .args(["run", "--duration", "120"])
         .arg(&system)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     until("the demo never came up", || {
@@ -820,6 +822,8 @@ fn a_client_that_sends_nothing_holds_no_one_elses_request() {
     assert_eq!(late["status"]["system"], "demo", "{late}");
     let (ok, _, err) = cli(&tag, &dir, &["stop", "demo"]);
     assert!(ok, "{err}");
-    assert!(child.wait().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(leftovers(&tag).is_empty());
 }

@@ -287,9 +287,9 @@ fn kv_keeps_every_update_through_200_crashes() {
     assert!(logged > 0, "requests were replayed");
     assert_eq!(reboots(&stdout, "kv"), crashes.len());
     // Every incarnation lays its worker threads out alike, so a restore
-    // into a new one finds their stacks in place: a call or two to remap
-    // at most (a thread started after the activation), not the 20 to 40
-    // that interleaved stacks took.
+    // into a new one finds their stacks in place: one to three calls to
+    // remap (one small mapping of a thread started after the activation),
+    // not the 25 to 36 that interleaved stacks took.
     let mut remaps: Vec<u64> = replays
         .iter()
         .filter(|r| r.kind == RESTORED)

@@ -398,10 +398,16 @@ fn kv_killed_while_its_log_asks_for_checkpoints_loses_nothing() {
 /// served a new request, started afresh with its checkpoint and log
 /// dropped (the state is lost, as the clients then see). The test stops
 /// kv (SIGSTOP) once, then again as soon as each rollback or recovery is
-/// reported, standing for a fault the checkpoints captured; its one
-/// client, pausing 200 ms between calls, leaves each new incarnation at
-/// most the call it had waiting, and the watchdog finds each stop once a
-/// call waits 250 ms.
+/// reported, standing for a fault the checkpoints captured; the watchdog
+/// finds each stop once a call waits 250 ms.
+///
+/// The test's stop reaches a recovered incarnation only after the event
+/// that reports it has crossed a pipe, so the one client (pausing up to
+/// 200 ms between calls, and making an increment's two calls back to back)
+/// can have a new request served first; the ladder then rightly takes the
+/// next hang for a new fault and climbs again from a rollback (it did in
+/// CI, 2026-11-29). The test accepts up to three climbs, each a rollback
+/// then a restore, and asserts the last ends in a fresh start.
 #[test]
 fn a_hang_that_every_restore_brings_back_ends_in_a_fresh_start() {
     let seed = seed("kv_ladder");
@@ -440,14 +446,13 @@ fn a_hang_that_every_restore_brings_back_ends_in_a_fresh_start() {
         _ => {}
     });
     first.expect("kv started").join().unwrap();
-    assert_eq!(
-        steps,
-        [
-            "rollback",
-            "restore and replay",
-            "fresh start (checkpoint and log dropped)"
-        ],
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    let climb = ["rollback", "restore and replay"];
+    let (fresh, climbs) = steps.split_last().unzip();
+    assert!(
+        fresh.is_some_and(|f| f == "fresh start (checkpoint and log dropped)")
+            && (1..=3).contains(&(climbs.map_or(0, <[_]>::len) / 2))
+            && climbs.unwrap_or_default().chunks(2).all(|c| c == climb),
+        "steps {steps:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
     assert!(stderr.contains("starts afresh"), "{stderr}");
 }

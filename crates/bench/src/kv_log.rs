@@ -39,31 +39,26 @@ fn null_caller(lb: &Loopback) -> Call {
     Box::new(move |_| client.null().expect("a null call"))
 }
 
-/// A put and a get of one key, taking turns.
-fn kv_caller(lb: &Loopback) -> Call {
+fn keys() -> Vec<String> {
+    (0..KEYS).map(|k| format!("key-{k}")).collect()
+}
+
+/// Puts, the call's number picking the key.
+fn kv_putter(lb: &Loopback) -> Call {
     let client = kv::Client::from_connection(lb.connection());
-    let keys: Vec<String> = (0..KEYS).map(|k| format!("key-{k}")).collect();
+    let keys = keys();
     Box::new(move |i| {
-        let key = &keys[(i / 2) % KEYS];
-        if i % 2 == 0 {
-            client.put(key, &[i as u8; 32]).expect("a put");
-        } else {
-            let got = client.get(key).expect("a get");
-            assert_eq!(got.len(), 32, "the value put");
-        }
+        client.put(&keys[i % KEYS], &[i as u8; 32]).expect("a put");
     })
 }
 
-/// Gets of keys put (and logged, the log cut after) first: requests that
-/// change nothing, so that a replay over the store as it is repeats them
-/// exactly.
+/// Gets (`readonly`: not logged) of keys put first.
 fn kv_getter(lb: &Loopback) -> Call {
     let client = kv::Client::from_connection(lb.connection());
-    let keys: Vec<String> = (0..KEYS).map(|k| format!("key-{k}")).collect();
+    let keys = keys();
     for key in &keys {
         client.put(key, &[7; 32]).expect("a put");
     }
-    lb.cut_log();
     Box::new(move |i| {
         let got = client.get(&keys[i % KEYS]).expect("a get");
         assert_eq!(got.len(), 32, "the value put");
@@ -81,12 +76,17 @@ fn kv_store() -> Arc<dyn Service> {
     kv::service(Arc::new(kintsugi_kv::Store::new(None)))
 }
 
-const REQUESTS: [Request; 2] = [
+const REQUESTS: [Request; 3] = [
     NULL,
     Request {
-        name: "kv put, get (32-byte values)",
+        name: "kv put (32-byte values)",
         service: kv_store,
-        caller: kv_caller,
+        caller: kv_putter,
+    },
+    Request {
+        name: "kv get (readonly: not logged)",
+        service: kv_store,
+        caller: kv_getter,
     },
 ];
 
@@ -122,30 +122,48 @@ fn run(r: &Request, logged: bool, calls: usize, pins: &Pinning) -> f64 {
 /// without asking for a checkpoint).
 const REPLAYED: usize = 2_000;
 
-/// Requests replayed: a null call and kv's get, neither of which changes
-/// the server's state, so that a replay over it as it is repeats them
-/// exactly.
-const REPLAYS: [Request; 2] = [
-    NULL,
-    Request {
-        name: "kv get (32-byte values)",
-        service: kv_store,
-        caller: kv_getter,
+/// A request replayed: a fresh server, with what puts it back to the
+/// state its log starts from (a checkpoint's restore), and its caller.
+struct Replayed {
+    name: &'static str,
+    server: fn() -> (Arc<dyn Service>, Restore),
+    caller: fn(&Loopback) -> Call,
+}
+
+type Restore = Box<dyn Fn()>;
+
+/// Requests replayed: a null call (nothing to put back) and kv's put
+/// (the store emptied, as it was when the log began).
+const REPLAYS: [Replayed; 2] = [
+    Replayed {
+        name: "null",
+        server: || ((NULL.service)(), Box::new(|| {})),
+        caller: null_caller,
+    },
+    Replayed {
+        name: "kv put (32-byte values)",
+        server: || {
+            let store = Arc::new(kintsugi_kv::Store::new(None));
+            let service = kv::service(store.clone());
+            (service, Box::new(move || store.clear()))
+        },
+        caller: kv_putter,
     },
 ];
 
 /// Mean ns per logged request of a replay of [`REPLAYED`] calls of `r`.
-fn replay(r: &Request, pins: &Pinning) -> f64 {
-    let lb = loopback(r, true, pins);
+fn replay(r: &Replayed, pins: &Pinning) -> f64 {
+    let (service, restore) = (r.server)();
+    let lb = pins.apart(|| Loopback::journaled(service));
     let mut call = (r.caller)(&lb);
     for i in 0..REPLAYED {
         call(i);
     }
-    // Nothing to put back (see [`REPLAYS`]). Any worker may replay (every
-    // one is woken), the call's waits for its turn until it is done: timed
-    // from the rollback to the next call's reply.
+    // Any worker may replay (every one is woken), the call's waits for
+    // its turn until it is done: timed from the rollback to the next
+    // call's reply.
     let started = Instant::now();
-    lb.roll_back(|| {});
+    lb.roll_back(restore);
     call(REPLAYED);
     started.elapsed().as_nanos() as f64 / REPLAYED as f64
 }

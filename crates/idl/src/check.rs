@@ -245,6 +245,28 @@ fn resolve(
 
 /// `at_most(arg)`: an unsigned integer or a length on both sides;
 /// `above(arg)`: unsigned integers.
+/// A `readonly` function changes nothing in the server, so it may not
+/// make, close or move a descriptor, nor wake waiters.
+fn readonly(f: &Function) -> Result<(), Fail> {
+    let changes = match (f.role, &f.transition, f.wakeup) {
+        (Role::Create, _, _) => Some("`create`"),
+        (Role::Terminal, _, _) => Some("`terminal`"),
+        (_, Some(_), _) => Some("`transition`"),
+        (_, _, true) => Some("`wakeup`"),
+        _ => None,
+    };
+    match (f.readonly, changes) {
+        (true, Some(what)) => Err(Fail::new(
+            f.span,
+            format!(
+                "`{}` is `readonly` and {what}: a read-only function changes nothing in the server",
+                f.name
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn bound(f: &Function, b: &Bound) -> Result<(), Fail> {
     let (name, arg) = (b.kind.idl(), &b.arg);
     let unsigned = |t: &Type| t.is_int() && *t != Type::I64;
@@ -574,6 +596,7 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
             ));
         }
     }
+    readonly(f)?;
     if f.block && f.role == Role::Create {
         return Err(Fail::new(
             f.span,

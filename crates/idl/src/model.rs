@@ -293,6 +293,10 @@ pub struct Function {
     pub block: bool,
     /// Wakes threads that wait inside the server.
     pub wakeup: bool,
+    /// Changes nothing in the server's state (`readonly`): a
+    /// checkpoint-recovered server neither logs nor replays it, and a
+    /// client may post it again whatever became of its first attempt.
+    pub readonly: bool,
     /// Moves its descriptor from one state to another: `(from, to, span)`.
     pub transition: Option<(String, String, Span)>,
 }
@@ -488,6 +492,9 @@ impl Interface {
             }
             if f.wakeup {
                 s += " wakeup";
+            }
+            if f.readonly {
+                s += " readonly";
             }
             if let Some((from, to, _)) = &f.transition {
                 let _ = write!(s, " transition({from}, {to})");

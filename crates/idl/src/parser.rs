@@ -43,6 +43,7 @@ pub(crate) const FN_ANNOTATIONS: &[&str] = &[
     "block",
     "wakeup",
     "transition",
+    "readonly",
 ];
 /// Properties a descriptor may declare.
 pub(crate) const DESC_PROPERTIES: &[&str] = &[
@@ -399,6 +400,7 @@ impl Parser {
             named_by: None,
             block: false,
             wakeup: false,
+            readonly: false,
             transition: None,
         };
         let mut seen: Vec<String> = Vec::new();
@@ -445,6 +447,10 @@ impl Parser {
                 "wakeup" => {
                     a.arity(0, "")?;
                     f.wakeup = true;
+                }
+                "readonly" => {
+                    a.arity(0, "")?;
+                    f.readonly = true;
                 }
                 "transition" => {
                     a.arity(2, "from_state, to_state")?;

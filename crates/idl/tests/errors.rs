@@ -118,7 +118,7 @@ fn unknown_argument_annotation() {
 fn unknown_function_annotation() {
     expect(
         "fn f() creat;",
-        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, store, named_by, block, wakeup, transition",
+        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, store, named_by, block, wakeup, transition, readonly",
     );
 }
 
@@ -126,7 +126,7 @@ fn unknown_function_annotation() {
 fn argument_annotation_on_function() {
     expect(
         "fn f() remember;",
-        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, store, named_by, block, wakeup, transition \
+        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, store, named_by, block, wakeup, transition, readonly \
          (argument annotations go right after the argument's type)",
     );
 }
@@ -306,6 +306,26 @@ fn store_and_from_rules() {
     expect(
         "descriptor D { }\nfn mk() -> D create block;",
         "t.kidl:4:4: `create` function `mk` cannot `block`",
+    );
+}
+
+#[test]
+fn a_readonly_function_changes_nothing() {
+    expect(
+        "descriptor D { }\nfn mk() -> D create readonly;",
+        "t.kidl:4:4: `mk` is `readonly` and `create`: a read-only function changes nothing in the server",
+    );
+    expect(
+        "descriptor D { }\nfn mk() -> D create;\nfn rm(d: D) terminal readonly;",
+        "t.kidl:5:4: `rm` is `readonly` and `terminal`: a read-only function changes nothing in the server",
+    );
+    expect(
+        "fn poke() wakeup readonly;",
+        "t.kidl:3:4: `poke` is `readonly` and `wakeup`: a read-only function changes nothing in the server",
+    );
+    expect(
+        "fn peek() readonly(1);",
+        "t.kidl:3:20: `readonly` takes no arguments",
     );
 }
 

@@ -254,7 +254,10 @@ impl SlotWorker {
     /// Runs the slot's request and writes its reply (status, code and
     /// length stored, not yet published); a checkpoint-recovered server
     /// logs it first and its reply after, or refuses to run it without
-    /// room in its log.
+    /// room in its log. A `readonly` function is not logged: it changes
+    /// nothing a replay must rebuild, and a call of it cut short by a
+    /// crash is still posted, so the next incarnation serves it (after
+    /// its replay: it runs in turn like any other).
     fn handle(&self, service: &dyn Service, caller: &Caller) -> Result<(), Full> {
         let s = self.edge.slot(self.slot);
         let func = s.func.load(Ordering::Relaxed);
@@ -263,10 +266,14 @@ impl SlotWorker {
         // SAFETY: the slot is in REQUEST, so this worker owns the response
         // buffer until it publishes RESPONSE.
         let response = unsafe { self.edge.response_buffer(self.slot) };
+        let logged = self
+            .journal
+            .as_ref()
+            .filter(|_| !service.interface().is_readonly(func));
         let (st, code, resp_len) = crate::scratch::with_copy(
             len,
             |private| self.edge.copy_request(self.slot, private),
-            |request| match &self.journal {
+            |request| match logged {
                 None => Ok(dispatch_raw(service, caller, func, request, response)),
                 Some((journal, edge)) => {
                     let Some(at) = journal.accept(*edge, self.slot, s, func, request)? else {

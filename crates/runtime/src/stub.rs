@@ -22,6 +22,18 @@ pub struct InterfaceInfo {
     pub hash: u64,
     /// Function names, indexed by function id.
     pub functions: &'static [&'static str],
+    /// The ids of the functions that change nothing in the server
+    /// (`readonly` in the IDL): a checkpoint-recovered server does not log
+    /// them (`journal`), and a client posts one again whatever became of
+    /// its first attempt.
+    pub readonly: &'static [u32],
+}
+
+impl InterfaceInfo {
+    /// Whether function `func` is `readonly`.
+    pub fn is_readonly(&self, func: u32) -> bool {
+        self.readonly.contains(&func)
+    }
 }
 
 /// The component that made an invocation, as the supervisor wired it: the

@@ -108,16 +108,19 @@ fn an_impossible_reply_has_a_watched_server_rebooted_once() {
 static COUNTER: InterfaceInfo = InterfaceInfo {
     name: "counter",
     hash: 0xc0c0,
-    functions: &["add"],
+    functions: &["add", "total"],
+    readonly: &[1],
 };
 
 /// A checkpoint-recovered counter: its state at the log's start is 0 (no
 /// checkpoint cut the log), and its next reply can be garbled once, as a
-/// fault in the server's encoding would.
+/// fault in the server's encoding would. `add` counts its runs in `runs`,
+/// `total` (readonly) in `reads`.
 #[derive(Default)]
 struct Counter {
     total: Mutex<u64>,
     runs: std::sync::atomic::AtomicU64,
+    reads: std::sync::atomic::AtomicU64,
     garble: std::sync::atomic::AtomicBool,
 }
 
@@ -127,14 +130,15 @@ impl Service for Counter {
     }
     fn client_died(&self, _client: u32) {}
     fn dispatch(&self, _c: &Caller, func: u32, req: &[u8], resp: &mut [u8]) -> Dispatched {
-        let n = match (func, Reader::new(req).u64()) {
-            (0, Ok(n)) => n,
+        let (n, runs) = match (func, Reader::new(req).u64()) {
+            (0, Ok(n)) => (n, &self.runs),
             (0, Err(e)) => return Dispatched::Refused(e.into()),
+            (1, _) => (0, &self.reads),
             (f, _) => {
                 return Dispatched::Refused(kintsugi_runtime::stub::Refusal::UnknownFunction(f))
             }
         };
-        self.runs.fetch_add(1, Ordering::SeqCst);
+        runs.fetch_add(1, Ordering::SeqCst);
         let mut total = self.total.lock().unwrap();
         *total += n;
         if self.garble.swap(false, Ordering::SeqCst) {
@@ -150,9 +154,18 @@ impl Service for Counter {
 /// `add(n)` as a generated stub makes it: a call interrupted (its fate
 /// unknown) or refused as stale is posted again.
 fn add(conn: &Connection, n: u64) -> Result<u64, Fault> {
+    counter_call(conn, 0, n)
+}
+
+/// The counter's readonly `total`, the same way.
+fn total(conn: &Connection) -> Result<u64, Fault> {
+    counter_call(conn, 1, 0)
+}
+
+fn counter_call(conn: &Connection, func: u32, n: u64) -> Result<u64, Fault> {
     loop {
         let got = conn.call(
-            0,
+            func,
             None,
             |w| w.u64(n),
             |r| match r {
@@ -198,6 +211,45 @@ fn a_garbled_reply_of_a_checkpoint_recovered_server_is_taken_from_its_replay() {
     );
     assert_eq!(lb.suspected(), 0);
     assert_eq!(add(&conn, 1), Ok(23));
+}
+
+/// A `readonly` call is not logged: a rollback's replay runs the adds
+/// again and not the reads, and a read whose reply was garbled is posted
+/// again (once the server is rolled back) instead of awaiting a replay.
+#[test]
+fn readonly_calls_are_not_logged_and_a_garbled_one_is_posted_again() {
+    let counter = Arc::new(Counter::default());
+    let lb = Arc::new(Loopback::journaled(counter.clone()));
+    let conn = lb.watched_connection();
+    assert_eq!(add(&conn, 5), Ok(5));
+    for _ in 0..3 {
+        assert_eq!(total(&conn), Ok(5));
+    }
+    assert_eq!(add(&conn, 7), Ok(12));
+    let watchdog = {
+        let (lb, counter) = (lb.clone(), counter.clone());
+        std::thread::spawn(move || {
+            while lb.suspected() != 1 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            lb.roll_back(|| *counter.total.lock().unwrap() = 0);
+        })
+    };
+    counter.garble.store(true, Ordering::SeqCst);
+    assert_eq!(total(&conn), Ok(12), "posted again after the rollback");
+    watchdog.join().unwrap();
+    assert_eq!(
+        counter.runs.load(Ordering::SeqCst),
+        2 + 2,
+        "two adds, then the two replayed"
+    );
+    assert_eq!(
+        counter.reads.load(Ordering::SeqCst),
+        3 + 2,
+        "three reads, the garbled one and its second posting: none replayed"
+    );
+    assert_eq!(*counter.total.lock().unwrap(), 12);
+    assert_eq!(add(&conn, 1), Ok(13));
 }
 
 /// With no watchdog to roll the server back, the client takes its slot
@@ -380,6 +432,7 @@ fn function_names_are_registered_once_and_read_back_as_identifiers_only() {
         name: "other",
         hash: 1,
         functions: &["renamed"],
+        readonly: &[],
     };
     edge.register_functions(&OTHER);
     assert_eq!(edge.function_name(0).as_deref(), Some(ECHO.functions[0]));

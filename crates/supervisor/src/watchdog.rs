@@ -651,6 +651,7 @@ mod tests {
             name: "tally",
             hash: 7,
             functions: &["add", "total"],
+            readonly: &[],
         };
         let edge = Arc::new(Edge::create("watchdog-names", 1).unwrap());
         edge.register_functions(&TALLY);

@@ -1,7 +1,9 @@
 //! kv: an in-memory key-value store served over the `kv` interface.
 //!
 //! It is written as any Rust service would be, a `BTreeMap` behind a
-//! mutex, with no vault, arena, durable memory or recovery annotations:
+//! mutex, with no vault, arena, durable memory or recovery annotations
+//! (its interface marks `get`, `scan` and `stats` `readonly`, a fact of
+//! the interface that spares the request log those calls):
 //! what keeps its data through crashes and hangs is the system
 //! description's `recovery = "checkpoint"`, under which the supervisor
 //! checkpoints it at safe points and the runtime logs every request it

@@ -38,6 +38,13 @@ impl Store {
         }
     }
 
+    /// Empties the store (no key, version 0): the state of a store that
+    /// has served nothing, which a restore of its first checkpoint puts
+    /// back (`kintsugi bench kv` replays a log over it in process).
+    pub fn clear(&self) {
+        *self.map() = Map::default();
+    }
+
     fn map(&self) -> MutexGuard<'_, Map> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }

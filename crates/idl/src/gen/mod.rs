@@ -176,6 +176,13 @@ impl Ctx<'_> {
             .map(|f| format!("{:?}", f.name))
             .collect();
         o.line(format!("functions: &[{}],", names.join(", ")));
+        let readonly: Vec<String> = i
+            .functions
+            .iter()
+            .filter(|f| f.readonly)
+            .map(|f| f.id.to_string())
+            .collect();
+        o.line(format!("readonly: &[{}],", readonly.join(", ")));
         o.close("};");
         o.line("");
         for f in &i.functions {

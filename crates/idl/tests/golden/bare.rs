@@ -5,6 +5,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "bare",
     hash: 0x16ba694fb12a0dad,
     functions: &["add"],
+    readonly: &[],
 };
 pub const FN_ADD: u32 = 0;
 kintsugi_runtime::interface_errors!("bare" {});

@@ -5,6 +5,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "bench",
     hash: 0x7617550b9554aeba,
     functions: &["null", "echo", "grow", "crash", "make", "touch", "put", "drop"],
+    readonly: &[],
 };
 pub const FN_NULL: u32 = 0;
 pub const FN_ECHO: u32 = 1;

@@ -18,6 +18,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
         "get",
         "ping",
     ],
+    readonly: &[],
 };
 pub const FN_BEGIN: u32 = 0;
 pub const FN_STEP: u32 = 1;

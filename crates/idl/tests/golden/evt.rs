@@ -5,6 +5,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "evt",
     hash: 0x2c9cbce2c809ac42,
     functions: &["create", "wait", "trigger", "free"],
+    readonly: &[],
 };
 pub const FN_CREATE: u32 = 0;
 pub const FN_WAIT: u32 = 1;

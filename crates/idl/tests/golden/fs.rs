@@ -17,6 +17,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
         "rename",
         "readdir",
     ],
+    readonly: &[],
 };
 pub const FN_OPEN: u32 = 0;
 pub const FN_READ: u32 = 1;

@@ -3,8 +3,9 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `kv`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "kv",
-    hash: 0x008766e1dc0aa291,
+    hash: 0x69286449e1e57c85,
     functions: &["put", "get", "delete", "cas", "scan", "stats"],
+    readonly: &[1, 4, 5],
 };
 pub const FN_PUT: u32 = 0;
 pub const FN_GET: u32 = 1;

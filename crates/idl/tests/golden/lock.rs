@@ -5,6 +5,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "lock",
     hash: 0xefa1d1c7b6546b8e,
     functions: &["alloc", "take", "release", "free", "lease", "unlease"],
+    readonly: &[],
 };
 pub const FN_ALLOC: u32 = 0;
 pub const FN_TAKE: u32 = 1;

@@ -5,6 +5,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "machine",
     hash: 0xec785630bf169e15,
     functions: &["make", "prime", "start", "stop", "poll", "scrap"],
+    readonly: &[],
 };
 pub const FN_MAKE: u32 = 0;
 pub const FN_PRIME: u32 = 1;

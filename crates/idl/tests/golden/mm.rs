@@ -5,6 +5,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "mm",
     hash: 0x6460f4304b3bee5d,
     functions: &["grant", "alias", "locate", "origin", "revoke", "held"],
+    readonly: &[],
 };
 pub const FN_GRANT: u32 = 0;
 pub const FN_ALIAS: u32 = 1;

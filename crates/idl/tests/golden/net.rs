@@ -17,6 +17,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
         "finish",
         "finish_page",
     ],
+    readonly: &[],
 };
 pub const FN_ACCEPTOR: u32 = 0;
 pub const FN_ACCEPT: u32 = 1;

@@ -14,6 +14,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
         "value_of",
         "drop_ok",
     ],
+    readonly: &[],
 };
 pub const FN_OPEN: u32 = 0;
 pub const FN_WRITE: u32 = 1;

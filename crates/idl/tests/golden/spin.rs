@@ -5,6 +5,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "spin",
     hash: 0x41b3ccab61d31544,
     functions: &["work", "hang", "nap"],
+    readonly: &[],
 };
 pub const FN_WORK: u32 = 0;
 pub const FN_HANG: u32 = 1;

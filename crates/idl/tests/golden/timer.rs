@@ -5,6 +5,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "timer",
     hash: 0x831d9748c661f35c,
     functions: &["create", "arm", "disarm", "wait", "free"],
+    readonly: &[],
 };
 pub const FN_CREATE: u32 = 0;
 pub const FN_ARM: u32 = 1;

@@ -5,6 +5,7 @@ pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "tree",
     hash: 0xee2a83b78ed845dc,
     functions: &["root", "child", "tag", "cut"],
+    readonly: &[],
 };
 pub const FN_ROOT: u32 = 0;
 pub const FN_CHILD: u32 = 1;

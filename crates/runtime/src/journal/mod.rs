@@ -27,6 +27,13 @@
 //!
 //! The calls a request makes to other servers are recorded in its entry
 //! and answered from there on replay ([`calls`]).
+//!
+//! A call of a function the interface marks `readonly` is not logged
+//! (`server.rs`): it changes nothing a replay must rebuild, so neither its
+//! request nor its reply is copied into the log, and replay skips it. It
+//! still runs in turn, so never before a replay has ended; cut short by a
+//! crash, it is still posted in its slot and the next incarnation serves
+//! it as a new one (its client could not have seen a reply).
 
 mod calls;
 

@@ -11,6 +11,7 @@ pub static ECHO: InterfaceInfo = InterfaceInfo {
     name: "echo",
     hash: 0xec40,
     functions: &["echo", "count", "whoami"],
+    readonly: &[],
 };
 
 /// Echoes its argument; counts calls per instance; tells which thread

@@ -266,10 +266,13 @@ impl SlotWorker {
         // SAFETY: the slot is in REQUEST, so this worker owns the response
         // buffer until it publishes RESPONSE.
         let response = unsafe { self.edge.response_buffer(self.slot) };
-        let logged = self
-            .journal
-            .as_ref()
-            .filter(|_| !service.interface().is_readonly(func));
+        let logged = match &self.journal {
+            Some((journal, _)) if service.interface().is_readonly(func) => {
+                journal.count_served();
+                None
+            }
+            journal => journal.as_ref(),
+        };
         let (st, code, resp_len) = crate::scratch::with_copy(
             len,
             |private| self.edge.copy_request(self.slot, private),

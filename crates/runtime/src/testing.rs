@@ -97,6 +97,15 @@ impl Loopback {
         wake_workers(&self.edge);
     }
 
+    /// A journaled loopback's request log.
+    ///
+    /// # Panics
+    ///
+    /// On a loopback that is not [journaled](Loopback::journaled).
+    pub fn log(&self) -> &JournalRegion {
+        self.journal.as_ref().expect("a journaled loopback").log()
+    }
+
     /// Plays a checkpoint of a journaled loopback's idle server: the log's
     /// entries are forgotten, as the supervisor cuts the log once a
     /// checkpoint holds their effects. Call it with no call in flight.

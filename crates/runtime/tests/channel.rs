@@ -226,6 +226,12 @@ fn readonly_calls_are_not_logged_and_a_garbled_one_is_posted_again() {
         assert_eq!(total(&conn), Ok(5));
     }
     assert_eq!(add(&conn, 7), Ok(12));
+    let logged = || lb.log().header().logged.load(Ordering::SeqCst);
+    assert_eq!(
+        (logged(), lb.log().served()),
+        (2, 5),
+        "all served, adds logged"
+    );
     let watchdog = {
         let (lb, counter) = (lb.clone(), counter.clone());
         std::thread::spawn(move || {

@@ -34,6 +34,7 @@ use kintsugi_checkpoint::{file, Checkpointer, Frozen, Image, StartOver, Stats};
 use kintsugi_runtime::abi::boot::{ControlBlock, LIFELINES};
 use kintsugi_runtime::abi::channel::Edge;
 use kintsugi_runtime::abi::journal::JournalRegion;
+use kintsugi_runtime::abi::lifeline::{Lifeline, TID_MASK};
 use kintsugi_runtime::abi::shm::Region;
 use kintsugi_system::{CheckpointPolicy, DEFAULT_READ_AHEAD_PAGES};
 use serde::Serialize;
@@ -692,6 +693,14 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
     // Holds the component at a safe point and checkpoints it; cuts its log.
     let at_point = |ckpt: &mut Checkpointer| -> Result<AtSafePoint, String> {
         let (frozen, held, waited) = at_safe_point(&c.quiet, &c.name, pid, hold)?;
+        if lost_thread(&c.quiet.control, pid) {
+            // A checkpoint would keep the loss for every restore.
+            kill_process(pid);
+            return Err(format!(
+                "`{}` (pid {pid}) lost a runtime thread (a worker ended while the process lives): killed, to recover from its last checkpoint",
+                c.name
+            ));
+        }
         if c.journal.as_ref().is_some_and(|j| j.replay_pending()) {
             // Its state is not whole until the log is replayed, and a
             // checkpoint would cut the log.
@@ -897,9 +906,38 @@ fn adopt_worker_entries(c: &Tracked, died: u32, pid: u32, pairs: &[(u32, u32)]) 
 
 /// Sends SIGCONT to `pid` (harmless if it was not stopped).
 fn continue_process(pid: u32) {
+    signal(pid, rustix::process::Signal::CONT);
+}
+
+/// Sends SIGKILL to `pid`, frozen by this thread (so not reaped, and its
+/// pid not reused, meanwhile).
+fn kill_process(pid: u32) {
+    signal(pid, rustix::process::Signal::KILL);
+}
+
+fn signal(pid: u32, signal: rustix::process::Signal) {
     if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
-        let _ = rustix::process::kill_process(p, rustix::process::Signal::CONT);
+        let _ = rustix::process::kill_process(p, signal);
     }
+}
+
+/// Whether a runtime thread of process `pid` (its main thread or a
+/// worker, each holding a lifeline of the bank whose first line `pid`'s
+/// main thread holds) has died while the process lives: a fault (a flipped
+/// frame pointer can make a worker return from its loop) that leaves the
+/// worker's slot unserved, and that a checkpoint would capture, so that
+/// no new incarnation, which has all its threads, could be restored from
+/// it (kv's register-flip campaign lost its system so, 2026-11-29).
+fn lost_thread(control: &Region, pid: u32) -> bool {
+    let ctl: &ControlBlock = control.at(0);
+    (0..ctl.lifelines.len())
+        .map(|bank| ctl.bank(bank))
+        .find(|lines| {
+            lines
+                .first()
+                .is_some_and(|l| l.word.load(Ordering::SeqCst) & TID_MASK == pid)
+        })
+        .is_some_and(|lines| lines.iter().any(Lifeline::dead))
 }
 
 /// Wakes a checkpoint-recovered component's workers, once it runs again,
@@ -1115,4 +1153,50 @@ pub(crate) fn start(
     std::thread::Builder::new()
         .name("checkpoints".into())
         .spawn(move || serve(comps, dir, commands))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::thread::JoinHandle;
+
+    use super::*;
+
+    /// A thread that holds lifeline `line` of bank 1 until `end` is
+    /// dropped: its tid, `end` and its handle.
+    fn holder(control: &Arc<Region>, line: usize) -> (u32, mpsc::Sender<()>, JoinHandle<()>) {
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let (end, ended) = mpsc::channel::<()>();
+        let control = control.clone();
+        let handle = std::thread::spawn(move || {
+            let ctl: &ControlBlock = control.at(0);
+            ctl.lifelines[1][line]
+                .register()
+                .expect("register a lifeline");
+            let tid = rustix::thread::gettid().as_raw_nonzero().get() as u32;
+            tid_tx.send(tid).expect("send the tid");
+            let _ = ended.recv();
+        });
+        (tid_rx.recv().expect("a tid"), end, handle)
+    }
+
+    #[test]
+    fn a_runtime_thread_that_ended_while_its_process_lives_is_lost() {
+        let size = std::mem::size_of::<ControlBlock>();
+        let control = Arc::new(Region::create("lost-thread", size).expect("a control block"));
+        let ctl: &ControlBlock = control.at(0);
+        ctl.lifeline_count[1].store(2, Ordering::SeqCst);
+        let (main, end_main, main_thread) = holder(&control, 0);
+        let (_, end_worker, worker) = holder(&control, 1);
+        assert!(!lost_thread(&control, main), "both alive");
+        drop(end_worker);
+        worker.join().expect("the worker ends");
+        assert!(lost_thread(&control, main), "the worker ended");
+        assert!(
+            !lost_thread(&control, main ^ 1),
+            "no bank is another process's"
+        );
+        drop(end_main);
+        main_thread.join().expect("the main thread ends");
+    }
 }

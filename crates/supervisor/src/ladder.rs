@@ -13,7 +13,7 @@
 //! `restart.rs`), so a fault captured in an idle worker's registers no
 //! longer climbs this far; one captured in memory still does.
 //!
-//! A hang of a recovered incarnation that has logged a new request is a
+//! A hang of a recovered incarnation that has served a new request is a
 //! new fault (a fault campaign reboots its target before each injection,
 //! so every injection lands within a second of a recovery) and starts at
 //! the bottom.
@@ -28,6 +28,11 @@
 //! loop no restart policy can end well). Less is not enough: a new fault
 //! soon after a recovery (a fault campaign injects one every few hundred
 //! ms, into threads that serve) is no reason to drop the state.
+//!
+//! And a checkpoint that cannot be restored ends there too: two checkpoint
+//! recoveries in a row that fail (the restore itself refused or broke
+//! down) have the next one start fresh, rather than have the restart
+//! policy give up on the component.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -41,9 +46,10 @@ pub(crate) const AGAIN: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Failed {
     pub pid: u32,
-    /// Requests its log counts so far (`logged`), and whether its replay
+    /// Requests it and its predecessors served in turn so far (`served`,
+    /// logged or not), and whether its replay
     /// was still to finish.
-    pub logged: u64,
+    pub served: u64,
     pub replaying: bool,
 }
 
@@ -51,7 +57,7 @@ pub(crate) struct Failed {
 pub(crate) fn failed(pid: u32, journal: Option<&JournalRegion>) -> Failed {
     Failed {
         pid,
-        logged: journal.map_or(0, JournalRegion::logged),
+        served: journal.map_or(0, JournalRegion::served),
         replaying: journal.is_some_and(JournalRegion::replay_pending),
     }
 }
@@ -70,8 +76,8 @@ enum How {
     /// Rolled back in place on a hang.
     RolledBack,
     /// Restored into a new incarnation (checkpoint recovery), its log
-    /// counting `logged` requests then.
-    Recovered { logged: u64 },
+    /// counting `served` requests then.
+    Recovered { served: u64 },
 }
 
 /// The answer to a hang.
@@ -92,6 +98,8 @@ pub(crate) struct Ladder {
     fresh: HashSet<String>,
     /// Recovered incarnations in a row that crashed by themselves at once.
     quick_crashes: HashMap<String, u32>,
+    /// Checkpoint recoveries in a row that failed.
+    failed_recoveries: HashMap<String, u32>,
 }
 
 impl Ladder {
@@ -119,7 +127,7 @@ impl Ladder {
 
     /// A crash of `component`'s incarnation: the second in a row that
     /// came by itself, within a second of its checkpoint recovery and
-    /// before any new request was logged, has the next recovery start
+    /// before any new request was served, has the next recovery start
     /// fresh (see the module doc). Returns whether it does.
     pub fn crashed(&mut self, component: &str, crash: Crash) -> bool {
         let died = crash.failed;
@@ -140,14 +148,35 @@ impl Ladder {
         poisoned
     }
 
+    /// A checkpoint recovery of `component` failed (its new incarnation
+    /// is killed and another one tried): the second in a row has the next
+    /// recovery start fresh. The last checkpoint then cannot be restored
+    /// into any new incarnation (it was taken of a damaged process), and
+    /// trying it again would only use up the restart policy and stop the
+    /// system. Returns whether it does.
+    pub fn recovery_failed(&mut self, component: &str) -> bool {
+        let count = self
+            .failed_recoveries
+            .entry(component.to_string())
+            .or_default();
+        *count += 1;
+        let again = *count >= 2;
+        if again {
+            *count = 0;
+            self.fresh.insert(component.to_string());
+        }
+        again
+    }
+
     pub fn rolled_back(&mut self, component: &str, pid: u32) {
         self.note(component, pid, How::RolledBack);
     }
 
     /// `component`'s incarnation `pid` got its state back from a
-    /// checkpoint recovery; its log had counted `logged` requests then.
-    pub fn recovered(&mut self, component: &str, pid: u32, logged: u64) {
-        self.note(component, pid, How::Recovered { logged });
+    /// checkpoint recovery; its log had counted `served` requests then.
+    pub fn recovered(&mut self, component: &str, pid: u32, served: u64) {
+        self.failed_recoveries.remove(component);
+        self.note(component, pid, How::Recovered { served });
     }
 
     fn note(&mut self, component: &str, pid: u32, how: How) {
@@ -169,11 +198,11 @@ impl Ladder {
 
 /// Whether `failed` came before its incarnation did anything new since it
 /// was put back `how`: a checkpoint recovery whose replay had not ended,
-/// or after which at most one request was logged (the one it failed in:
-/// a request is logged before it runs).
+/// or after which at most one request was served (the one it failed in:
+/// a request is counted before it runs).
 fn at_once(how: &How, failed: &Failed) -> bool {
     match how {
-        How::Recovered { logged } => failed.replaying || failed.logged.saturating_sub(*logged) <= 1,
+        How::Recovered { served } => failed.replaying || failed.served.saturating_sub(*served) <= 1,
         How::RolledBack => false,
     }
 }
@@ -216,17 +245,17 @@ mod tests {
         assert_eq!(l.answer("kv", replaying, true), HangAnswer::RebootFresh);
     }
 
-    fn hung(pid: u32, logged: u64) -> Failed {
+    fn hung(pid: u32, served: u64) -> Failed {
         Failed {
             pid,
-            logged,
+            served,
             replaying: false,
         }
     }
 
-    fn crash(pid: u32, by_itself: bool, logged: u64) -> Crash {
+    fn crash(pid: u32, by_itself: bool, served: u64) -> Crash {
         Crash {
-            failed: hung(pid, logged),
+            failed: hung(pid, served),
             by_itself,
         }
     }
@@ -274,6 +303,18 @@ mod tests {
             l.crashed("kv", replaying),
             "died in its replay: nothing new"
         );
+    }
+
+    #[test]
+    fn two_failed_checkpoint_recoveries_in_a_row_start_fresh_next() {
+        let mut l = Ladder::default();
+        assert!(!l.recovery_failed("kv"), "one may be the process's own");
+        l.recovered("kv", 8, 0);
+        assert!(!l.recovery_failed("kv"), "a recovery between: not in a row");
+        assert!(!l.fresh_next("kv"));
+        assert!(l.recovery_failed("kv"), "the second in a row");
+        assert!(l.take_fresh("kv"));
+        assert!(!l.recovery_failed("lock"), "counted per component");
     }
 
     #[test]

@@ -365,8 +365,8 @@ impl Supervisor<'_> {
         match self.roster.recover(&name, fresh) {
             Ok(done) => {
                 let journal = m.wiring.durable.journal.as_deref();
-                let logged = journal.map_or(0, JournalRegion::logged);
-                self.ladder.recovered(&name, done.pid, logged);
+                let served = journal.map_or(0, JournalRegion::served);
+                self.ladder.recovered(&name, done.pid, served);
                 pending.push(Event::Replayed {
                     component: name,
                     pid: done.pid,
@@ -384,6 +384,11 @@ impl Supervisor<'_> {
                 Ok(())
             }
             Err(e) => {
+                if self.ladder.recovery_failed(&name) {
+                    tracing::warn!(
+                        "{name}: its checkpoint recovery failed twice in a row ({e}): the next incarnation starts afresh, its checkpoint and request log dropped (its state is lost)"
+                    );
+                }
                 if let Some(live) = m.take_live() {
                     self.roster.set_live(&name, None, m.epoch);
                     let exit = live.proc.kill();

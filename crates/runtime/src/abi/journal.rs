@@ -68,6 +68,10 @@ pub struct JournalHeader {
     /// and its divergences.
     pub last_replay_calls: AtomicU64,
     pub last_replay_diverged: AtomicU64,
+    /// Requests served in turn, logged or not (a `readonly` call is not
+    /// logged), all incarnations together: the supervisor's hang and
+    /// crash ladder tells by it whether a recovered incarnation served.
+    pub served: AtomicU64,
 }
 // SAFETY: repr(C), atomics only, all-zero is an empty log.
 unsafe impl SharedPod for JournalHeader {}
@@ -249,9 +253,10 @@ impl JournalRegion {
         self.header().closed.load(Ordering::SeqCst) != 0
     }
 
-    /// Requests logged so far, all incarnations together.
-    pub fn logged(&self) -> u64 {
-        self.header().logged.load(Ordering::SeqCst)
+    /// Requests served in turn so far, logged or not, all incarnations
+    /// together.
+    pub fn served(&self) -> u64 {
+        self.header().served.load(Ordering::SeqCst)
     }
 
     /// Whether the server asked for an early checkpoint.

@@ -209,7 +209,16 @@ impl Journal {
             .store(h.count.load(Ordering::Relaxed) + 1, Ordering::Release);
         h.logged
             .store(h.logged.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        self.count_served();
         Ok(Some(at))
+    }
+
+    /// Counts a request served in turn, before it runs (`accept` counts
+    /// the ones it logs; a `readonly` call is counted here alone). A plain
+    /// store, as in `accept`.
+    pub fn count_served(&self) {
+        let served = &self.log.header().served;
+        served.store(served.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 
     /// Runs `f`, the request logged at `at`, recording the calls it makes.

@@ -180,6 +180,21 @@ fn counter_call(conn: &Connection, func: u32, n: u64) -> Result<u64, Fault> {
     }
 }
 
+/// Plays the watchdog and the checkpoint restore: once the client
+/// suspects the server, rolls it back to the log's start (a total of 0).
+fn roll_back_when_suspected(
+    lb: &Arc<Loopback>,
+    counter: &Arc<Counter>,
+) -> std::thread::JoinHandle<()> {
+    let (lb, counter) = (lb.clone(), counter.clone());
+    std::thread::spawn(move || {
+        while lb.suspected() != 1 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        lb.roll_back(|| *counter.total.lock().unwrap() = 0);
+    })
+}
+
 /// A checkpoint-recovered server ran a call and garbled its reply: the
 /// client does not post the call again (it would be added twice) but has
 /// the server rolled back and takes the reply its replay gives.
@@ -190,16 +205,7 @@ fn a_garbled_reply_of_a_checkpoint_recovered_server_is_taken_from_its_replay() {
     let conn = lb.watched_connection();
     assert_eq!(add(&conn, 5), Ok(5));
     assert_eq!(add(&conn, 7), Ok(12));
-    // The test plays the watchdog and the checkpoint restore.
-    let watchdog = {
-        let (lb, counter) = (lb.clone(), counter.clone());
-        std::thread::spawn(move || {
-            while lb.suspected() != 1 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            lb.roll_back(|| *counter.total.lock().unwrap() = 0);
-        })
-    };
+    let watchdog = roll_back_when_suspected(&lb, &counter);
     counter.garble.store(true, Ordering::SeqCst);
     assert_eq!(add(&conn, 10), Ok(22), "the replay's reply, once");
     watchdog.join().unwrap();
@@ -232,15 +238,7 @@ fn readonly_calls_are_not_logged_and_a_garbled_one_is_posted_again() {
         (2, 5),
         "all served, adds logged"
     );
-    let watchdog = {
-        let (lb, counter) = (lb.clone(), counter.clone());
-        std::thread::spawn(move || {
-            while lb.suspected() != 1 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            lb.roll_back(|| *counter.total.lock().unwrap() = 0);
-        })
-    };
+    let watchdog = roll_back_when_suspected(&lb, &counter);
     counter.garble.store(true, Ordering::SeqCst);
     assert_eq!(total(&conn), Ok(12), "posted again after the rollback");
     watchdog.join().unwrap();

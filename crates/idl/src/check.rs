@@ -243,8 +243,6 @@ fn resolve(
     }
 }
 
-/// `at_most(arg)`: an unsigned integer or a length on both sides;
-/// `above(arg)`: unsigned integers.
 /// A `readonly` function changes nothing in the server, so it may not
 /// make, close or move a descriptor, nor wake waiters.
 fn readonly(f: &Function) -> Result<(), Fail> {
@@ -267,6 +265,8 @@ fn readonly(f: &Function) -> Result<(), Fail> {
     }
 }
 
+/// `at_most(arg)`: an unsigned integer or a length on both sides;
+/// `above(arg)`: unsigned integers.
 fn bound(f: &Function, b: &Bound) -> Result<(), Fail> {
     let (name, arg) = (b.kind.idl(), &b.arg);
     let unsigned = |t: &Type| t.is_int() && *t != Type::I64;

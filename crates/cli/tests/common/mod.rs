@@ -30,9 +30,17 @@ pub fn seed(test: &str) -> u64 {
     seed
 }
 
-/// A fresh folder for one test's files.
+/// A fresh folder for one test's files, never another call's: tests of
+/// one file run in parallel in one process, and two that asked for the
+/// same name shared a folder, one removing the other's system file
+/// (`crash_recovery.rs`'s two tests, in CI 2026-11-29).
 pub fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kintsugi-test-{test}-{}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!(
+        "kintsugi-test-{test}-{}-{call}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir

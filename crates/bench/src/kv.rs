@@ -132,8 +132,15 @@ fn throughput_table(ops: u64, repeats: usize, dir: &Path) -> anyhow::Result<()> 
     println!(
         "### Throughput: kv under a checking client thread ({ops} operations, no pause, {placement}; median of {repeats}, the configurations taking turns)\n"
     );
-    row(&["kv's recovery", "ops/s", "× none", "runs (ops/s)"].map(String::from));
-    row(&["---", "---:", "---:", "---"].map(String::from));
+    row(&[
+        "kv's recovery",
+        "ops/s",
+        "× none",
+        "× none, paired (middle half)",
+        "runs (ops/s)",
+    ]
+    .map(String::from));
+    row(&["---", "---:", "---:", "---:", "---"].map(String::from));
     let configs = [None, Some(1000), Some(100), Some(10)];
     let mut runs = vec![Vec::new(); configs.len()];
     for _ in 0..repeats {
@@ -147,15 +154,25 @@ fn throughput_table(ops: u64, repeats: usize, dir: &Path) -> anyhow::Result<()> 
             runs[i].push(rate(dir)?);
         }
     }
-    let base = crate::median_of(&mut runs[0]);
-    for (recovery, mut v) in configs.into_iter().zip(runs) {
+    // The VM's speed drifts between runs by more than the costs
+    // measured: each round's runs, minutes apart at most, are also
+    // compared with that round's run of none, and those ratios' median
+    // and middle half shown.
+    let paired: Vec<Vec<f64>> = runs
+        .iter()
+        .map(|v| v.iter().zip(&runs[0]).map(|(r, none)| r / none).collect())
+        .collect();
+    let base = crate::median_of(&mut runs[0].clone());
+    for ((recovery, mut v), mut ratios) in configs.into_iter().zip(runs).zip(paired) {
         let m = crate::median_of(&mut v);
+        let (low, mid, high) = crate::quartiles(&mut ratios);
         row(&[
             recovery.map_or("none (no checkpoint, no log)".into(), |ms| {
                 format!("checkpoint every {ms} ms + log")
             }),
             format!("{m:.0}"),
             format!("{:.3}", m / base),
+            format!("{mid:.3} ({low:.3}–{high:.3})"),
             v.iter()
                 .map(|r| format!("{r:.0}"))
                 .collect::<Vec<_>>()

@@ -271,6 +271,13 @@ pub(crate) fn median_of(v: &mut [f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// The first quartile, the median and the third quartile of `v`.
+pub(crate) fn quartiles(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: usize| v.get(v.len() * q / 4).copied().unwrap_or(0.0);
+    (at(1), at(2), at(3))
+}
+
 /// Where an in-process measurement's two spinning threads run: the
 /// server's workers on CPU 1 and the client on CPU 0, where this process
 /// may use both (where the scheduler puts two spinners otherwise moves

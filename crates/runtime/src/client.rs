@@ -648,6 +648,9 @@ fn claimed_slot(edge: &Arc<Edge>) -> u32 {
         while edge.slot(slot).state.load(Ordering::Acquire) == state::REQUEST {
             futex::wait(&edge.slot(slot).state, state::REQUEST, Some(RECHECK));
         }
+        // Claims of edges no connection holds any more go (each kept its
+        // edge mapped, and made this search longer).
+        claims.retain(|c| Arc::strong_count(&c.edge) > 1);
         claims.push(Claim {
             edge: edge.clone(),
             slot,
@@ -719,5 +722,20 @@ mod tests {
         assert!(why.ends_with(" … (65536 bytes)"), "{why}");
         assert!(!why.chars().any(char::is_control), "{why}");
         assert!(why.len() < 4 * REFUSAL_TEXT, "{}", why.len());
+    }
+
+    #[test]
+    fn a_thread_lets_go_of_the_edges_no_connection_holds() {
+        let first = Arc::new(Edge::create("claims-first", 2).unwrap());
+        assert_eq!(claimed_slot(&first), 0);
+        let gone = Arc::downgrade(&first);
+        drop(first);
+        // Still kept by this thread's claim until its next claim.
+        assert!(gone.upgrade().is_some());
+        let second = Arc::new(Edge::create("claims-second", 2).unwrap());
+        assert_eq!(claimed_slot(&second), 0);
+        assert!(gone.upgrade().is_none(), "the first edge is still mapped");
+        assert_eq!(claimed_slot(&second), 0);
+        assert_eq!(CLAIMS.with(|c| c.borrow().len()), 1);
     }
 }

@@ -31,6 +31,18 @@ pub(crate) fn with_copy<R>(
     r
 }
 
+/// Runs `use_` on a private buffer of `len` bytes (their contents are
+/// whatever the buffer last held).
+pub(crate) fn with_buffer<R>(len: usize, use_: impl FnOnce(&mut [u8]) -> R) -> R {
+    let mut buf = FREE.with(|f| f.borrow_mut().pop()).unwrap_or_default();
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    let r = use_(&mut buf[..len]);
+    FREE.with(|f| f.borrow_mut().push(buf));
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::with_copy;

@@ -54,41 +54,33 @@ pub(crate) enum Outcome {
     Fault(Fault),
 }
 
-/// What the calling thread is doing, for the calls it makes.
-enum Context {
-    /// Running the logged request whose entry is at `at` in the log
-    /// [`LOG`] holds.
-    Record { at: usize },
-    /// Replaying a request: its calls are answered from `calls`, in order.
-    Replay {
-        calls: VecDeque<Recorded>,
-        /// The log had no room for a call past these: refuse the rest.
-        cut: bool,
-        /// Calls the log did not hold; made for real.
-        diverged: u32,
-        /// Calls answered from `calls`.
-        answered: u32,
-    },
+/// A replayed request's calls, answered in order.
+struct Replay {
+    calls: VecDeque<Recorded>,
+    /// The log had no room for a call past these: refuse the rest.
+    cut: bool,
+    /// Calls the log did not hold; made for real.
+    diverged: u32,
+    /// Calls answered from `calls`.
+    answered: u32,
 }
 
+// What the calling thread is doing, for the calls it makes: nothing
+// (`ACTIVE` false), running the logged request whose entry is at
+// `RECORDING` in the log `LOG` holds, or replaying one (`REPLAY`). In
+// cells of their own, not one enum: a logged request sets two words
+// instead of moving a replay's state in and out of a `RefCell`.
 thread_local! {
-    static CONTEXT: RefCell<Option<Context>> = const { RefCell::new(None) };
-    /// Whether `CONTEXT` is set: a call outside any logged request (every
-    /// call of every other component) tests this one word.
+    /// Whether a request is being logged or replayed: a call outside any
+    /// (every call of every other component) tests this one word.
     static ACTIVE: Cell<bool> = const { Cell::new(false) };
+    /// The entry of the logged request running.
+    static RECORDING: Cell<Option<usize>> = const { Cell::new(None) };
+    static REPLAY: RefCell<Option<Replay>> = const { RefCell::new(None) };
     /// The log a recorded request's calls go to: set by the thread's first
     /// logged request and kept, so that a request costs no reference
     /// count of it (two atomic read-modify-writes).
     static LOG: RefCell<Option<Arc<JournalRegion>>> = const { RefCell::new(None) };
-}
-
-/// Sets the thread's context for the length of `f`.
-fn with_context<R>(context: Context, f: impl FnOnce() -> R) -> (R, Option<Context>) {
-    CONTEXT.with(|c| *c.borrow_mut() = Some(context));
-    ACTIVE.set(true);
-    let r = f();
-    ACTIVE.set(false);
-    (r, CONTEXT.with(|c| c.borrow_mut().take()))
 }
 
 /// Runs `f`, the logged request whose entry is at `at`, recording the
@@ -100,7 +92,12 @@ pub(crate) fn recording<R>(log: &Arc<JournalRegion>, at: usize, f: impl FnOnce()
             *kept = Some(log.clone());
         }
     });
-    with_context(Context::Record { at }, f).0
+    RECORDING.set(Some(at));
+    ACTIVE.set(true);
+    let r = f();
+    ACTIVE.set(false);
+    RECORDING.set(None);
+    r
 }
 
 /// How a replayed request's calls went.
@@ -119,33 +116,29 @@ pub(crate) fn replaying<R>(
     cut: bool,
     f: impl FnOnce() -> R,
 ) -> (R, Answered) {
-    let context = Context::Replay {
+    let replay = Replay {
         calls: calls.into(),
         cut,
         diverged: 0,
         answered: 0,
     };
-    match with_context(context, f) {
-        (
-            r,
-            Some(Context::Replay {
-                calls,
-                diverged,
-                answered,
-                ..
-            }),
-        ) => {
-            let diverged = diverged + calls.len() as u32;
-            (
-                r,
-                Answered {
-                    calls: answered,
-                    diverged,
-                },
-            )
-        }
-        (r, _) => (r, Answered::default()),
-    }
+    REPLAY.with(|c| *c.borrow_mut() = Some(replay));
+    ACTIVE.set(true);
+    let r = f();
+    ACTIVE.set(false);
+    let answered = match REPLAY.with(|c| c.borrow_mut().take()) {
+        Some(Replay {
+            calls,
+            diverged,
+            answered,
+            ..
+        }) => Answered {
+            calls: answered,
+            diverged: diverged + calls.len() as u32,
+        },
+        None => Answered::default(),
+    };
+    (r, answered)
 }
 
 /// What a call about to be made is to do.
@@ -171,15 +164,14 @@ pub(crate) fn outgoing(conn: u64, func: u32, epoch: impl FnOnce() -> u64) -> Out
     if !ACTIVE.get() {
         return Outgoing::Direct;
     }
-    CONTEXT.with(|c| match c.borrow_mut().as_mut() {
-        None => Outgoing::Direct,
-        Some(Context::Record { at }) => match LOG.with_borrow(|log| {
+    if let Some(at) = RECORDING.get() {
+        return match LOG.with_borrow(|log| {
             let log = log.as_ref()?;
-            Some((log.clone(), room(log, *at)?))
+            Some((log.clone(), room(log, at)?))
         }) {
             Some((log, pos)) => Outgoing::Record(Recorder {
                 log,
-                at: *at,
+                at,
                 pos,
                 head: Recorded {
                     conn,
@@ -190,8 +182,11 @@ pub(crate) fn outgoing(conn: u64, func: u32, epoch: impl FnOnce() -> u64) -> Out
                 staged: Cell::new(None),
             }),
             None => Outgoing::Refused,
-        },
-        Some(Context::Replay {
+        };
+    }
+    REPLAY.with(|c| match c.borrow_mut().as_mut() {
+        None => Outgoing::Direct,
+        Some(Replay {
             calls,
             cut,
             diverged,
@@ -224,11 +219,10 @@ pub(crate) fn replayed_epoch(conn: u64) -> Option<u64> {
     if !ACTIVE.get() {
         return None;
     }
-    CONTEXT.with(|c| match c.borrow().as_ref() {
-        Some(Context::Replay { calls, .. }) => {
-            calls.front().filter(|n| n.conn == conn).map(|n| n.epoch)
-        }
-        _ => None,
+    REPLAY.with(|c| {
+        let c = c.borrow();
+        let next = c.as_ref()?.calls.front()?;
+        (next.conn == conn).then_some(next.epoch)
     })
 }
 

@@ -271,11 +271,22 @@ pub(crate) fn median_of(v: &mut [f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// The first quartile, the median and the third quartile of `v`.
-pub(crate) fn quartiles(v: &mut [f64]) -> (f64, f64, f64) {
-    v.sort_by(f64::total_cmp);
-    let at = |q: usize| v.get(v.len() * q / 4).copied().unwrap_or(0.0);
-    (at(1), at(2), at(3))
+/// A 90 % bootstrap interval of `median(a) / median(b)`: 2,000
+/// resamplings of each with replacement, seeded (the same runs give the
+/// same interval).
+pub(crate) fn ratio_interval(a: &[f64], b: &[f64]) -> (f64, f64) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut resample = |v: &[f64]| {
+        let mut r: Vec<f64> = (0..v.len()).map(|_| v[rng.gen_range(0..v.len())]).collect();
+        median_of(&mut r)
+    };
+    if a.is_empty() || b.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mut ratios: Vec<f64> = (0..2000).map(|_| resample(a) / resample(b)).collect();
+    ratios.sort_by(f64::total_cmp);
+    (ratios[100], ratios[1899])
 }
 
 /// Where an in-process measurement's two spinning threads run: the

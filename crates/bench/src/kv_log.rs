@@ -26,13 +26,17 @@ const KEYS: usize = 1_024;
 /// Makes one call; its number picks the key.
 type Call = Box<dyn FnMut(usize)>;
 
-/// One kind of request: its name, a fresh server, and a caller over a
-/// loopback's connection (the call's number picks the key).
+/// One kind of request: its name, a fresh server with what puts it back
+/// to the state its log starts from (a checkpoint's restore, for the
+/// replay table), and a caller over a loopback's connection (the call's
+/// number picks the key).
 struct Request {
     name: &'static str,
-    service: fn() -> Arc<dyn Service>,
+    server: fn() -> (Arc<dyn Service>, Restore),
     caller: fn(&Loopback) -> Call,
 }
+
+type Restore = Box<dyn Fn()>;
 
 fn null_caller(lb: &Loopback) -> Call {
     let client = bench::Client::from_connection(lb.connection());
@@ -68,24 +72,29 @@ fn kv_getter(lb: &Loopback) -> Call {
 /// A null call: the log's own part, the request's work aside.
 const NULL: Request = Request {
     name: "null",
-    service: || bench::service(Arc::new(crate::NullServer)),
+    server: || (bench::service(Arc::new(crate::NullServer)), Box::new(|| {})),
     caller: null_caller,
 };
 
-fn kv_store() -> Arc<dyn Service> {
-    kv::service(Arc::new(kintsugi_kv::Store::new(None)))
+/// A kv store, emptied to restore it (as it was when the log began).
+fn kv_store() -> (Arc<dyn Service>, Restore) {
+    let store = Arc::new(kintsugi_kv::Store::new(None));
+    let service = kv::service(store.clone());
+    (service, Box::new(move || store.clear()))
 }
 
-const REQUESTS: [Request; 3] = [
-    NULL,
-    Request {
-        name: "kv put (32-byte values)",
-        service: kv_store,
-        caller: kv_putter,
-    },
-    Request {
+const KV_PUT: Request = Request {
+    name: "kv put (32-byte values)",
+    server: kv_store,
+    caller: kv_putter,
+};
+
+const REQUESTS: [&Request; 3] = [
+    &NULL,
+    &KV_PUT,
+    &Request {
         name: "kv get (readonly: not logged)",
-        service: kv_store,
+        server: kv_store,
         caller: kv_getter,
     },
 ];
@@ -93,7 +102,7 @@ const REQUESTS: [Request; 3] = [
 /// A loopback serving `r`, its server logged or not, its workers and the
 /// calling thread (the client) placed by `pins`.
 fn loopback(r: &Request, logged: bool, pins: &Pinning) -> Loopback {
-    let service = (r.service)();
+    let (service, _) = (r.server)();
     pins.apart(|| match logged {
         true => Loopback::journaled(service),
         false => Loopback::new(service),
@@ -122,37 +131,12 @@ fn run(r: &Request, logged: bool, calls: usize, pins: &Pinning) -> f64 {
 /// without asking for a checkpoint).
 const REPLAYED: usize = 2_000;
 
-/// A request replayed: a fresh server, with what puts it back to the
-/// state its log starts from (a checkpoint's restore), and its caller.
-struct Replayed {
-    name: &'static str,
-    server: fn() -> (Arc<dyn Service>, Restore),
-    caller: fn(&Loopback) -> Call,
-}
-
-type Restore = Box<dyn Fn()>;
-
-/// Requests replayed: a null call (nothing to put back) and kv's put
-/// (the store emptied, as it was when the log began).
-const REPLAYS: [Replayed; 2] = [
-    Replayed {
-        name: "null",
-        server: || ((NULL.service)(), Box::new(|| {})),
-        caller: null_caller,
-    },
-    Replayed {
-        name: "kv put (32-byte values)",
-        server: || {
-            let store = Arc::new(kintsugi_kv::Store::new(None));
-            let service = kv::service(store.clone());
-            (service, Box::new(move || store.clear()))
-        },
-        caller: kv_putter,
-    },
-];
+/// Requests replayed: a null call (nothing to put back) and kv's put (a
+/// get is not logged: nothing to replay).
+const REPLAYS: [&Request; 2] = [&NULL, &KV_PUT];
 
 /// Mean ns per logged request of a replay of [`REPLAYED`] calls of `r`.
-fn replay(r: &Replayed, pins: &Pinning) -> f64 {
+fn replay(r: &Request, pins: &Pinning) -> f64 {
     let (service, restore) = (r.server)();
     let lb = pins.apart(|| Loopback::journaled(service));
     let mut call = (r.caller)(&lb);
@@ -185,7 +169,7 @@ pub fn table(calls: usize, repeats: usize) {
     .map(String::from));
     row(&["---", "---:", "---:", "---:", "---:", "---"].map(String::from));
     let pins = Pinning::new();
-    for r in &REQUESTS {
+    for r in REQUESTS {
         let (mut bare, mut logged) = (Vec::new(), Vec::new());
         for _ in 0..repeats {
             bare.push(run(r, false, calls, &pins));
@@ -208,7 +192,7 @@ pub fn table(calls: usize, repeats: usize) {
     println!("\nReplay of {REPLAYED} logged requests after a rollback, in process, median of {repeats}:\n");
     row(&["request", "ns per request replayed", "min", "max"].map(String::from));
     row(&["---", "---:", "---:", "---:"].map(String::from));
-    for r in &REPLAYS {
+    for r in REPLAYS {
         let mut v: Vec<f64> = (0..repeats).map(|_| replay(r, &pins)).collect();
         let m = median_of(&mut v);
         row(&[

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use kintsugi_interfaces::fs::{self, Error, File, Stat};
 use kintsugi_runtime::stub::{CallError, Caller, Dispatched, Fault, InterfaceError, Refusal};
 use kintsugi_runtime::testing::Loopback;
-use kintsugi_runtime::wire::WireError;
+use kintsugi_runtime::wire::{WireError, Writer};
 
 const CREATE: u32 = 1;
 const TRUNCATE: u32 = 2;
@@ -461,7 +461,7 @@ fn out_of_range_arguments_are_refused() {
         Err(CallError::Fault(Fault::Refused(why))) => assert!(why.contains("`data`"), "{why}"),
         other => panic!("{other:?}"),
     }
-    // Refused calls had no effect: the server never ran them.
+    // Refused by the client stub, not sent: no effect.
     assert_eq!(s.log(), ["open /r 1"]);
     assert_eq!(c.write(f, &[1; 65536]).unwrap(), 65536);
     assert_eq!(c.read(f, 65536).unwrap(), b"");
@@ -494,6 +494,15 @@ fn server_stub_refuses_bad_requests() {
     assert_eq!(
         refused,
         Dispatched::Refused(Refusal::Malformed(WireError::Trailing(1)))
+    );
+    // What a generated client does not send, the server refuses too.
+    let mut long = [0u8; 12];
+    let mut w = Writer::new(&mut long);
+    w.u64(1).unwrap();
+    w.u32(65537).unwrap();
+    assert_eq!(
+        svc.dispatch(&caller, fs::FN_READ, &long, &mut out),
+        Dispatched::Refused(Refusal::OutOfRange("len"))
     );
     let missing = [2, 0, 0, 0, b'/', b'x'];
     assert_eq!(

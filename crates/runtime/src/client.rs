@@ -312,13 +312,15 @@ impl Connection {
         let mut impossible = false;
         let result = self.take_reply(slot, outcome, &mut decode, record, &mut impossible);
         match result {
-            Err(fault @ Fault::Decode(_))
+            Err(fault @ (Fault::Decode(_) | Fault::Refused(_)))
                 if impossible
                     && self.inner.supervision.replayed
                     && !self.inner.info.is_readonly(func) =>
             {
-                // The call ran: its replay answers it again, once (a
-                // `readonly` call is not logged, and is posted again).
+                // The call is in the log (a refusal too: the server stub
+                // refused it after logging it): its replay answers it
+                // again, once, and posting it again would run it twice
+                // (a `readonly` call is not logged, and is posted again).
                 match self.await_replay(slot, &fault) {
                     Replay::Answered(outcome) => {
                         let again = &mut false; // the request's own doing now

@@ -97,12 +97,13 @@ impl Refusal {
 
     /// Whether a refusal with this code shows a fault of the server when a
     /// generated client stub made the call: its function ids and encodings
-    /// are right by construction, and the server's creation records are the
-    /// server's own. (An argument out of range, or a descriptor unknown,
-    /// may be the caller's doing.)
+    /// are right by construction, it sends no argument outside its declared
+    /// range ([`unsendable`]), and the server's creation records are the
+    /// server's own. (A descriptor unknown may be the caller's doing.)
     pub fn is_server_fault(code: u32) -> bool {
         code == Refusal::UnknownFunction(0).code()
             || code == Refusal::Malformed(WireError::Truncated).code()
+            || code == Refusal::OutOfRange("").code()
             || code == Refusal::Records.code()
     }
 }
@@ -198,6 +199,16 @@ pub fn malformed(e: WireError) -> Dispatched {
 /// A server stub's refusal of an argument outside its declared range.
 pub fn out_of_range(arg: &'static str) -> Dispatched {
     Dispatched::Refused(Refusal::OutOfRange(arg))
+}
+
+/// A client stub's refusal to send an argument outside its declared range
+/// (`range`, `max` in the IDL): the server stub would refuse it, so it is
+/// not sent, and a server that refuses an argument its client checked is
+/// faulty ([`Refusal::is_server_fault`]).
+pub fn unsendable<E>(arg: &str) -> CallError<E> {
+    CallError::Fault(Fault::Refused(format!(
+        "argument `{arg}` out of range: not sent"
+    )))
 }
 
 /// A client stub's check of a reply against its call's bound (`at_most`

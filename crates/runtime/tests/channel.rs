@@ -122,6 +122,9 @@ struct Counter {
     runs: std::sync::atomic::AtomicU64,
     reads: std::sync::atomic::AtomicU64,
     garble: std::sync::atomic::AtomicBool,
+    /// Refuses the next call as out of range, as a flip in its decoder
+    /// would: no generated client sends what its server refuses so.
+    refuse: std::sync::atomic::AtomicBool,
 }
 
 impl Service for Counter {
@@ -138,6 +141,9 @@ impl Service for Counter {
                 return Dispatched::Refused(kintsugi_runtime::stub::Refusal::UnknownFunction(f))
             }
         };
+        if self.refuse.swap(false, Ordering::SeqCst) {
+            return Dispatched::Refused(kintsugi_runtime::stub::Refusal::OutOfRange("n"));
+        }
         runs.fetch_add(1, Ordering::SeqCst);
         let mut total = self.total.lock().unwrap();
         *total += n;
@@ -216,6 +222,30 @@ fn a_garbled_reply_of_a_checkpoint_recovered_server_is_taken_from_its_replay() {
         "three calls, then the three replayed: none posted twice"
     );
     assert_eq!(lb.suspected(), 0);
+    assert_eq!(add(&conn, 1), Ok(23));
+}
+
+/// A checkpoint-recovered server refused a call no correct server
+/// refuses (a flip in its decoder, say): the refused call is in its log,
+/// so the client awaits the rollback's replay, which runs it, instead of
+/// posting it again (it would be added twice).
+#[test]
+fn a_refusal_no_correct_server_gives_is_taken_from_the_replay() {
+    let counter = Arc::new(Counter::default());
+    let lb = Arc::new(Loopback::journaled(counter.clone()));
+    let conn = lb.watched_connection();
+    assert_eq!(add(&conn, 5), Ok(5));
+    assert_eq!(add(&conn, 7), Ok(12));
+    let watchdog = roll_back_when_suspected(&lb, &counter);
+    counter.refuse.store(true, Ordering::SeqCst);
+    assert_eq!(add(&conn, 10), Ok(22), "the replay's reply, once");
+    watchdog.join().unwrap();
+    assert_eq!(*counter.total.lock().unwrap(), 22);
+    assert_eq!(
+        counter.runs.load(Ordering::SeqCst),
+        2 + 3,
+        "two calls run, one refused, then the three replayed: none posted twice"
+    );
     assert_eq!(add(&conn, 1), Ok(23));
 }
 

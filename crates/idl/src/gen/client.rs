@@ -3,7 +3,7 @@
 //! call's effect on their tracked fields.
 
 use super::wire::*;
-use super::{ident, snake, Ctx, Out};
+use super::{ident, out_of_range, snake, Ctx, Out};
 use crate::model::*;
 
 /// A client method whose retried call needs no bookkeeping, as written by
@@ -203,6 +203,13 @@ impl Ctx<'_> {
             params.join(", "),
             owned(&f.ret)
         ));
+        // What the server stub would refuse is not sent: so a refusal of
+        // it shows a faulty server.
+        for (check, name) in out_of_range(f) {
+            o.open(format!("if {check} {{"));
+            o.line(format!("return rt::Err(rt::unsendable({name:?}));"));
+            o.close("}");
+        }
         o.open(format!(
             "self.conn.invoke(FN_{}, epoch,",
             f.name.to_uppercase()

@@ -83,6 +83,25 @@ fn ident(name: &str) -> String {
     }
 }
 
+/// The conditions under which function `f`'s arguments are outside their
+/// declared ranges (`range`, `max`), each with its argument's name: the
+/// server stub refuses such a call, and the client stub does not send it.
+fn out_of_range(f: &Function) -> Vec<(String, &str)> {
+    let mut checks = Vec::new();
+    for a in &f.args {
+        if let Some((lo, hi)) = a.range {
+            checks.push((
+                format!("!({lo}..={hi}).contains(&{})", ident(&a.name)),
+                a.name.as_str(),
+            ));
+        }
+        if let Some(max) = a.max {
+            checks.push((format!("{}.len() > {max}", ident(&a.name)), a.name.as_str()));
+        }
+    }
+    checks
+}
+
 fn has_list(ty: &Type) -> bool {
     matches!(ty, Type::List(_))
 }

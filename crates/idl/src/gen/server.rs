@@ -3,7 +3,7 @@
 //! global descriptors from their creation records, call the server.
 
 use super::wire::*;
-use super::{ident, snake, Ctx, Out};
+use super::{ident, out_of_range, snake, Ctx, Out};
 use crate::model::*;
 
 impl Ctx<'_> {
@@ -192,20 +192,10 @@ impl Ctx<'_> {
             o.lines(decode(&a.ty, &ident(&a.name), true, 0, q));
         }
         o.line(format!("r.finish(){q};"));
-        for a in &f.args {
-            if let Some((lo, hi)) = a.range {
-                o.open(format!(
-                    "if !({lo}..={hi}).contains(&{}) {{",
-                    ident(&a.name)
-                ));
-                o.line(format!("return rt::Err(rt::out_of_range({:?}));", a.name));
-                o.close("}");
-            }
-            if let Some(max) = a.max {
-                o.open(format!("if {}.len() > {max} {{", ident(&a.name)));
-                o.line(format!("return rt::Err(rt::out_of_range({:?}));", a.name));
-                o.close("}");
-            }
+        for (check, name) in out_of_range(f) {
+            o.open(format!("if {check} {{"));
+            o.line(format!("return rt::Err(rt::out_of_range({name:?}));"));
+            o.close("}");
         }
         for (a, d) in f.descriptor_args().filter(|(_, d)| self.is_global(d)) {
             o.line(format!("self.ensure_{}({})?;", snake(d), ident(&a.name)));

@@ -293,6 +293,9 @@ impl Inner {
         epoch: rt::Option<u64>,
         data: &[u8],
     ) -> rt::Result<rt::Vec<u8>, rt::CallError<Error>> {
+        if data.len() > 65536 {
+            return rt::Err(rt::unsendable("data"));
+        }
         self.conn
             .invoke(FN_ECHO, epoch, |w| w.bytes(data), |r| rt::Ok(r.bytes()?.to_vec()))
     }
@@ -301,6 +304,9 @@ impl Inner {
         epoch: rt::Option<u64>,
         mib: u32,
     ) -> rt::Result<u64, rt::CallError<Error>> {
+        if !(0..=4096).contains(&mib) {
+            return rt::Err(rt::unsendable("mib"));
+        }
         self.conn.invoke(FN_GROW, epoch, |w| w.u32(mib), |r| r.u64())
     }
     fn raw_crash(&self, epoch: rt::Option<u64>) -> rt::Result<(), rt::CallError<Error>> {

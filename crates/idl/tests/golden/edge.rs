@@ -624,6 +624,12 @@ impl Inner {
         raw: &[u8],
         level: i64,
     ) -> rt::Result<u64, rt::CallError<Error>> {
+        if key.len() > 8 {
+            return rt::Err(rt::unsendable("key"));
+        }
+        if !(-5..=5).contains(&level) {
+            return rt::Err(rt::unsendable("level"));
+        }
         self.conn
             .invoke(
                 FN_BEGIN,
@@ -652,6 +658,9 @@ impl Inner {
         c: u64,
         by: u32,
     ) -> rt::Result<u32, rt::CallError<Error>> {
+        if !(1..=9).contains(&by) {
+            return rt::Err(rt::unsendable("by"));
+        }
         self.conn
             .invoke(
                 FN_STEP,
@@ -822,6 +831,9 @@ impl Inner {
         epoch: rt::Option<u64>,
         id_: i64,
     ) -> rt::Result<Item, rt::CallError<Error>> {
+        if !(-100..=100).contains(&id_) {
+            return rt::Err(rt::unsendable("id"));
+        }
         self.conn
             .invoke(
                 FN_GET,

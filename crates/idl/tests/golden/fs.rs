@@ -514,6 +514,9 @@ impl Inner {
         fd: u64,
         len: u32,
     ) -> rt::Result<rt::Vec<u8>, rt::CallError<Error>> {
+        if !(0..=65536).contains(&len) {
+            return rt::Err(rt::unsendable("len"));
+        }
         self.conn
             .invoke(
                 FN_READ,
@@ -536,6 +539,9 @@ impl Inner {
         fd: u64,
         data: &[u8],
     ) -> rt::Result<u32, rt::CallError<Error>> {
+        if data.len() > 65536 {
+            return rt::Err(rt::unsendable("data"));
+        }
         self.conn
             .invoke(
                 FN_WRITE,

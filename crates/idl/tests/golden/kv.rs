@@ -257,6 +257,12 @@ impl Inner {
         key: &str,
         value: &[u8],
     ) -> rt::Result<u64, rt::CallError<Error>> {
+        if key.len() > 1024 {
+            return rt::Err(rt::unsendable("key"));
+        }
+        if value.len() > 16384 {
+            return rt::Err(rt::unsendable("value"));
+        }
         self.conn
             .invoke(
                 FN_PUT,
@@ -274,6 +280,9 @@ impl Inner {
         epoch: rt::Option<u64>,
         key: &str,
     ) -> rt::Result<rt::Vec<u8>, rt::CallError<Error>> {
+        if key.len() > 1024 {
+            return rt::Err(rt::unsendable("key"));
+        }
         self.conn.invoke(FN_GET, epoch, |w| w.str(key), |r| rt::Ok(r.bytes()?.to_vec()))
     }
     fn raw_delete(
@@ -281,6 +290,9 @@ impl Inner {
         epoch: rt::Option<u64>,
         key: &str,
     ) -> rt::Result<u64, rt::CallError<Error>> {
+        if key.len() > 1024 {
+            return rt::Err(rt::unsendable("key"));
+        }
         self.conn.invoke(FN_DELETE, epoch, |w| w.str(key), |r| r.u64())
     }
     fn raw_cas(
@@ -291,6 +303,15 @@ impl Inner {
         expected: &[u8],
         value: &[u8],
     ) -> rt::Result<u64, rt::CallError<Error>> {
+        if key.len() > 1024 {
+            return rt::Err(rt::unsendable("key"));
+        }
+        if expected.len() > 16384 {
+            return rt::Err(rt::unsendable("expected"));
+        }
+        if value.len() > 16384 {
+            return rt::Err(rt::unsendable("value"));
+        }
         self.conn
             .invoke(
                 FN_CAS,
@@ -311,6 +332,12 @@ impl Inner {
         from: &str,
         limit: u32,
     ) -> rt::Result<rt::Vec<Pair>, rt::CallError<Error>> {
+        if from.len() > 1024 {
+            return rt::Err(rt::unsendable("from"));
+        }
+        if !(0..=256).contains(&limit) {
+            return rt::Err(rt::unsendable("limit"));
+        }
         self.conn
             .invoke(
                 FN_SCAN,

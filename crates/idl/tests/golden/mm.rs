@@ -278,6 +278,9 @@ impl Inner {
         epoch: rt::Option<u64>,
         pages: u32,
     ) -> rt::Result<u64, rt::CallError<Error>> {
+        if !(1..=256).contains(&pages) {
+            return rt::Err(rt::unsendable("pages"));
+        }
         self.conn.invoke(FN_GRANT, epoch, |w| w.u32(pages), |r| r.u64())
     }
     fn raw_alias(

@@ -678,6 +678,9 @@ impl Inner {
         epoch: rt::Option<u64>,
         worker: u32,
     ) -> rt::Result<u64, rt::CallError<Error>> {
+        if !(0..=255).contains(&worker) {
+            return rt::Err(rt::unsendable("worker"));
+        }
         self.conn.invoke(FN_ACCEPTOR, epoch, |w| w.u32(worker), |r| r.u64())
     }
     fn raw_accept(
@@ -714,6 +717,12 @@ impl Inner {
         max: u32,
         wait_us: u32,
     ) -> rt::Result<rt::Vec<u8>, rt::CallError<Error>> {
+        if !(1..=65536).contains(&max) {
+            return rt::Err(rt::unsendable("max"));
+        }
+        if !(1..=60000000).contains(&wait_us) {
+            return rt::Err(rt::unsendable("wait_us"));
+        }
         self.conn
             .invoke(
                 FN_RECV,
@@ -740,6 +749,9 @@ impl Inner {
         at_: u64,
         data: &[u8],
     ) -> rt::Result<u32, rt::CallError<Error>> {
+        if data.len() > 65536 {
+            return rt::Err(rt::unsendable("data"));
+        }
         self.conn
             .invoke(
                 FN_SEND,
@@ -768,6 +780,12 @@ impl Inner {
         offset: u32,
         total: u32,
     ) -> rt::Result<u32, rt::CallError<Error>> {
+        if head.len() > 65536 {
+            return rt::Err(rt::unsendable("head"));
+        }
+        if !(1..=16777216).contains(&total) {
+            return rt::Err(rt::unsendable("total"));
+        }
         self.conn
             .invoke(
                 FN_SEND_PAGE,
@@ -803,6 +821,9 @@ impl Inner {
         keep: u64,
         idle_ms: u32,
     ) -> rt::Result<(), rt::CallError<Error>> {
+        if !(1..=3600000).contains(&idle_ms) {
+            return rt::Err(rt::unsendable("idle_ms"));
+        }
         self.conn
             .invoke(
                 FN_PARK,
@@ -831,6 +852,9 @@ impl Inner {
         at_: u64,
         data: &[u8],
     ) -> rt::Result<(), rt::CallError<Error>> {
+        if data.len() > 65536 {
+            return rt::Err(rt::unsendable("data"));
+        }
         self.conn
             .invoke(
                 FN_FINISH,
@@ -855,6 +879,12 @@ impl Inner {
         offset: u32,
         total: u32,
     ) -> rt::Result<(), rt::CallError<Error>> {
+        if head.len() > 65536 {
+            return rt::Err(rt::unsendable("head"));
+        }
+        if !(1..=16777216).contains(&total) {
+            return rt::Err(rt::unsendable("total"));
+        }
         self.conn
             .invoke(
                 FN_FINISH_PAGE,

@@ -439,6 +439,9 @@ impl Inner {
         r_: u64,
         entry_: &[u8],
     ) -> rt::Result<u32, rt::CallError<Error>> {
+        if entry_.len() > 64 {
+            return rt::Err(rt::unsendable("entry"));
+        }
         self.conn
             .invoke(
                 FN_WRITE,

@@ -122,6 +122,9 @@ impl Inner {
         seed: u64,
         units: u32,
     ) -> rt::Result<u64, rt::CallError<Error>> {
+        if !(0..=10000000).contains(&units) {
+            return rt::Err(rt::unsendable("units"));
+        }
         self.conn
             .invoke(
                 FN_WORK,
@@ -140,6 +143,9 @@ impl Inner {
         kind: u32,
         token: u64,
     ) -> rt::Result<(), rt::CallError<Error>> {
+        if !(1..=4).contains(&kind) {
+            return rt::Err(rt::unsendable("kind"));
+        }
         self.conn
             .invoke(
                 FN_HANG,
@@ -157,6 +163,9 @@ impl Inner {
         epoch: rt::Option<u64>,
         ms: u32,
     ) -> rt::Result<(), rt::CallError<Error>> {
+        if !(0..=600000).contains(&ms) {
+            return rt::Err(rt::unsendable("ms"));
+        }
         self.conn.invoke(FN_NAP, epoch, |w| w.u32(ms), |_| rt::Ok(()))
     }
 }

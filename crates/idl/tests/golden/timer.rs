@@ -296,6 +296,9 @@ impl Inner {
         epoch: rt::Option<u64>,
         period_us: u64,
     ) -> rt::Result<u64, rt::CallError<Error>> {
+        if !(1..=60000000).contains(&period_us) {
+            return rt::Err(rt::unsendable("period_us"));
+        }
         self.conn.invoke(FN_CREATE, epoch, |w| w.u64(period_us), |r| r.u64())
     }
     fn raw_arm(

@@ -232,6 +232,11 @@ impl SlotWorker {
         if arrived {
             return true;
         }
+        // The slot's place was kept in a register across the spin: one
+        // flipped there would have this worker mark (and later clear)
+        // another word of the edge as its sleep flag (a kv campaign's
+        // injection 753: two wrong answers, nothing detected).
+        self.check_home(s);
         s.server_sleeping.store(1, Ordering::SeqCst);
         let arrived = loop {
             let v = s.state.load(Ordering::SeqCst);

@@ -201,52 +201,44 @@ fn roll_back_when_suspected(
     })
 }
 
-/// A checkpoint-recovered server ran a call and garbled its reply: the
-/// client does not post the call again (it would be added twice) but has
-/// the server rolled back and takes the reply its replay gives.
-#[test]
-fn a_garbled_reply_of_a_checkpoint_recovered_server_is_taken_from_its_replay() {
+/// Adds 5 and 7, then 10 with `fault` set on the server (which makes the
+/// third call's outcome one no correct server gives), a watchdog rolling
+/// the server back when suspected: the client takes the third call's reply
+/// from the replay, once, and does not post it again (it would be added
+/// twice). `ran` is how many of the three calls the server ran before
+/// the rollback.
+fn a_replay_answers(fault: impl FnOnce(&Counter), ran: u64) {
     let counter = Arc::new(Counter::default());
     let lb = Arc::new(Loopback::journaled(counter.clone()));
     let conn = lb.watched_connection();
     assert_eq!(add(&conn, 5), Ok(5));
     assert_eq!(add(&conn, 7), Ok(12));
     let watchdog = roll_back_when_suspected(&lb, &counter);
-    counter.garble.store(true, Ordering::SeqCst);
+    fault(&counter);
     assert_eq!(add(&conn, 10), Ok(22), "the replay's reply, once");
     watchdog.join().unwrap();
     assert_eq!(*counter.total.lock().unwrap(), 22);
     assert_eq!(
         counter.runs.load(Ordering::SeqCst),
-        3 + 3,
-        "three calls, then the three replayed: none posted twice"
+        ran + 3,
+        "the calls run, then the three replayed: none posted twice"
     );
     assert_eq!(lb.suspected(), 0);
     assert_eq!(add(&conn, 1), Ok(23));
 }
 
+/// A checkpoint-recovered server ran a call and garbled its reply.
+#[test]
+fn a_garbled_reply_of_a_checkpoint_recovered_server_is_taken_from_its_replay() {
+    a_replay_answers(|c| c.garble.store(true, Ordering::SeqCst), 3);
+}
+
 /// A checkpoint-recovered server refused a call no correct server
-/// refuses (a flip in its decoder, say): the refused call is in its log,
-/// so the client awaits the rollback's replay, which runs it, instead of
-/// posting it again (it would be added twice).
+/// refuses (a flip in its decoder, say): the refused call is in its log
+/// (logged before it was refused), so its replay runs it.
 #[test]
 fn a_refusal_no_correct_server_gives_is_taken_from_the_replay() {
-    let counter = Arc::new(Counter::default());
-    let lb = Arc::new(Loopback::journaled(counter.clone()));
-    let conn = lb.watched_connection();
-    assert_eq!(add(&conn, 5), Ok(5));
-    assert_eq!(add(&conn, 7), Ok(12));
-    let watchdog = roll_back_when_suspected(&lb, &counter);
-    counter.refuse.store(true, Ordering::SeqCst);
-    assert_eq!(add(&conn, 10), Ok(22), "the replay's reply, once");
-    watchdog.join().unwrap();
-    assert_eq!(*counter.total.lock().unwrap(), 22);
-    assert_eq!(
-        counter.runs.load(Ordering::SeqCst),
-        2 + 3,
-        "two calls run, one refused, then the three replayed: none posted twice"
-    );
-    assert_eq!(add(&conn, 1), Ok(23));
+    a_replay_answers(|c| c.refuse.store(true, Ordering::SeqCst), 2);
 }
 
 /// A `readonly` call is not logged: a rollback's replay runs the adds

@@ -21,18 +21,16 @@ pub(crate) fn with_copy<R>(
     if len == 0 {
         return use_(&[]);
     }
-    let mut buf = FREE.with(|f| f.borrow_mut().pop()).unwrap_or_default();
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
-    fill(&mut buf[..len]);
-    let r = use_(&buf[..len]);
-    FREE.with(|f| f.borrow_mut().push(buf));
-    r
+    with_buffer(len, |buf| {
+        fill(buf);
+        use_(buf)
+    })
 }
 
 /// Runs `use_` on a private buffer of `len` bytes (their contents are
-/// whatever the buffer last held).
+/// whatever the buffer last held): where a checkpoint-recovered server
+/// makes a logged request's reply before it logs it and copies it into
+/// the slot (`server.rs`).
 pub(crate) fn with_buffer<R>(len: usize, use_: impl FnOnce(&mut [u8]) -> R) -> R {
     let mut buf = FREE.with(|f| f.borrow_mut().pop()).unwrap_or_default();
     if buf.len() < len {

@@ -69,6 +69,9 @@ pub struct Checkpointer {
     /// already in place for the next one's (a fresh buffer costs a page
     /// fault per page saved, as much as the copy itself).
     spare: Vec<u8>,
+    /// Keep what [`Self::take_back`] needs until the next checkpoint.
+    keep_previous: bool,
+    previous: Option<Previous>,
     /// What the image held of the pages read ahead into it since the
     /// latest checkpoint (see [`crate::ahead`]).
     ahead: ReadAhead,
@@ -78,7 +81,24 @@ pub struct Checkpointer {
     write_rate: f64,
 }
 
-/// How to put the previous checkpoint back if one fails halfway.
+/// How the latest checkpoint changed the image: what
+/// [`Checkpointer::take_back`] puts back.
+struct Previous {
+    /// The bytes and areas the latest checkpoint replaced.
+    undo: Undo,
+    /// The previous checkpoint's areas whose mappings were gone at the
+    /// latest.
+    gone: BTreeMap<u64, Area>,
+    /// What the image held of the pages read ahead into the latest.
+    ahead: ReadAhead,
+    layout: Vec<Mapping>,
+    shared: Vec<Mapping>,
+    brk: (u64, u64),
+    threads: Vec<ThreadState>,
+}
+
+/// How to put the previous checkpoint back if one fails halfway (or, with
+/// [`Checkpointer::keep_previous`], is taken back).
 #[derive(Default)]
 struct Undo {
     /// Areas updated in place: the ranges and marks they had.
@@ -213,6 +233,8 @@ impl Checkpointer {
             full_copy: false,
             resync: false,
             spare: Vec::new(),
+            keep_previous: false,
+            previous: None,
             ahead: ReadAhead::default(),
             last_at: None,
             write_rate: 0.0,
@@ -222,6 +244,52 @@ impl Checkpointer {
     /// Copies every page each time instead of the written ones.
     pub fn set_full_copy(&mut self, on: bool) {
         self.full_copy = on;
+    }
+
+    /// Keeps, from each checkpoint until the next one (or a restore), what
+    /// [`Self::take_back`] needs: the bytes the checkpoint overwrote in
+    /// the image (as much memory as it copied) and the areas it dropped.
+    pub fn keep_previous(&mut self, on: bool) {
+        self.keep_previous = on;
+        if !on {
+            self.retire_previous();
+        }
+    }
+
+    /// Takes back the latest checkpoint, which must be the last thing done
+    /// (a checkpoint found damaged after it was taken, say): the image is
+    /// the one before it again, and the next checkpoint copies every page.
+    /// Only with [`Self::keep_previous`]; `false` if there is nothing to
+    /// take back (the image is left as it is).
+    pub fn take_back(&mut self) -> bool {
+        let Some(p) = self.previous.take() else {
+            return false;
+        };
+        let taken = std::mem::take(&mut self.image.areas);
+        self.image.areas = p.undo.revert(taken, p.gone);
+        let mut ahead = p.ahead;
+        ahead.revert(&mut self.image.areas);
+        self.image.layout = p.layout;
+        self.image.shared = p.shared;
+        self.image.brk = p.brk;
+        self.image.threads = p.threads;
+        self.image.seq -= 1;
+        // The pages it copied are protected again, as if no one had
+        // written them since the one before.
+        self.resync = true;
+        true
+    }
+
+    /// Lets go of what [`Self::take_back`] would need, keeping its
+    /// buffers for the next checkpoint and read-ahead.
+    pub(crate) fn retire_previous(&mut self) {
+        if let Some(p) = self.previous.take() {
+            self.spare = p.undo.into_buffer();
+            if self.ahead.pages() == 0 {
+                self.ahead = p.ahead;
+                self.ahead.forget();
+            }
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -258,6 +326,7 @@ impl Checkpointer {
     /// already protected pages written since).
     pub fn checkpoint_frozen(&mut self, frozen: &Frozen) -> Result<Stats, Error> {
         let started = Instant::now();
+        self.retire_previous();
         self.learn_tid_addresses(frozen)?;
         let current = maps::read(self.pid)?;
         let mut stats = Stats::default();
@@ -277,10 +346,9 @@ impl Checkpointer {
             }
         };
         self.resync = false;
-        self.spare = undo.into_buffer();
         // The pages read ahead are this checkpoint's.
         stats.read_ahead = self.ahead.pages();
-        self.ahead.forget();
+        let ahead = std::mem::take(&mut self.ahead);
         let now = Instant::now();
         if let Some(at) = self.last_at {
             let secs = now.duration_since(at).as_secs_f64().max(1e-3);
@@ -291,10 +359,23 @@ impl Checkpointer {
             .into_iter()
             .filter(|m| !m.is_special())
             .partition(|m| m.prot.shared);
-        self.image.layout = private;
-        self.image.shared = shared;
-        self.image.brk = brk;
-        self.image.threads = threads;
+        let previous = Previous {
+            layout: std::mem::replace(&mut self.image.layout, private),
+            shared: std::mem::replace(&mut self.image.shared, shared),
+            brk: std::mem::replace(&mut self.image.brk, brk),
+            threads: std::mem::replace(&mut self.image.threads, threads),
+            undo,
+            gone: old,
+            ahead,
+        };
+        match self.keep_previous {
+            true => self.previous = Some(previous),
+            false => {
+                self.spare = previous.undo.into_buffer();
+                self.ahead = previous.ahead;
+                self.ahead.forget();
+            }
+        }
         self.image.seq += 1;
         stats.areas = self.image.areas.len();
         stats.threads = self.image.threads.len();
@@ -323,6 +404,7 @@ impl Checkpointer {
     /// Reads the pages written since the latest checkpoint into the image,
     /// keeping what it held of them.
     fn read_written(&mut self) -> Result<(), Error> {
+        self.retire_previous();
         for m in maps::read(self.pid)?.iter().filter(|m| m.is_checkpointed()) {
             let tracked = self
                 .image

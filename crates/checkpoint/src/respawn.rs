@@ -44,6 +44,7 @@ impl Checkpointer {
     /// Restores `image` into this process, which is not the one it was
     /// taken from (see the module doc).
     pub fn restore_new_frozen(&mut self, frozen: &Frozen, image: Image) -> Result<Stats, Error> {
+        self.retire_previous();
         let pid = self.pid();
         let exe = self.image().exe.clone();
         // From here on the image is this checkpointer's, whatever fails:

@@ -33,6 +33,7 @@ impl Checkpointer {
     /// Restores the latest checkpoint into a process the caller holds
     /// still (and will let go).
     pub fn restore_frozen(&mut self, frozen: &Frozen) -> Result<Stats, Error> {
+        self.retire_previous();
         let pairs = same_threads(self.image(), frozen)?;
         self.restore_with(frozen, Memory::Tracked, &pairs)
     }
@@ -52,6 +53,7 @@ impl Checkpointer {
 
     /// [`Self::restore_image`] into a process the caller holds still.
     pub fn restore_image_frozen(&mut self, frozen: &Frozen, image: Image) -> Result<Stats, Error> {
+        self.retire_previous();
         if image.exe != self.image().exe {
             return Err(Error::Unrestorable {
                 pid: self.pid(),

@@ -29,3 +29,39 @@ fn written_pages_are_found_and_restored_in_place() {
     t.cmd("mutate 300 11").unwrap();
     t.digest().unwrap();
 }
+
+/// A checkpoint taken back leaves the one before it as the image: pages
+/// written, mappings made and mappings removed between the two come back
+/// as the first had them, and the checkpoint after copies every page.
+#[test]
+fn a_checkpoint_taken_back_leaves_the_one_before() {
+    let mut t = Target::start(8, 4 << 20, 8, 4, true);
+    let mut c = Checkpointer::attach(t.pid()).unwrap();
+    c.keep_previous(true);
+    c.checkpoint().unwrap();
+    t.cmd("mutate 100 5").unwrap();
+    c.checkpoint().unwrap();
+    let sound = t.digest().unwrap();
+    let seq = c.image().seq;
+    t.cmd("mutate 300 6").unwrap();
+    t.cmd("map 5 9").unwrap();
+    t.cmd("unmap 3 10").unwrap();
+    let damaged = t.digest().unwrap();
+    assert_ne!(damaged, sound);
+    c.checkpoint().unwrap();
+    assert!(c.take_back(), "the latest checkpoint is taken back");
+    assert!(!c.take_back(), "only the latest");
+    assert_eq!(c.image().seq, seq);
+    c.restore_in_place().unwrap();
+    assert_eq!(t.digest().unwrap(), sound, "the one before, restored");
+    t.cmd("mutate 50 7").unwrap();
+    let next = c.checkpoint().unwrap();
+    assert!(
+        next.pages >= 1024,
+        "every page copied after a take-back: {next:?}"
+    );
+    let now = t.digest().unwrap();
+    t.cmd("mutate 200 8").unwrap();
+    c.restore_in_place().unwrap();
+    assert_eq!(t.digest().unwrap(), now);
+}

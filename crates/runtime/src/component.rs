@@ -671,9 +671,10 @@ fn served(info: &BootInfo, provided: &[Arc<Edge>], services: &[Arc<dyn Service>]
         .collect()
 }
 
-/// Starts one parked worker thread per slot of every provided edge, gives
-/// each thread (and the calling one) its lifeline in `bank`, and returns once
-/// all of them hold it.
+/// Starts one parked worker thread per slot of every provided edge (and,
+/// for a checkpoint-recovered component, the thread that answers audits),
+/// gives each thread (and the calling one) its lifeline in `bank`, and
+/// returns once all of them hold it.
 fn start_workers(
     info: &BootInfo,
     provided: &[Arc<Edge>],
@@ -684,12 +685,13 @@ fn start_workers(
     let ctl: &ControlBlock = control.at(0);
     let prio = component_priority(info);
     let workers: usize = provided.iter().map(|e| e.slot_count() as usize).sum();
-    if workers + 1 > LIFELINES {
+    let threads = workers + usize::from(journal.is_some());
+    if threads + 1 > LIFELINES {
         fatal(&format!(
-            "{workers} worker threads exceed the {LIFELINES} lifelines"
+            "{threads} runtime threads exceed the {LIFELINES} lifelines"
         ));
     }
-    ctl.lifeline_count[bank].store(workers as u32 + 1, Ordering::SeqCst);
+    ctl.lifeline_count[bank].store(threads as u32 + 1, Ordering::SeqCst);
     if let Err(e) = ctl.lifelines[bank][0].register() {
         fatal(&format!("lifeline: {e}"));
     }
@@ -744,10 +746,43 @@ fn start_workers(
             std::thread::yield_now();
         }
     }
+    if journal.is_some() {
+        start_auditor(control, bank, workers + 1, &gate, prio);
+    }
     // Every thread holds its lifeline before this incarnation can serve:
     // each did before the next was started.
-    debug_assert_eq!(gate.registered.load(Ordering::SeqCst) as usize, workers);
+    debug_assert_eq!(gate.registered.load(Ordering::SeqCst) as usize, threads);
     gate
+}
+
+/// Starts the thread that answers the supervisor's audits (`audit.rs`),
+/// lifeline `line` of `bank`, once the incarnation's services exist; returns
+/// once it holds its lifeline.
+fn start_auditor(
+    control: &Arc<Region>,
+    bank: usize,
+    line: usize,
+    gate: &Arc<Gate>,
+    prio: Priority,
+) {
+    let (control, started) = (control.clone(), gate.clone());
+    std::thread::Builder::new()
+        .name("audit".into())
+        .stack_size(crate::restart::WORKER_STACK)
+        .spawn(move || {
+            take_priority(prio);
+            let ctl: &ControlBlock = control.at(0);
+            if let Err(e) = ctl.lifelines[bank][line].register() {
+                fatal(&format!("lifeline: {e}"));
+            }
+            started.registered.fetch_add(1, Ordering::SeqCst);
+            let services = started.all();
+            crate::audit::answer(&ctl.audits, &services)
+        })
+        .unwrap_or_else(|e| fatal(&format!("spawn audit thread: {e}")));
+    while (gate.registered.load(Ordering::SeqCst) as usize) < line {
+        std::thread::yield_now();
+    }
 }
 
 /// Checks that the incarnation serves exactly what the system description
@@ -807,11 +842,21 @@ impl Gate {
         futex::wake_all(&self.open);
     }
 
-    fn wait(&self, interface: &str) -> (Arc<dyn Service>, u64) {
+    /// Waits until the gate is open; returns the services and the epoch.
+    fn opened(&self) -> &Services {
         while self.open.load(Ordering::SeqCst) == 0 {
             futex::wait(&self.open, 0, None);
         }
-        let (map, epoch) = self.services.get().expect("gate opened without services");
+        self.services.get().expect("gate opened without services")
+    }
+
+    /// Every service, once the gate is open.
+    fn all(&self) -> Vec<Arc<dyn Service>> {
+        self.opened().0.values().cloned().collect()
+    }
+
+    fn wait(&self, interface: &str) -> (Arc<dyn Service>, u64) {
+        let (map, epoch) = self.opened();
         match map.get(interface) {
             Some(s) => (s.clone(), *epoch),
             // open_services checked this before the gate opened.

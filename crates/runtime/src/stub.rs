@@ -285,6 +285,11 @@ pub trait Service: Send + Sync + 'static {
     /// Client component `client` died: its descriptors and anything it
     /// held or was blocked on can be released.
     fn client_died(&self, client: u32);
+    /// Checks the service's own state at a safe point, before a checkpoint
+    /// keeps it (the runtime's `audit.rs`); `Err` says what is wrong.
+    fn audit(&self) -> Result<(), String> {
+        Ok(())
+    }
     /// Runs function `func` with the encoded arguments `request`, writing the
     /// encoded result into `response`.
     fn dispatch(

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kintsugi_checkpoint::{file, Checkpointer, Frozen, Image, StartOver, Stats};
-use kintsugi_runtime::abi::boot::{ControlBlock, LIFELINES};
+use kintsugi_runtime::abi::boot::{ControlBlock, Verdict, LIFELINES};
 use kintsugi_runtime::abi::channel::Edge;
 use kintsugi_runtime::abi::journal::JournalRegion;
 use kintsugi_runtime::abi::lifeline::{Lifeline, TID_MASK};
@@ -48,6 +48,9 @@ use crate::vault::{ExportedRecord, VaultActivity, VaultStore};
 const PERIODIC_HOLD: Duration = Duration::from_millis(2);
 /// How long a requested checkpoint or restore waits for one.
 const REQUESTED_HOLD: Duration = Duration::from_secs(2);
+/// How long a checkpoint waits for a component's audit of its state (its
+/// calls are held meanwhile).
+const AUDIT_WAIT: Duration = Duration::from_millis(50);
 
 /// What a component looks like from outside when it is at a safe point.
 pub(crate) struct Quiet {
@@ -612,6 +615,35 @@ fn at_safe_point<'a>(
     at_point(quiet, name, pid, hold, Quiet::holds, "safe point")
 }
 
+/// Asks a checkpoint-recovered component, just checkpointed and let go
+/// with its calls still held, to audit its state (the runtime's
+/// `audit.rs`): the state the checkpoint copied, since nothing has run a
+/// request since. One found damaged is killed (the caller takes the
+/// checkpoint back: the component recovers from the one before, which
+/// passed its audit, and replays its log, which runs the request that met
+/// the damage again), and so is one that lost the thread that answers.
+fn audited(quiet: &Quiet, name: &str, pid: u32) -> Result<(), String> {
+    let ctl: &ControlBlock = quiet.control.at(0);
+    let why = match ctl.audits.ask(AUDIT_WAIT) {
+        Verdict::Sound => return Ok(()),
+        Verdict::Damaged => "its audit found its state damaged",
+        Verdict::Unanswered if lost_thread(&quiet.control, pid) => "it lost a runtime thread",
+        Verdict::Unanswered => {
+            return Err(format!(
+                "`{name}` did not answer its audit within {} ms",
+                AUDIT_WAIT.as_millis()
+            ))
+        }
+    };
+    // Frozen, so that it is not reaped (nor its pid reused) before the kill.
+    let _frozen = Freeze::new(pid, &quiet.freezes)?;
+    kill_process(pid);
+    tracing::warn!(component = %name, pid, "{why}: killed, to recover from its last checkpoint and its log");
+    Err(format!(
+        "`{name}` (pid {pid}): {why}: killed, to recover from its last checkpoint and its log"
+    ))
+}
+
 /// [`at_safe_point`] for a forced restore: only the component's own calls
 /// and vault exchanges must be over; calls it serves may be in flight (a
 /// hung one, say).
@@ -690,6 +722,8 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
         .ok_or("the component has no live incarnation")?;
     c.not_recovering()?;
     let ckpt = c.incarnation.attached(&c.quiet.freezes)?;
+    // A checkpoint its audit finds damaged is taken back.
+    ckpt.keep_previous(c.journal.is_some());
     // Holds the component at a safe point and checkpoints it; cuts its log.
     let at_point = |ckpt: &mut Checkpointer| -> Result<AtSafePoint, String> {
         let (frozen, held, waited) = at_safe_point(&c.quiet, &c.name, pid, hold)?;
@@ -707,10 +741,6 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
             return Err(format!("`{}` has not replayed its log yet", c.name));
         }
         let stats = ckpt.checkpoint_frozen(&frozen).map_err(|e| e.to_string());
-        if let (Ok(_), Some(journal)) = (&stats, &c.journal) {
-            // The checkpoint holds every logged request's effect.
-            journal.cut();
-        }
         // What it keeps outside, as of the same instant.
         let exported = match (&stats, &out) {
             (Ok(_), Some(_)) => Some(c.kept.export(&c.name)),
@@ -718,6 +748,22 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
         };
         let pause = frozen.held();
         drop(frozen);
+        // A checkpoint-recovered component audits what was just copied,
+        // its calls still held: damage is never kept, nor the log cut.
+        let stats = match (stats, &c.journal) {
+            (Ok(stats), Some(journal)) => match audited(&c.quiet, &c.name, pid) {
+                Ok(()) => {
+                    // The checkpoint holds every logged request's effect.
+                    journal.cut();
+                    Ok(stats)
+                }
+                Err(e) => {
+                    ckpt.take_back();
+                    Err(e)
+                }
+            },
+            (stats, _) => stats,
+        };
         drop(held);
         Ok(AtSafePoint {
             stats: stats?,

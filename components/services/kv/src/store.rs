@@ -134,4 +134,30 @@ impl kv::Server for Store {
     }
 
     fn client_died(&self, _: u32) {}
+
+    /// The map's keys in strict order, and every one found where a search
+    /// looks for it: what a `BTreeMap` damaged by a flip during an insert
+    /// breaks, with nothing crashing (kv's campaign, seed 20).
+    fn audit(&self) -> Result<(), String> {
+        let map = self.map();
+        let mut keys = 0;
+        let mut last: Option<&String> = None;
+        for (key, value) in &map.entries {
+            if last.is_some_and(|l| l >= key) {
+                return Err(format!("key {key:?} follows {last:?}: out of order"));
+            }
+            if !map.entries.get(key).is_some_and(|v| std::ptr::eq(v, value)) {
+                return Err(format!("key {key:?} is not where a search finds it"));
+            }
+            last = Some(key);
+            keys += 1;
+        }
+        match keys == map.entries.len() {
+            true => Ok(()),
+            false => Err(format!(
+                "{keys} keys, but the map counts {}",
+                map.entries.len()
+            )),
+        }
+    }
 }

@@ -50,6 +50,10 @@ pub struct Config {
     pub ops: u64,
     /// Keys each thread owns.
     pub keys: u32,
+    /// Keys each thread writes once before its operations (`c/fill/t/i`),
+    /// never touches again and reads back at the end: state that stays
+    /// still, for a test that damages it in kv's memory.
+    pub fill: u32,
     /// Longest value, bytes (values are 8..=value_max bytes).
     pub value_max: usize,
     /// Longest pause between operations, µs (drawn from 0..=think_us).
@@ -68,6 +72,7 @@ impl Default for Config {
             threads: 2,
             ops: 2000,
             keys: 64,
+            fill: 0,
             value_max: 256,
             think_us: 100,
             report: None,
@@ -103,6 +108,8 @@ struct Checker<'a> {
     prefix: String,
     thread: usize,
     model: BTreeMap<String, Vec<u8>>,
+    /// The fill keys and their values.
+    still: BTreeMap<String, Vec<u8>>,
     /// The store's version after this thread's last update.
     version: u64,
     /// Updates that succeeded.
@@ -151,7 +158,7 @@ impl Checker<'_> {
     /// Checks one answer against the model: `Ok(Some(v))` a value,
     /// `Ok(None)` NotFound.
     fn expect(&mut self, call: &str, key: &str, got: Result<Option<Vec<u8>>, CallError<Error>>) {
-        let want = self.model.get(key).cloned();
+        let want = self.model.get(key).or_else(|| self.still.get(key)).cloned();
         match got {
             Ok(got) if got == want => {}
             Ok(got) => self.wrong(format!(
@@ -253,10 +260,28 @@ impl Checker<'_> {
         }
     }
 
-    /// Every key of the thread read back, at the end.
+    /// Writes the thread's fill keys.
+    fn fill(&mut self, rng: &mut StdRng, config: &Config, component: &str) {
+        for i in 0..config.fill {
+            let key = format!("{component}/fill/{}/{i:05}", self.thread);
+            let value = self.value(&key, rng, config.value_max);
+            match self.client.put(&key, &value) {
+                Ok(v) => {
+                    self.updated("fill put", v);
+                    self.still.insert(key, value);
+                }
+                Err(e) => self.failed("fill put", e),
+            }
+        }
+    }
+
+    /// Every key of the thread, its fill keys too, read back at the end.
     fn verify_all(&mut self, config: &Config) {
-        for k in 0..config.keys.max(1) {
-            let key = self.key(k);
+        let keys: Vec<String> = (0..config.keys.max(1))
+            .map(|k| self.key(k))
+            .chain(self.still.keys().cloned())
+            .collect();
+        for key in keys {
             let got = not_found_as_none(self.client.get(&key));
             self.expect("final get", &key, got);
         }
@@ -335,6 +360,7 @@ fn work(
         prefix: format!("{component}/{thread}/"),
         thread,
         model: BTreeMap::new(),
+        still: BTreeMap::new(),
         version: 0,
         updates: 0,
         failures: Failures::default(),
@@ -342,6 +368,7 @@ fn work(
     };
     let counter = format!("{component}/counter");
     let mut seen = [0; 2];
+    c.fill(&mut rng, config, component);
     while c.op < config.ops || (config.ops == 0 && !stop()) {
         counters.publish(&mut seen, &c.failures);
         c.step(&mut rng, config);

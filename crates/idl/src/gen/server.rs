@@ -51,6 +51,13 @@ impl Ctx<'_> {
         o.open("fn client_died(&self, client: u32) {");
         o.line("let _ = client;");
         o.close("}");
+        o.line("");
+        o.line("/// Checks the server's own state, with no call in flight, before a");
+        o.line("/// checkpoint keeps it: an error (what is wrong) has a checkpoint-");
+        o.line("/// recovered server killed and recovered from its last sound checkpoint.");
+        o.open("fn audit(&self) -> rt::Result<(), rt::String> {");
+        o.line("rt::Ok(())");
+        o.close("}");
         o.close("}");
         o.line("");
         o.line("/// The server stub: decodes and checks invocations, then calls `server`.");
@@ -81,6 +88,10 @@ impl Ctx<'_> {
         o.line("");
         o.open("fn client_died(&self, client: u32) {");
         o.line("self.server.client_died(client)");
+        o.close("}");
+        o.line("");
+        o.open("fn audit(&self) -> rt::Result<(), rt::String> {");
+        o.line("self.server.audit()");
         o.close("}");
         o.line("");
         o.open("fn dispatch(&self, caller: &rt::Caller, func: u32, request: &[u8], response: &mut [u8]) -> rt::Dispatched {");

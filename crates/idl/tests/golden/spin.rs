@@ -21,6 +21,12 @@ pub trait Server: rt::Send + rt::Sync + 'static {
     fn client_died(&self, client: u32) {
         let _ = client;
     }
+    /// Checks the server's own state, with no call in flight, before a
+    /// checkpoint keeps it: an error (what is wrong) has a checkpoint-
+    /// recovered server killed and recovered from its last sound checkpoint.
+    fn audit(&self) -> rt::Result<(), rt::String> {
+        rt::Ok(())
+    }
 }
 /// The server stub: decodes and checks invocations, then calls `server`.
 pub fn service<S: Server>(server: rt::Arc<S>) -> rt::Arc<dyn rt::Service> {
@@ -35,6 +41,9 @@ impl<S: Server> rt::Service for ServerStub<S> {
     }
     fn client_died(&self, client: u32) {
         self.server.client_died(client)
+    }
+    fn audit(&self) -> rt::Result<(), rt::String> {
+        self.server.audit()
     }
     fn dispatch(
         &self,

@@ -189,6 +189,72 @@ pub struct ControlBlock {
     /// Where this component's worker threads can start over after a
     /// restore ([`crate::restart`]).
     pub restarts: Restarts,
+    /// The supervisor's audits of a checkpoint-recovered component's state
+    /// before each checkpoint (the runtime's `audit.rs`).
+    pub audits: Audits,
+}
+
+/// Audits asked for and answered: generation numbers, raised by one side
+/// and answered by the other. All zero: none asked.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct Audits {
+    /// The latest audit asked for (futex; the supervisor raises it).
+    pub asked: AtomicU32,
+    /// The latest audit answered (futex; the component raises it).
+    pub answered: AtomicU32,
+    /// The latest audit whose answer was that the state is damaged.
+    pub damaged: AtomicU32,
+}
+
+/// What an audit answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every service found its state sound.
+    Sound,
+    /// A service found its state damaged (it logged what).
+    Damaged,
+    /// No answer came in time.
+    Unanswered,
+}
+
+impl Audits {
+    /// Supervisor: asks for an audit and waits up to `within` for its
+    /// verdict.
+    pub fn ask(&self, within: Duration) -> Verdict {
+        let asked = self.asked.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+        futex::wake_all(&self.asked);
+        let until = Instant::now() + within;
+        loop {
+            let answered = self.answered.load(Ordering::SeqCst);
+            if answered == asked {
+                return match self.damaged.load(Ordering::SeqCst) == asked {
+                    true => Verdict::Damaged,
+                    false => Verdict::Sound,
+                };
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Verdict::Unanswered;
+            }
+            futex::wait(&self.answered, answered, Some(left));
+        }
+    }
+
+    /// Component: answers each audit asked for with `sound()`, for ever.
+    pub fn answer(&self, sound: impl Fn() -> bool) -> ! {
+        loop {
+            let asked = self.asked.load(Ordering::SeqCst);
+            if self.answered.load(Ordering::SeqCst) != asked {
+                if !sound() {
+                    self.damaged.store(asked, Ordering::SeqCst);
+                }
+                self.answered.store(asked, Ordering::SeqCst);
+                futex::wake_all(&self.answered);
+            }
+            futex::wait(&self.asked, asked, None);
+        }
+    }
 }
 
 /// A component's restart point, as its incarnation publishes it at boot:
@@ -331,6 +397,30 @@ mod tests {
 
     fn block() -> Region {
         Region::create("boot-test", std::mem::size_of::<ControlBlock>()).unwrap()
+    }
+
+    #[test]
+    fn each_audit_gets_its_own_verdict_and_a_silent_one_none() {
+        let region = std::sync::Arc::new(block());
+        let ctl: &ControlBlock = region.at(0);
+        assert_eq!(
+            ctl.audits.ask(Duration::from_millis(20)),
+            Verdict::Unanswered,
+            "no one answers yet"
+        );
+        let damage = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (r, seen) = (region.clone(), damage.clone());
+        std::thread::spawn(move || {
+            r.at::<ControlBlock>(0)
+                .audits
+                .answer(|| !seen.load(Ordering::SeqCst))
+        });
+        let mut verdicts = Vec::new();
+        for damaged in [false, true, false] {
+            damage.store(damaged, Ordering::SeqCst);
+            verdicts.push(ctl.audits.ask(Duration::from_secs(10)));
+        }
+        assert_eq!(verdicts, [Verdict::Sound, Verdict::Damaged, Verdict::Sound]);
     }
 
     #[test]

@@ -310,6 +310,12 @@ fn describe(s: &CheckpointSummary) -> String {
         s.seq,
         kib(s.image_bytes),
     );
+    if s.audit_us > 0 {
+        line.push_str(&format!(
+            "; audited by the component in {} µs, its calls held",
+            s.audit_us
+        ));
+    }
     if s.read_ahead > 0 {
         line.push_str(&format!(
             "; {} more pages read ahead while it ran",

@@ -238,6 +238,9 @@ pub struct Summary {
     pub total_us: u64,
     /// Waiting for the safe point, µs.
     pub waited_us: u64,
+    /// A checkpoint's audit by the component (its calls held), µs.
+    #[serde(default)]
+    pub audit_us: u64,
     /// Memory the image holds.
     pub image_bytes: u64,
     /// The file written or read, if any.
@@ -701,6 +704,8 @@ struct AtSafePoint {
     pause: Duration,
     /// How long the safe point took to come.
     waited: Duration,
+    /// How long the component's audit took.
+    audit: Duration,
     /// What the component keeps outside, as of the checkpoint (if a file
     /// is to be written).
     exported: Option<Result<BTreeMap<String, Vec<u8>>, String>>,
@@ -750,6 +755,7 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
         drop(frozen);
         // A checkpoint-recovered component audits what was just copied,
         // its calls still held: damage is never kept, nor the log cut.
+        let audit = Instant::now();
         let stats = match (stats, &c.journal) {
             (Ok(stats), Some(journal)) => match audited(&c.quiet, &c.name, pid) {
                 Ok(()) => {
@@ -764,11 +770,13 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
             },
             (stats, _) => stats,
         };
+        let audit = audit.elapsed();
         drop(held);
         Ok(AtSafePoint {
             stats: stats?,
             pause,
             waited,
+            audit,
             exported,
         })
     };
@@ -779,6 +787,7 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
         mut stats,
         pause,
         waited,
+        audit,
         exported,
     } = match ckpt.expected_pages() >= from {
         true => ckpt.with_read_ahead(at_point)?,
@@ -791,7 +800,9 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
         ckpt.attachments_mut().clear();
         written.map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    Ok(summary(c, "checkpoint", stats, waited, started, out))
+    let mut done = summary(c, "checkpoint", stats, waited, started, out);
+    done.audit_us = audit.as_micros() as u64;
+    Ok(done)
 }
 
 /// Restores the incarnation in place from its latest checkpoint, or from
@@ -1177,6 +1188,7 @@ fn summary(
         pause_us: stats.pause.as_micros() as u64,
         total_us: started.elapsed().as_micros() as u64,
         waited_us: waited.as_micros() as u64,
+        audit_us: 0,
         image_bytes,
         file,
         periodic_taken: c.taken,

@@ -286,7 +286,7 @@ fn restore_table(mib: u64, rounds: usize, dir: &std::path::Path) -> anyhow::Resu
 /// Commands of the target's workload (`mutate 1`: 0.1 % of a 64 MiB heap
 /// written per command) answered in `secs`, with a checkpoint every
 /// `every` (none if `None`) taken by another thread, each read ahead
-/// first if `ahead` (while the workload runs).
+/// first in up to `rounds` rounds (while the workload runs; 0: not).
 /// One throughput run: commands a second, checkpoints taken, and their
 /// pause's p50 (ms).
 #[derive(Debug, Clone, Copy)]
@@ -296,19 +296,20 @@ struct Run {
     pause_p50: f64,
 }
 
-fn throughput(every: Option<Duration>, ahead: bool, secs: f64) -> anyhow::Result<Run> {
+fn throughput(every: Option<Duration>, rounds: usize, secs: f64) -> anyhow::Result<Run> {
     let mut t = Target::start(64 << 20, 2)?;
     let stop = Arc::new(AtomicBool::new(false));
     let ckpt = every.map(|every| {
         let (pid, stop) = (t.pid(), stop.clone());
         std::thread::spawn(move || -> anyhow::Result<Vec<f64>> {
             let mut c = Checkpointer::attach(pid)?;
+            c.set_read_ahead_rounds(rounds);
             let mut pauses = Vec::new();
             let mut next = Instant::now();
             while !stop.load(Ordering::SeqCst) {
-                let taken = match ahead {
-                    true => c.with_read_ahead(|c| c.checkpoint())?,
-                    false => c.checkpoint()?,
+                let taken = match rounds {
+                    0 => c.checkpoint()?,
+                    _ => c.with_read_ahead(|c| c.checkpoint())?,
                 };
                 pauses.push(ms(taken.pause));
                 next += every;
@@ -351,17 +352,19 @@ fn throughput_table(secs: f64, repeats: usize) -> anyhow::Result<()> {
     row(&["---", "---:", "---:", "---:", "---:"].map(String::from));
     let (ms100, ms10) = (Duration::from_millis(100), Duration::from_millis(10));
     let configs = [
-        ("none", None, false),
-        ("every 100 ms", Some(ms100), false),
-        ("every 100 ms, read ahead", Some(ms100), true),
-        ("every 10 ms", Some(ms10), false),
-        ("every 10 ms, read ahead", Some(ms10), true),
+        ("none", None, 0),
+        ("every 100 ms", Some(ms100), 0),
+        ("every 100 ms, read ahead once", Some(ms100), 1),
+        ("every 100 ms, read ahead in rounds", Some(ms100), 4),
+        ("every 10 ms", Some(ms10), 0),
+        ("every 10 ms, read ahead once", Some(ms10), 1),
+        ("every 10 ms, read ahead in rounds", Some(ms10), 4),
     ];
     let mut results = vec![Vec::new(); configs.len()];
     // Interleaved, so that drift in the machine's speed hits all alike.
     for _ in 0..repeats {
-        for (i, (_, every, ahead)) in configs.iter().enumerate() {
-            results[i].push(throughput(*every, *ahead, secs)?);
+        for (i, (_, every, rounds)) in configs.iter().enumerate() {
+            results[i].push(throughput(*every, *rounds, secs)?);
         }
     }
     // The run of median rate, whole: its checkpoints and pauses with it.

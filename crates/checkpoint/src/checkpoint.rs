@@ -26,6 +26,12 @@ use crate::maps::{self, Mapping};
 use crate::sys::{self, PageRegion, Scan};
 use crate::{memio, remote, Error};
 
+/// Read-ahead rounds before a checkpoint, at most, unless set otherwise
+/// (see [`Checkpointer::with_read_ahead`]).
+const READ_AHEAD_ROUNDS: usize = 4;
+/// A read-ahead round that read this many pages or fewer is the last.
+const SETTLED_PAGES: u64 = 64;
+
 /// What one checkpoint or restore did.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Stats {
@@ -71,6 +77,8 @@ pub struct Checkpointer {
     spare: Vec<u8>,
     /// Keep what [`Self::take_back`] needs until the next checkpoint.
     keep_previous: bool,
+    /// At most this many read-ahead rounds before a checkpoint.
+    read_ahead_rounds: usize,
     previous: Option<Previous>,
     /// What the image held of the pages read ahead into it since the
     /// latest checkpoint (see [`crate::ahead`]).
@@ -234,6 +242,7 @@ impl Checkpointer {
             resync: false,
             spare: Vec::new(),
             keep_previous: false,
+            read_ahead_rounds: READ_AHEAD_ROUNDS,
             previous: None,
             ahead: ReadAhead::default(),
             last_at: None,
@@ -244,6 +253,12 @@ impl Checkpointer {
     /// Copies every page each time instead of the written ones.
     pub fn set_full_copy(&mut self, on: bool) {
         self.full_copy = on;
+    }
+
+    /// Reads ahead in at most `rounds` rounds before a checkpoint (see
+    /// [`Self::with_read_ahead`]; 4 unless set).
+    pub fn set_read_ahead_rounds(&mut self, rounds: usize) {
+        self.read_ahead_rounds = rounds;
     }
 
     /// Keeps, from each checkpoint until the next one (or a restore), what
@@ -387,24 +402,43 @@ impl Checkpointer {
     /// Runs `f` after reading ahead into the image, while the process
     /// runs, the pages written since the latest checkpoint (see
     /// `ahead.rs`): a checkpoint `f` takes copies in its pause only
-    /// the pages written after that. If `f` takes none, the image gets the
-    /// latest checkpoint's bytes back and the pages read ahead are marked
-    /// written again. A read-ahead that fails is undone the same way (or,
-    /// if that fails too, the next checkpoint copies every page). Nothing
-    /// is read ahead before the first checkpoint or after a failed one.
+    /// the pages written after that. The read-ahead goes in rounds, each
+    /// reading what the process wrote during the one before (live
+    /// migration's pre-copy), for as long as they shrink by half or more
+    /// (at most [`Self::set_read_ahead_rounds`]; a round of
+    /// `SETTLED_PAGES` or fewer ends them): a process that keeps writing then leaves to the pause only
+    /// what it wrote during the last, shortest round. If `f` takes no
+    /// checkpoint, the image gets the latest checkpoint's bytes back and
+    /// the pages read ahead are marked written again. A read-ahead that
+    /// fails is undone the same way (or, if that fails too, the next
+    /// checkpoint copies every page). Nothing is read ahead before the
+    /// first checkpoint or after a failed one.
     pub fn with_read_ahead<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
-        if !self.full_copy && !self.resync && self.image.seq > 0 && self.read_written().is_err() {
-            self.settle_read_ahead();
+        if !self.full_copy && !self.resync && self.image.seq > 0 {
+            let mut before = u64::MAX;
+            for _ in 0..self.read_ahead_rounds {
+                match self.read_written() {
+                    Err(_) => {
+                        self.settle_read_ahead();
+                        break;
+                    }
+                    // Settled, or not shrinking enough to be worth a round.
+                    Ok(read) if read <= SETTLED_PAGES || read > before / 2 => break,
+                    Ok(read) => before = read,
+                }
+            }
         }
         let r = f(self);
         self.settle_read_ahead();
         r
     }
 
-    /// Reads the pages written since the latest checkpoint into the image,
-    /// keeping what it held of them.
-    fn read_written(&mut self) -> Result<(), Error> {
+    /// Reads the pages written since the latest checkpoint (or the last
+    /// read-ahead) into the image, keeping what the checkpoint held of
+    /// them; returns how many pages it read.
+    fn read_written(&mut self) -> Result<u64, Error> {
         self.retire_previous();
+        let mut read = 0;
         for m in maps::read(self.pid)?.iter().filter(|m| m.is_checkpointed()) {
             let tracked = self
                 .image
@@ -425,10 +459,11 @@ impl Checkpointer {
                 continue;
             };
             self.ahead.keep(area, &ranges);
-            memio::read_into(self.pid, &self.mem, area, &ranges)
-                .map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid), e))?;
+            read += memio::read_into(self.pid, &self.mem, area, &ranges)
+                .map_err(|e| Error::proc(&format!("/proc/{}/mem", self.pid), e))?
+                / maps::PAGE;
         }
-        Ok(())
+        Ok(read)
     }
 
     /// Undoes a read-ahead no checkpoint took: the image's bytes back, and

@@ -710,20 +710,72 @@ fn start_workers(
             Arc::new(AtomicBool::new(false)),
         );
         worker.journal = journal.map(|j| (j.clone(), index as u32));
-        let started = gate.clone();
-        let (gate, control, interface) = (gate.clone(), control.clone(), p.interface.clone());
+        let interface = p.interface.clone();
         let name = format!("{interface}:{slot}");
         // The loop a restart after a restore runs again (`restart.rs`).
         let body = {
-            let gate = gate.clone();
+            let (gate, name) = (gate.clone(), name.clone());
             move || {
                 let (service, epoch) = gate.wait(&interface);
                 crate::watchdog::register_worker(line - 1, &name);
                 worker.run_gated(service.as_ref(), epoch, &gate.recovery);
             }
         };
+        let at = Line {
+            control,
+            bank,
+            line,
+            gate: &gate,
+            prio,
+        };
+        at.start(name, move |_| crate::restart::run(line, Box::new(body)));
+    }
+    if journal.is_some() {
+        // The thread that answers the supervisor's audits (`audit.rs`),
+        // once the incarnation's services exist.
+        let opened = gate.clone();
+        let at = Line {
+            control,
+            bank,
+            line: workers + 1,
+            gate: &gate,
+            prio,
+        };
+        at.start("audit".into(), move |ctl| {
+            crate::audit::answer(&ctl.audits, &opened.all())
+        });
+    }
+    // Every thread holds its lifeline before this incarnation can serve:
+    // each did before the next was started.
+    debug_assert_eq!(gate.registered.load(Ordering::SeqCst) as usize, threads);
+    gate
+}
+
+/// Where a runtime thread is started: its lifeline (`line` of `bank` in
+/// the control block), the gate counting the threads that hold theirs,
+/// its priority.
+struct Line<'a> {
+    control: &'a Arc<Region>,
+    bank: usize,
+    line: usize,
+    gate: &'a Arc<Gate>,
+    prio: Priority,
+}
+
+impl Line<'_> {
+    /// Starts thread `name` on this line to run `body`; returns once the
+    /// thread holds its lifeline. One thread at a time: a thread maps its
+    /// own signal stack as it starts, and the next one's stack is mapped
+    /// by this thread, so starting them together would interleave the two
+    /// at random. One at a time, every incarnation forked from the
+    /// pristine image lays its threads out alike, and a checkpoint
+    /// restored into another one (`kintsugi-checkpoint`, `respawn.rs`)
+    /// finds their stacks where it left them, with nothing to map anew.
+    fn start(self, name: String, body: impl FnOnce(&ControlBlock) + Send + 'static) {
+        let (control, gate, prio) = (self.control.clone(), self.gate.clone(), self.prio);
+        let (bank, line) = (self.bank, self.line);
         std::thread::Builder::new()
-            .name(format!("{}:{slot}", p.interface))
+            .name(name)
             .stack_size(crate::restart::WORKER_STACK)
             .spawn(move || {
                 take_priority(prio);
@@ -732,56 +784,12 @@ fn start_workers(
                     fatal(&format!("lifeline: {e}"));
                 }
                 gate.registered.fetch_add(1, Ordering::SeqCst);
-                crate::restart::run(line, Box::new(body));
+                body(ctl);
             })
-            .unwrap_or_else(|e| fatal(&format!("spawn worker: {e}")));
-        // One thread at a time: a thread maps its own signal stack as it
-        // starts, and the next one's stack is mapped by this thread, so
-        // starting them together would interleave the two at random. One at
-        // a time, every incarnation forked from the pristine image lays its
-        // workers out alike, and a checkpoint restored into another one
-        // (`kintsugi-checkpoint`, `respawn.rs`) finds its threads' stacks
-        // where it left them, with nothing to map anew.
-        while (started.registered.load(Ordering::SeqCst) as usize) < line {
+            .unwrap_or_else(|e| fatal(&format!("spawn runtime thread: {e}")));
+        while (self.gate.registered.load(Ordering::SeqCst) as usize) < line {
             std::thread::yield_now();
         }
-    }
-    if journal.is_some() {
-        start_auditor(control, bank, workers + 1, &gate, prio);
-    }
-    // Every thread holds its lifeline before this incarnation can serve:
-    // each did before the next was started.
-    debug_assert_eq!(gate.registered.load(Ordering::SeqCst) as usize, threads);
-    gate
-}
-
-/// Starts the thread that answers the supervisor's audits (`audit.rs`),
-/// lifeline `line` of `bank`, once the incarnation's services exist; returns
-/// once it holds its lifeline.
-fn start_auditor(
-    control: &Arc<Region>,
-    bank: usize,
-    line: usize,
-    gate: &Arc<Gate>,
-    prio: Priority,
-) {
-    let (control, started) = (control.clone(), gate.clone());
-    std::thread::Builder::new()
-        .name("audit".into())
-        .stack_size(crate::restart::WORKER_STACK)
-        .spawn(move || {
-            take_priority(prio);
-            let ctl: &ControlBlock = control.at(0);
-            if let Err(e) = ctl.lifelines[bank][line].register() {
-                fatal(&format!("lifeline: {e}"));
-            }
-            started.registered.fetch_add(1, Ordering::SeqCst);
-            let services = started.all();
-            crate::audit::answer(&ctl.audits, &services)
-        })
-        .unwrap_or_else(|e| fatal(&format!("spawn audit thread: {e}")));
-    while (gate.registered.load(Ordering::SeqCst) as usize) < line {
-        std::thread::yield_now();
     }
 }
 

@@ -759,7 +759,10 @@ fn take(c: &mut Tracked, out: Option<PathBuf>, hold: Duration) -> Result<Summary
         let stats = match (stats, &c.journal) {
             (Ok(stats), Some(journal)) => match audited(&c.quiet, &c.name, pid) {
                 Ok(()) => {
-                    // The checkpoint holds every logged request's effect.
+                    // The checkpoint holds every logged request's effect:
+                    // the calls are held, so none has run since the copy
+                    // (a worker let go marks its slot before it reads the
+                    // hold, which it now sees raised).
                     journal.cut();
                     Ok(stats)
                 }

@@ -627,10 +627,11 @@ fn at_safe_point<'a>(
 /// the damage again), and so is one that lost the thread that answers.
 fn audited(quiet: &Quiet, name: &str, pid: u32) -> Result<(), String> {
     let ctl: &ControlBlock = quiet.control.at(0);
-    let why = match ctl.audits.ask(AUDIT_WAIT) {
+    let gone = || lost_thread(&quiet.control, pid);
+    let why = match ctl.audits.ask(AUDIT_WAIT, gone) {
         Verdict::Sound => return Ok(()),
         Verdict::Damaged => "its audit found its state damaged",
-        Verdict::Unanswered if lost_thread(&quiet.control, pid) => "it lost a runtime thread",
+        Verdict::Unanswered if gone() => "it lost a runtime thread (or died) during its audit",
         Verdict::Unanswered => {
             return Err(format!(
                 "`{name}` did not answer its audit within {} ms",
@@ -638,9 +639,11 @@ fn audited(quiet: &Quiet, name: &str, pid: u32) -> Result<(), String> {
             ))
         }
     };
-    // Frozen, so that it is not reaped (nor its pid reused) before the kill.
-    let _frozen = Freeze::new(pid, &quiet.freezes)?;
-    kill_process(pid);
+    // Frozen, so that it is not reaped (nor its pid reused) before the
+    // kill; one that died already is not there to freeze.
+    if let Ok(_frozen) = Freeze::new(pid, &quiet.freezes) {
+        kill_process(pid);
+    }
     tracing::warn!(component = %name, pid, "{why}: killed, to recover from its last checkpoint and its log");
     Err(format!(
         "`{name}` (pid {pid}): {why}: killed, to recover from its last checkpoint and its log"

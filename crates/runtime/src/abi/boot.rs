@@ -220,8 +220,9 @@ pub enum Verdict {
 
 impl Audits {
     /// Supervisor: asks for an audit and waits up to `within` for its
-    /// verdict.
-    pub fn ask(&self, within: Duration) -> Verdict {
+    /// verdict, or until `gone()` (checked every millisecond) says no
+    /// answer can come.
+    pub fn ask(&self, within: Duration, gone: impl Fn() -> bool) -> Verdict {
         let asked = self.asked.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
         futex::wake_all(&self.asked);
         let until = Instant::now() + within;
@@ -234,10 +235,11 @@ impl Audits {
                 };
             }
             let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if left.is_zero() || gone() {
                 return Verdict::Unanswered;
             }
-            futex::wait(&self.answered, answered, Some(left));
+            let slice = left.min(Duration::from_millis(1));
+            futex::wait(&self.answered, answered, Some(slice));
         }
     }
 
@@ -404,7 +406,7 @@ mod tests {
         let region = std::sync::Arc::new(block());
         let ctl: &ControlBlock = region.at(0);
         assert_eq!(
-            ctl.audits.ask(Duration::from_millis(20)),
+            ctl.audits.ask(Duration::from_millis(20), || false),
             Verdict::Unanswered,
             "no one answers yet"
         );
@@ -418,7 +420,7 @@ mod tests {
         let mut verdicts = Vec::new();
         for damaged in [false, true, false] {
             damage.store(damaged, Ordering::SeqCst);
-            verdicts.push(ctl.audits.ask(Duration::from_secs(10)));
+            verdicts.push(ctl.audits.ask(Duration::from_secs(10), || false));
         }
         assert_eq!(verdicts, [Verdict::Sound, Verdict::Damaged, Verdict::Sound]);
     }

@@ -65,3 +65,28 @@ fn a_checkpoint_taken_back_leaves_the_one_before() {
     c.restore_in_place().unwrap();
     assert_eq!(t.digest().unwrap(), now);
 }
+
+/// The same with the taken-back checkpoint read ahead first and the target
+/// writing between the read-ahead and the pause: the pages read ahead get
+/// the sound checkpoint's bytes back too.
+#[test]
+fn a_checkpoint_read_ahead_and_taken_back_leaves_the_one_before() {
+    let mut t = Target::start(9, 4 << 20, 8, 4, true);
+    let mut c = Checkpointer::attach(t.pid()).unwrap();
+    c.keep_previous(true);
+    c.checkpoint().unwrap();
+    t.cmd("mutate 100 5").unwrap();
+    c.checkpoint().unwrap();
+    let sound = t.digest().unwrap();
+    t.cmd("mutate 300 6").unwrap();
+    let taken = c
+        .with_read_ahead(|c| {
+            t.cmd("mutate 200 7").unwrap();
+            c.checkpoint()
+        })
+        .unwrap();
+    assert!(taken.read_ahead > 0, "pages were read ahead: {taken:?}");
+    assert!(c.take_back());
+    c.restore_in_place().unwrap();
+    assert_eq!(t.digest().unwrap(), sound, "the one before, restored");
+}

@@ -80,8 +80,14 @@ impl Measured {
             ));
             return;
         }
-        let since =
-            |tick: u64| now_ns as i64 - (self.start_ns + tick * self.period_us * 1000) as i64;
+        // Saturating: a tick from a faulty reply may be far beyond any
+        // real one (a flipped high bit).
+        let since = |tick: u64| {
+            let due = tick
+                .saturating_mul(self.period_us.saturating_mul(1000))
+                .saturating_add(self.start_ns);
+            (i128::from(now_ns) - i128::from(due)).clamp(i64::MIN.into(), i64::MAX.into()) as i64
+        };
         let lateness = since(k);
         if lateness < 0 {
             self.early += 1;
@@ -90,6 +96,12 @@ impl Measured {
                 "tick {k} returned {} ns early",
                 -lateness
             );
+            // Counted, not believed: taken as the last tick, a faulty
+            // reply's tick far ahead made every later, right one look out
+            // of order, one error a tick for the rest of the run (seen in
+            // CI's campaign: a flip of bit 55 of a tick in timer).
+            self.waits += 1;
+            return;
         }
         self.lateness_ns.push(lateness);
         self.delay_ns.push(since(self.final_tick + 1));
@@ -230,5 +242,20 @@ mod tests {
         );
         m.tick(7, at(7));
         assert_eq!((m.final_tick, m.waits), (7, 3));
+    }
+
+    #[test]
+    fn a_tick_far_ahead_is_one_wrong_answer_not_the_last_tick() {
+        let period_us = 1000;
+        let at = |k: u64| k * period_us * 1000 + 1;
+        let mut m = Measured::new(period_us, false, 0, 0);
+        m.tick(14_833, at(14_833));
+        // A reply's tick with bit 55 flipped, as a campaign saw.
+        m.tick(14_834 | 1 << 55, at(14_834));
+        assert_eq!(m.failures(), (1, 1), "counted once, as early");
+        m.tick(14_834, at(14_834));
+        m.tick(14_835, at(14_835));
+        assert_eq!(m.failures(), (1, 1), "the right ticks after it are fine");
+        assert_eq!(m.final_tick, 14_835);
     }
 }

@@ -30,18 +30,26 @@ fn written_pages_are_found_and_restored_in_place() {
     t.digest().unwrap();
 }
 
-/// A checkpoint taken back leaves the one before it as the image: pages
-/// written, mappings made and mappings removed between the two come back
-/// as the first had them, and the checkpoint after copies every page.
-#[test]
-fn a_checkpoint_taken_back_leaves_the_one_before() {
-    let mut t = Target::start(8, 4 << 20, 8, 4, true);
+/// A target (seeded `seed`) with a checkpointer that keeps what a take-back
+/// needs, after two checkpoints (pages written between them); the target's
+/// digest at the second.
+fn sound_checkpoint(seed: u64) -> (Target, Checkpointer, String) {
+    let mut t = Target::start(seed, 4 << 20, 8, 4, true);
     let mut c = Checkpointer::attach(t.pid()).unwrap();
     c.keep_previous(true);
     c.checkpoint().unwrap();
     t.cmd("mutate 100 5").unwrap();
     c.checkpoint().unwrap();
     let sound = t.digest().unwrap();
+    (t, c, sound)
+}
+
+/// A checkpoint taken back leaves the one before it as the image: pages
+/// written, mappings made and mappings removed between the two come back
+/// as the first had them, and the checkpoint after copies every page.
+#[test]
+fn a_checkpoint_taken_back_leaves_the_one_before() {
+    let (mut t, mut c, sound) = sound_checkpoint(8);
     let seq = c.image().seq;
     t.cmd("mutate 300 6").unwrap();
     t.cmd("map 5 9").unwrap();
@@ -71,13 +79,7 @@ fn a_checkpoint_taken_back_leaves_the_one_before() {
 /// the sound checkpoint's bytes back too.
 #[test]
 fn a_checkpoint_read_ahead_and_taken_back_leaves_the_one_before() {
-    let mut t = Target::start(9, 4 << 20, 8, 4, true);
-    let mut c = Checkpointer::attach(t.pid()).unwrap();
-    c.keep_previous(true);
-    c.checkpoint().unwrap();
-    t.cmd("mutate 100 5").unwrap();
-    c.checkpoint().unwrap();
-    let sound = t.digest().unwrap();
+    let (mut t, mut c, sound) = sound_checkpoint(9);
     t.cmd("mutate 300 6").unwrap();
     let taken = c
         .with_read_ahead(|c| {

@@ -639,17 +639,32 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
             ));
         }
     }
-    for e in &f.retry_ok {
-        if !iface.errors.iter().any(|x| &x.name == e) {
-            let declared: Vec<&str> = iface.errors.iter().map(|e| e.name.as_str()).collect();
-            return Err(Fail::new(
-                f.span,
-                format!(
-                    "`retry_ok({e})`: unknown error `{e}`; declared: {}",
-                    declared.join(", ")
-                ),
-            ));
+    for (what, names) in [("retry_ok", &f.retry_ok), ("fails", &f.fails)] {
+        for e in names {
+            if !iface.errors.iter().any(|x| &x.name == e) {
+                let declared: Vec<&str> = iface.errors.iter().map(|e| e.name.as_str()).collect();
+                return Err(Fail::new(
+                    f.span,
+                    format!(
+                        "`{what}({e})`: unknown error `{e}`; declared: {}",
+                        declared.join(", ")
+                    ),
+                ));
+            }
         }
+    }
+    if let Some(e) = f
+        .retry_ok
+        .iter()
+        .find(|e| !f.fails.is_empty() && !f.fails.contains(e))
+    {
+        return Err(Fail::new(
+            f.span,
+            format!(
+                "`retry_ok({e})` names an error that `fails` says a correct server never answers `{}` with",
+                f.name
+            ),
+        ));
     }
     if !f.retry_ok.is_empty() && (f.ret != Type::Unit || f.role != Role::Plain) {
         return Err(Fail::new(

@@ -282,6 +282,10 @@ pub struct Function {
     /// Errors that mean success when the call is retried after its first
     /// attempt's fate was unknown.
     pub retry_ok: Vec<String>,
+    /// The only errors a correct server answers this call with (`fails`;
+    /// empty: any declared error): the client stub takes any other for a
+    /// faulty server's reply.
+    pub fails: Vec<String>,
     /// On success, the returned integer becomes this field's value.
     pub store: Option<FieldRef>,
     /// A `create` whose server-side object already exists, named by this
@@ -480,6 +484,9 @@ impl Interface {
             }
             for e in &f.retry_ok {
                 let _ = write!(s, " retry_ok({e})");
+            }
+            if !f.fails.is_empty() {
+                let _ = write!(s, " fails({})", f.fails.join(", "));
             }
             if let Some(r) = &f.store {
                 let _ = write!(s, " store({})", r.idl());

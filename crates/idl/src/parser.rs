@@ -38,6 +38,7 @@ pub(crate) const FN_ANNOTATIONS: &[&str] = &[
     "above",
     "restore",
     "retry_ok",
+    "fails",
     "store",
     "named_by",
     "block",
@@ -396,6 +397,7 @@ impl Parser {
             bounds: Vec::new(),
             restore: None,
             retry_ok: Vec::new(),
+            fails: Vec::new(),
             store: None,
             named_by: None,
             block: false,
@@ -466,28 +468,8 @@ impl Parser {
                     };
                     f.transition = Some((state(0)?, state(1)?, a.span));
                 }
-                _ => {
-                    if a.values.is_empty() {
-                        return Err(Fail::new(
-                            a.span,
-                            "`retry_ok` takes one or more error names",
-                        ));
-                    }
-                    for (v, vspan) in &a.values {
-                        match v {
-                            Value::Name(e) => f.retry_ok.push(e.clone()),
-                            other => {
-                                return Err(Fail::new(
-                                    *vspan,
-                                    format!(
-                                        "`retry_ok` expects error names, found {}",
-                                        other.describe()
-                                    ),
-                                ))
-                            }
-                        }
-                    }
-                }
+                "fails" => f.fails = a.error_names()?,
+                _ => f.retry_ok = a.error_names()?,
             }
         }
         Ok(f)
@@ -719,6 +701,30 @@ impl Annotation {
                 ),
             )),
         }
+    }
+
+    /// The one or more error names of `retry_ok` and `fails`.
+    fn error_names(&self) -> Result<Vec<String>, Fail> {
+        if self.values.is_empty() {
+            return Err(Fail::new(
+                self.span,
+                format!("`{}` takes one or more error names", self.name),
+            ));
+        }
+        self.values
+            .iter()
+            .map(|(v, span)| match v {
+                Value::Name(e) => Ok(e.clone()),
+                other => Err(Fail::new(
+                    *span,
+                    format!(
+                        "`{}` expects error names, found {}",
+                        self.name,
+                        other.describe()
+                    ),
+                )),
+            })
+            .collect()
     }
 
     /// The single argument name of `at_most` and `above`.

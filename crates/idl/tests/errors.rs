@@ -118,7 +118,7 @@ fn unknown_argument_annotation() {
 fn unknown_function_annotation() {
     expect(
         "fn f() creat;",
-        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, store, named_by, block, wakeup, transition, readonly",
+        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, fails, store, named_by, block, wakeup, transition, readonly",
     );
 }
 
@@ -126,7 +126,7 @@ fn unknown_function_annotation() {
 fn argument_annotation_on_function() {
     expect(
         "fn f() remember;",
-        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, store, named_by, block, wakeup, transition, readonly \
+        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, fails, store, named_by, block, wakeup, transition, readonly \
          (argument annotations go right after the argument's type)",
     );
 }
@@ -511,6 +511,24 @@ fn retry_ok_checks() {
     expect(
         "fn u() -> u32 retry_ok(Exists);",
         "t.kidl:3:4: `retry_ok` needs a plain function that returns unit, and `u` does not",
+    );
+}
+
+#[test]
+fn fails_checks() {
+    expect(
+        "fn u() fails(Gone);",
+        "t.kidl:3:4: `fails(Gone)`: unknown error `Gone`; declared: NotFound, Exists",
+    );
+    expect("fn u() fails();", "t.kidl:3:14: expected a value, found `)`");
+    expect(
+        "fn u() fails(7);",
+        "t.kidl:3:14: `fails` expects error names, found `7`",
+    );
+    expect("fn u() fails;", "t.kidl:3:8: `fails` takes one or more error names");
+    expect(
+        "fn u() retry_ok(Exists) fails(NotFound);",
+        "t.kidl:3:4: `retry_ok(Exists)` names an error that `fails` says a correct server never answers `u` with",
     );
 }
 

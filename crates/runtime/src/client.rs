@@ -240,6 +240,21 @@ impl Connection {
         func: u32,
         epoch: Option<u64>,
         encode: impl FnOnce(&mut Writer<'_>) -> Result<(), WireError>,
+        decode: impl FnMut(&mut Reader<'_>) -> Result<T, WireError>,
+    ) -> Result<T, CallError<E>> {
+        self.invoke_failing(func, epoch, |_| true, encode, decode)
+    }
+
+    /// [`Self::invoke`] of a call that a correct server fails only with
+    /// the errors `possible` accepts (`fails` in the IDL): any other
+    /// declared error is a reply no correct server gives, handled like one
+    /// that does not decode (the server suspected, the call's fate unknown).
+    pub fn invoke_failing<T, E: InterfaceError>(
+        &self,
+        func: u32,
+        epoch: Option<u64>,
+        possible: impl Fn(&E) -> bool,
+        encode: impl FnOnce(&mut Writer<'_>) -> Result<(), WireError>,
         mut decode: impl FnMut(&mut Reader<'_>) -> Result<T, WireError>,
     ) -> Result<T, CallError<E>> {
         let reply = self.call(func, epoch, encode, |status| match status {
@@ -248,7 +263,10 @@ impl Connection {
                 r.finish()?;
                 Ok(Ok(value))
             }
-            ReplyStatus::AppError(code) => Ok(Err(code)),
+            ReplyStatus::AppError(code) => match E::from_code(code) {
+                Some(e) if !possible(&e) => Err(WireError::Impossible { code }),
+                _ => Ok(Err(code)),
+            },
         });
         match reply {
             Ok(Ok(value)) => Ok(value),

@@ -28,6 +28,10 @@ pub enum WireError {
     /// timer tick that goes back.
     #[error("reply of {value} is not above {bound}")]
     NotAbove { value: u64, bound: u64 },
+    /// An error the call does not fail with from a correct server
+    /// (`fails` in the IDL): a timer's `Invalid` for a well-formed `wait`.
+    #[error("error code {code} is not one a correct server answers this call with")]
+    Impossible { code: u32 },
 }
 
 /// Encodes values into a borrowed buffer.

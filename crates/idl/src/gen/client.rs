@@ -210,10 +210,20 @@ impl Ctx<'_> {
             o.line(format!("return rt::Err(rt::unsendable({name:?}));"));
             o.close("}");
         }
-        o.open(format!(
-            "self.conn.invoke(FN_{}, epoch,",
-            f.name.to_uppercase()
-        ));
+        if f.fails.is_empty() {
+            o.open(format!(
+                "self.conn.invoke(FN_{}, epoch,",
+                f.name.to_uppercase()
+            ));
+        } else {
+            // Any other error is a reply no correct server gives.
+            let errs: Vec<String> = f.fails.iter().map(|e| format!("Error::{e}")).collect();
+            o.open(format!(
+                "self.conn.invoke_failing(FN_{}, epoch, |e| matches!(e, {}),",
+                f.name.to_uppercase(),
+                errs.join(" | ")
+            ));
+        }
         if f.args.is_empty() {
             o.line("|_| rt::Ok(()),");
         } else {

@@ -3,7 +3,7 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `timer`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "timer",
-    hash: 0x831d9748c661f35c,
+    hash: 0xf5a90fdf31faaba6,
     functions: &["create", "arm", "disarm", "wait", "free"],
     readonly: &[],
 };
@@ -344,9 +344,10 @@ impl Inner {
         after: u64,
     ) -> rt::Result<u64, rt::CallError<Error>> {
         self.conn
-            .invoke(
+            .invoke_failing(
                 FN_WAIT,
                 epoch,
+                |e| matches!(e, Error::NotArmed),
                 |w| {
                     w.u64(tm)?;
                     w.u64(after)?;

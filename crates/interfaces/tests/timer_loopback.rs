@@ -1,0 +1,156 @@
+//! `fails` in the IDL, end to end over real shared memory: timer's `wait`
+//! fails only with `NotArmed` from a correct server, so the generated
+//! client stub takes an `Invalid` for it as a faulty server's reply.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kintsugi_interfaces::timer::{self, Error};
+use kintsugi_runtime::stub::{CallError, Caller, Fault, InterfaceError};
+use kintsugi_runtime::testing::Loopback;
+use kintsugi_runtime::wire::WireError;
+
+/// A timer server whose every tick is due at once: `wait` answers the tick
+/// after the one the client has seen. `wrong` replies to `wait` are
+/// `Invalid` (a faulty server's), each taking one.
+struct Ticks {
+    incarnation: u64,
+    armed: Mutex<HashMap<u64, bool>>,
+    next: AtomicU64,
+    wrong: Arc<AtomicU64>,
+}
+
+impl Ticks {
+    fn new(incarnation: u64, wrong: &Arc<AtomicU64>) -> Arc<Self> {
+        Arc::new(Ticks {
+            incarnation,
+            armed: Mutex::default(),
+            next: AtomicU64::new(incarnation * 1000),
+            wrong: wrong.clone(),
+        })
+    }
+}
+
+impl timer::Server for Ticks {
+    fn create(&self, _: &Caller, _period_us: u64) -> Result<u64, Error> {
+        let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
+        self.armed.lock().unwrap().insert(id, false);
+        Ok(id)
+    }
+
+    fn arm(&self, _: &Caller, tm: u64, _start_ns: u64, _once: bool) -> Result<(), Error> {
+        match self.armed.lock().unwrap().get_mut(&tm) {
+            Some(armed @ false) => {
+                *armed = true;
+                Ok(())
+            }
+            _ => Err(Error::Invalid),
+        }
+    }
+
+    fn disarm(&self, _: &Caller, tm: u64) -> Result<(), Error> {
+        match self.armed.lock().unwrap().get_mut(&tm) {
+            Some(armed @ true) => {
+                *armed = false;
+                Ok(())
+            }
+            Some(false) => Err(Error::NotArmed),
+            None => Err(Error::Invalid),
+        }
+    }
+
+    fn wait(&self, _: &Caller, tm: u64, after: u64) -> Result<u64, Error> {
+        let wrong = self
+            .wrong
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| w.checked_sub(1))
+            .is_ok();
+        match self.armed.lock().unwrap().get(&tm) {
+            _ if wrong => Err(Error::Invalid),
+            Some(true) => Ok(after + 1),
+            Some(false) => Err(Error::NotArmed),
+            None => Err(Error::Invalid),
+        }
+    }
+
+    fn free(&self, _: &Caller, tm: u64) -> Result<(), Error> {
+        self.armed
+            .lock()
+            .unwrap()
+            .remove(&tm)
+            .map(drop)
+            .ok_or(Error::Invalid)
+    }
+}
+
+/// Plays the watchdog: reboots the server whenever a client suspects the
+/// live incarnation.
+fn watchdog(lb: &Arc<Loopback>, wrong: &Arc<AtomicU64>, stop: &Arc<AtomicBool>) -> impl Drop {
+    let (lb, wrong, done) = (lb.clone(), wrong.clone(), stop.clone());
+    let thread = std::thread::spawn(move || {
+        while !done.load(Ordering::SeqCst) {
+            if lb.suspected() == lb.epoch() {
+                lb.reboot(timer::service(Ticks::new(lb.epoch() + 1, &wrong)));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    Stopper(stop.clone(), Some(thread))
+}
+
+struct Stopper(Arc<AtomicBool>, Option<std::thread::JoinHandle<()>>);
+
+impl Drop for Stopper {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+        if let Some(t) = self.1.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+#[test]
+fn an_error_a_call_never_fails_with_has_the_server_rebooted() {
+    let wrong = Arc::new(AtomicU64::new(0));
+    let lb = Arc::new(Loopback::new(timer::service(Ticks::new(1, &wrong))));
+    let client = timer::Client::from_connection(lb.watched_connection());
+    let stop = Arc::new(AtomicBool::new(false));
+    let _watchdog = watchdog(&lb, &wrong, &stop);
+    let tm = client.create(1000).unwrap();
+    // `NotArmed` is one of `wait`'s own errors: answered, nothing suspected.
+    assert_eq!(client.wait(tm), Err(CallError::Server(Error::NotArmed)));
+    assert_eq!((lb.epoch(), lb.suspected()), (1, 0));
+    client.arm(tm, 0, false).unwrap();
+    assert_eq!(client.wait(tm).unwrap(), 1);
+    // `Invalid` is not: the server is rebooted, the stub rebuilds the timer
+    // (create, arm) on the new incarnation and waits again, from the tick
+    // it had seen.
+    wrong.store(1, Ordering::SeqCst);
+    assert_eq!(client.wait(tm).unwrap(), 2);
+    assert_eq!(lb.epoch(), 2, "the server that answered `Invalid` was rebooted");
+    assert_eq!(wrong.load(Ordering::SeqCst), 0);
+    assert_eq!(client.wait(tm).unwrap(), 3);
+    // A call that declares no `fails` takes any declared error for an
+    // answer: `disarm`'s `NotArmed` on an idle timer reboots nothing.
+    client.disarm(tm).unwrap();
+    assert_eq!(client.disarm(tm), Err(CallError::Server(Error::NotArmed)));
+    assert_eq!(lb.epoch(), 2);
+}
+
+#[test]
+fn unwatched_the_impossible_error_is_returned_as_a_faulty_reply() {
+    let wrong = Arc::new(AtomicU64::new(0));
+    let lb = Loopback::new(timer::service(Ticks::new(1, &wrong)));
+    let client = timer::Client::from_connection(lb.connection());
+    let tm = client.create(1000).unwrap();
+    client.arm(tm, 0, false).unwrap();
+    wrong.store(1, Ordering::SeqCst);
+    let code = Error::Invalid.code();
+    assert_eq!(
+        client.wait(tm),
+        Err(CallError::Fault(Fault::Decode(WireError::Impossible { code })))
+    );
+    assert_eq!((lb.epoch(), lb.suspected()), (1, 0));
+    assert_eq!(client.wait(tm).unwrap(), 1);
+}

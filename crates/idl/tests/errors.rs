@@ -520,12 +520,18 @@ fn fails_checks() {
         "fn u() fails(Gone);",
         "t.kidl:3:4: `fails(Gone)`: unknown error `Gone`; declared: NotFound, Exists",
     );
-    expect("fn u() fails();", "t.kidl:3:14: expected a value, found `)`");
+    expect(
+        "fn u() fails();",
+        "t.kidl:3:14: expected a value, found `)`",
+    );
     expect(
         "fn u() fails(7);",
         "t.kidl:3:14: `fails` expects error names, found `7`",
     );
-    expect("fn u() fails;", "t.kidl:3:8: `fails` takes one or more error names");
+    expect(
+        "fn u() fails;",
+        "t.kidl:3:8: `fails` takes one or more error names",
+    );
     expect(
         "fn u() retry_ok(Exists) fails(NotFound);",
         "t.kidl:3:4: `retry_ok(Exists)` names an error that `fails` says a correct server never answers `u` with",

@@ -299,8 +299,7 @@ fn a_reply_beyond_its_call_has_the_server_rebooted() {
     assert_eq!(client.write(f, b" world").unwrap(), 6);
     assert_eq!(store.files.lock().unwrap()["/a"], b"hello world");
 
-    // A read's lie, in another thread (a thread suspects a server at most
-    // once a second).
+    // A read's lie, in another thread.
     let reader = client.clone();
     let got = std::thread::spawn(move || {
         reader.seek(f, 6).unwrap();

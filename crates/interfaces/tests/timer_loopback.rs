@@ -128,14 +128,22 @@ fn an_error_a_call_never_fails_with_has_the_server_rebooted() {
     // it had seen.
     wrong.store(1, Ordering::SeqCst);
     assert_eq!(client.wait(tm).unwrap(), 2);
-    assert_eq!(lb.epoch(), 2, "the server that answered `Invalid` was rebooted");
+    assert_eq!(
+        lb.epoch(),
+        2,
+        "the server that answered `Invalid` was rebooted"
+    );
     assert_eq!(wrong.load(Ordering::SeqCst), 0);
     assert_eq!(client.wait(tm).unwrap(), 3);
+    // A second fault at once after a sound reply is suspected in turn.
+    wrong.store(1, Ordering::SeqCst);
+    assert_eq!(client.wait(tm).unwrap(), 4);
+    assert_eq!(lb.epoch(), 3, "the second faulty reply was suspected too");
     // A call that declares no `fails` takes any declared error for an
     // answer: `disarm`'s `NotArmed` on an idle timer reboots nothing.
     client.disarm(tm).unwrap();
     assert_eq!(client.disarm(tm), Err(CallError::Server(Error::NotArmed)));
-    assert_eq!(lb.epoch(), 2);
+    assert_eq!(lb.epoch(), 3);
 }
 
 #[test]
@@ -149,7 +157,9 @@ fn unwatched_the_impossible_error_is_returned_as_a_faulty_reply() {
     let code = Error::Invalid.code();
     assert_eq!(
         client.wait(tm),
-        Err(CallError::Fault(Fault::Decode(WireError::Impossible { code })))
+        Err(CallError::Fault(Fault::Decode(WireError::Impossible {
+            code
+        })))
     );
     assert_eq!((lb.epoch(), lb.suspected()), (1, 0));
     assert_eq!(client.wait(tm).unwrap(), 1);

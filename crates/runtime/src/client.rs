@@ -9,9 +9,12 @@
 //! decode) means the server is faulty though alive: in a watched system the
 //! client marks the incarnation suspected in the edge header, the
 //! supervisor's watchdog reboots it, and the call fails as a reboot makes
-//! it fail, so that the stub rebuilds and re-issues it. A thread suspects
-//! at most once per [`SUSPICION_HOLDOFF`], so a client whose own requests
-//! are wrong costs its server one reboot, not one per retry.
+//! it fail, so that the stub rebuilds and re-issues it. A thread whose
+//! suspicion had its server rebooted suspects no server again until it
+//! gets a sound reply, so a client whose own requests are wrong costs its
+//! server one reboot, not one per retry (an impossible reply to the
+//! re-issued call is the request's own doing, and is returned); a fault
+//! that comes later, even within the same second, is suspected in turn.
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
@@ -34,14 +37,10 @@ const RECHECK: Duration = Duration::from_millis(100);
 /// How long a client waits for the reboot of a server it suspected.
 const SUSPECT_WAIT: Duration = Duration::from_secs(1);
 
-/// How long after a suspicion that had its server rebooted a thread
-/// suspects no server again: an impossible reply to the re-issued call is
-/// the request's own doing (a faulty client), and is returned.
-pub const SUSPICION_HOLDOFF: Duration = Duration::from_secs(1);
-
 thread_local! {
-    /// When this thread's last suspicion had its server rebooted.
-    static LAST_SUSPICION: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// This thread's last suspicion had its server rebooted, and no sound
+    /// reply has come to it since.
+    static SUSPICION_OPEN: Cell<bool> = const { Cell::new(false) };
 }
 
 /// A server's epoch and change counters as a client saw them
@@ -354,6 +353,10 @@ impl Connection {
                 s.state.store(state::IDLE, Ordering::Release);
                 match result {
                     Err(fault) if impossible => Err(self.suspect(fault)),
+                    Ok(value) => {
+                        SUSPICION_OPEN.set(false);
+                        Ok(value)
+                    }
                     other => other,
                 }
             }
@@ -449,13 +452,11 @@ impl Connection {
     /// Marks the live incarnation suspected of `fault` and waits for the
     /// watchdog's answer: a reboot (which raises the epoch) or a rollback
     /// (which keeps it and clears the suspicion). False in an unwatched
-    /// system, within [`SUSPICION_HOLDOFF`] of this thread's last
-    /// suspicion, or if no answer comes within [`SUSPECT_WAIT`].
+    /// system, while this thread's last suspicion is open (no sound reply
+    /// since the reboot it had), or if no answer comes within
+    /// [`SUSPECT_WAIT`].
     fn reboot_answered(&self, fault: &Fault) -> bool {
-        let held_off = LAST_SUSPICION
-            .get()
-            .is_some_and(|t| t.elapsed() < SUSPICION_HOLDOFF);
-        if !self.inner.supervision.watched || held_off {
+        if !self.inner.supervision.watched || SUSPICION_OPEN.get() {
             return false;
         }
         let h = self.inner.edge.header();
@@ -470,7 +471,7 @@ impl Connection {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        LAST_SUSPICION.set(Some(Instant::now()));
+        SUSPICION_OPEN.set(true);
         true
     }
 

@@ -3,7 +3,7 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `fs`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "fs",
-    hash: 0x6a94cf761865decb,
+    hash: 0xedd0d3c80faeecda,
     functions: &[
         "open",
         "read",
@@ -574,9 +574,10 @@ impl Inner {
         pos: u64,
     ) -> rt::Result<u64, rt::CallError<Error>> {
         self.conn
-            .invoke(
+            .invoke_failing(
                 FN_SEEK,
                 epoch,
+                |e| matches!(e, Error::BadFd),
                 |w| {
                     w.u64(fd)?;
                     w.u64(pos)?;
@@ -616,9 +617,10 @@ impl Inner {
         path: &str,
     ) -> rt::Result<Stat, rt::CallError<Error>> {
         self.conn
-            .invoke(
+            .invoke_failing(
                 FN_STAT,
                 epoch,
+                |e| matches!(e, Error::NotFound | Error::NotDir | Error::Invalid),
                 |w| w.str(path),
                 |r| {
                     let ret = Stat::decode(r)?;
@@ -664,9 +666,10 @@ impl Inner {
         path: &str,
     ) -> rt::Result<rt::Vec<rt::String>, rt::CallError<Error>> {
         self.conn
-            .invoke(
+            .invoke_failing(
                 FN_READDIR,
                 epoch,
+                |e| matches!(e, Error::NotFound | Error::NotDir | Error::Invalid),
                 |w| w.str(path),
                 |r| {
                     let n0 = r.u32()?;

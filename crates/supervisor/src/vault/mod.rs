@@ -417,11 +417,8 @@ impl Kept {
     fn make_file(&mut self, component: &str, key: &str) -> Result<OwnedFd, String> {
         match self.disk.as_mut() {
             Some(disk) => disk.create_file(),
-            None => rustix::fs::memfd_create(
-                format!("kintsugi:{component}:{key}"),
-                rustix::fs::MemfdFlags::CLOEXEC,
-            )
-            .map_err(|e| format!("record {key}: memfd_create: {e}")),
+            None => sealed_memfd(&format!("kintsugi:{component}:{key}"))
+                .map_err(|e| format!("record {key}: memfd_create: {e}")),
         }
     }
 
@@ -612,6 +609,24 @@ fn header(key: &str, e: &Entry, fds: &mut Vec<OwnedFd>) -> RecordHeader {
     }
 }
 
+/// A memfd for a record's file, sealed as far as its use allows: its
+/// holder writes, grows and shrinks it (a ramfs file), so those stay open,
+/// but it can never be made executable (`MFD_NOEXEC_SEAL`: nothing a
+/// component writes into the vault runs through `execveat`), and no seal
+/// can be added later (`F_SEAL_SEAL`: a holder cannot freeze another's
+/// file against writing). A kernel older than 6.3 gets the second alone.
+fn sealed_memfd(name: &str) -> rustix::io::Result<OwnedFd> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = match rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::NOEXEC_SEAL) {
+        Err(rustix::io::Errno::INVAL) => {
+            rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?
+        }
+        made => made?,
+    };
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SEAL)?;
+    Ok(fd)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -730,6 +745,30 @@ mod tests {
         assert_eq!(files, 1, "the deleted record's file was removed");
         assert_eq!(quarantined(&dir), 0);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_records_memfd_is_written_and_grown_but_never_made_executable_or_frozen() {
+        use rustix::fs::{fcntl_add_seals, fcntl_get_seals, fstat, Mode, SealFlags};
+        let fd = sealed_memfd("t").unwrap();
+        let mut file = std::fs::File::from(fd);
+        file.write_all(b"contents").unwrap();
+        file.set_len(1 << 20).unwrap();
+        file.set_len(3).unwrap();
+        let seals = fcntl_get_seals(&file).unwrap();
+        assert!(seals.contains(SealFlags::SEAL), "{seals:?}");
+        assert!(!seals.intersects(SealFlags::WRITE | SealFlags::GROW | SealFlags::SHRINK));
+        assert_eq!(
+            fcntl_add_seals(&file, SealFlags::WRITE),
+            Err(rustix::io::Errno::PERM),
+            "no holder can freeze the file"
+        );
+        assert!(seals.contains(SealFlags::EXEC), "{seals:?}");
+        assert_eq!(
+            rustix::fs::fchmod(&file, Mode::from_raw_mode(0o755)),
+            Err(rustix::io::Errno::PERM)
+        );
+        assert_eq!(fstat(&file).unwrap().st_mode & 0o111, 0, "not executable");
     }
 
     #[test]

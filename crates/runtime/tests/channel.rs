@@ -11,7 +11,9 @@ use common::{echo, EchoService, ECHO};
 use kintsugi_runtime::abi::channel::{Edge, CHANGE_COUNTERS};
 use kintsugi_runtime::priority::{self, Priority};
 use kintsugi_runtime::server::SlotWorker;
-use kintsugi_runtime::stub::{Caller, Dispatched, Fault, InterfaceInfo, ReplyStatus, Service};
+use kintsugi_runtime::stub::{
+    CallError, Caller, Dispatched, Fault, InterfaceError, InterfaceInfo, ReplyStatus, Service,
+};
 use kintsugi_runtime::testing::Loopback;
 use kintsugi_runtime::wire::{Reader, Writer};
 use kintsugi_runtime::Connection;
@@ -124,6 +126,22 @@ struct Counter {
     /// Refuses the next call as out of range, as a flip in its decoder
     /// would: no generated client sends what its server refuses so.
     refuse: std::sync::atomic::AtomicBool,
+    /// Answers the next call, once it has run, with `Empty`, an error
+    /// `add` never gets from a correct counter (`fails(Overflow)`).
+    wrong_error: std::sync::atomic::AtomicBool,
+}
+
+/// The counter's errors: `add` fails only with `Overflow`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum CounterError {
+    Overflow,
+    Empty,
+}
+
+impl InterfaceError for CounterError {
+    const INTERFACE: &'static str = "counter";
+    const ALL: &'static [(Self, &'static str)] =
+        &[(Self::Overflow, "overflow"), (Self::Empty, "empty")];
 }
 
 impl Service for Counter {
@@ -146,6 +164,9 @@ impl Service for Counter {
         runs.fetch_add(1, Ordering::SeqCst);
         let mut total = self.total.lock().unwrap();
         *total += n;
+        if self.wrong_error.swap(false, Ordering::SeqCst) {
+            return Dispatched::AppError(CounterError::Empty.code());
+        }
         if self.garble.swap(false, Ordering::SeqCst) {
             resp[..3].copy_from_slice(&[0x5a; 3]); // three bytes where a u64 is due
             return Dispatched::Ok(3);
@@ -169,18 +190,18 @@ fn total(conn: &Connection) -> Result<u64, Fault> {
 
 fn counter_call(conn: &Connection, func: u32, n: u64) -> Result<u64, Fault> {
     loop {
-        let got = conn.call(
+        let got = conn.invoke_failing(
             func,
             None,
+            |e: &CounterError| *e == CounterError::Overflow,
             |w| w.u64(n),
-            |r| match r {
-                ReplyStatus::Ok(mut r) => r.u64(),
-                ReplyStatus::AppError(_) => unreachable!(),
-            },
+            |r| r.u64(),
         );
         match got {
-            Err(Fault::Interrupted | Fault::Stale) => continue,
-            got => return got,
+            Err(CallError::Fault(Fault::Interrupted | Fault::Stale)) => continue,
+            Err(CallError::Fault(f)) => return Err(f),
+            Err(e) => panic!("the counter answered {e:?}"),
+            Ok(total) => return Ok(total),
         }
     }
 }
@@ -230,6 +251,13 @@ fn a_replay_answers(fault: impl FnOnce(&Counter), ran: u64) {
 #[test]
 fn a_garbled_reply_of_a_checkpoint_recovered_server_is_taken_from_its_replay() {
     a_replay_answers(|c| c.garble.store(true, Ordering::SeqCst), 3);
+}
+
+/// A checkpoint-recovered server ran a call and answered it with an error
+/// the call never gets from a correct server (`fails` in the IDL).
+#[test]
+fn a_wrong_error_of_a_checkpoint_recovered_server_is_taken_from_its_replay() {
+    a_replay_answers(|c| c.wrong_error.store(true, Ordering::SeqCst), 3);
 }
 
 /// A checkpoint-recovered server refused a call no correct server

@@ -3,7 +3,7 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `kv`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "kv",
-    hash: 0x69286449e1e57c85,
+    hash: 0x7b3954e5cb5185b9,
     functions: &["put", "get", "delete", "cas", "scan", "stats"],
     readonly: &[1, 4, 5],
 };
@@ -273,9 +273,10 @@ impl Inner {
             return rt::Err(rt::unsendable("value"));
         }
         self.conn
-            .invoke(
+            .invoke_failing(
                 FN_PUT,
                 epoch,
+                |e| matches!(e, Error::Unavailable),
                 |w| {
                     w.str(key)?;
                     w.bytes(value)?;
@@ -292,7 +293,14 @@ impl Inner {
         if key.len() > 1024 {
             return rt::Err(rt::unsendable("key"));
         }
-        self.conn.invoke(FN_GET, epoch, |w| w.str(key), |r| rt::Ok(r.bytes()?.to_vec()))
+        self.conn
+            .invoke_failing(
+                FN_GET,
+                epoch,
+                |e| matches!(e, Error::NotFound),
+                |w| w.str(key),
+                |r| rt::Ok(r.bytes()?.to_vec()),
+            )
     }
     fn raw_delete(
         &self,
@@ -302,7 +310,14 @@ impl Inner {
         if key.len() > 1024 {
             return rt::Err(rt::unsendable("key"));
         }
-        self.conn.invoke(FN_DELETE, epoch, |w| w.str(key), |r| r.u64())
+        self.conn
+            .invoke_failing(
+                FN_DELETE,
+                epoch,
+                |e| matches!(e, Error::NotFound | Error::Unavailable),
+                |w| w.str(key),
+                |r| r.u64(),
+            )
     }
     fn raw_cas(
         &self,
@@ -322,9 +337,10 @@ impl Inner {
             return rt::Err(rt::unsendable("value"));
         }
         self.conn
-            .invoke(
+            .invoke_failing(
                 FN_CAS,
                 epoch,
+                |e| matches!(e, Error::Mismatch | Error::Unavailable),
                 |w| {
                     w.str(key)?;
                     w.bool(absent)?;

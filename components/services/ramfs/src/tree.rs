@@ -62,8 +62,22 @@ fn counter_of(ino: u64) -> usize {
 }
 
 fn io_err(e: std::io::Error) -> Error {
+    if damaged(&e) {
+        // Answering `NoSpace` would hide the damage from everyone: this
+        // incarnation dies instead, is rebooted, and its client's call is
+        // made again.
+        tracing::error!("ramfs I/O: {e}: a buffer of this incarnation's is unmapped, so its memory or registers are damaged; aborting");
+        std::process::abort();
+    }
     tracing::error!("ramfs I/O: {e}");
     Error::NoSpace
+}
+
+/// Whether an I/O error says this incarnation is damaged: `EFAULT`, the
+/// kernel finding a buffer ramfs passed it unmapped, which a correct ramfs
+/// never does (seen in a campaign: a flipped pointer in a `write`).
+fn damaged(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::FAULT.raw_os_error())
 }
 
 /// Splits an absolute path into its names; rejects `.`/`..`/empty names.
@@ -471,5 +485,21 @@ impl fs::Server for RamFs {
             Kind::Dir(children) => Ok(children.keys().cloned().collect()),
             Kind::File(_) => Err(Error::NotDir),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rustix::io::Errno;
+    use std::io::Error;
+
+    #[test]
+    fn only_an_unmapped_buffer_says_the_incarnation_is_damaged() {
+        let os = |e: Errno| Error::from_raw_os_error(e.raw_os_error());
+        assert!(super::damaged(&os(Errno::FAULT)));
+        // What a full or failing disk answers stays an error for the client.
+        assert!(!super::damaged(&os(Errno::NOSPC)));
+        assert!(!super::damaged(&os(Errno::IO)));
+        assert!(!super::damaged(&Error::other("the vault refused")));
     }
 }

@@ -16,7 +16,6 @@ use kintsugi_runtime::wire::WireError;
 /// after the one the client has seen. `wrong` replies to `wait` are
 /// `Invalid` (a faulty server's), each taking one.
 struct Ticks {
-    incarnation: u64,
     armed: Mutex<HashMap<u64, bool>>,
     next: AtomicU64,
     wrong: Arc<AtomicU64>,
@@ -25,7 +24,6 @@ struct Ticks {
 impl Ticks {
     fn new(incarnation: u64, wrong: &Arc<AtomicU64>) -> Arc<Self> {
         Arc::new(Ticks {
-            incarnation,
             armed: Mutex::default(),
             next: AtomicU64::new(incarnation * 1000),
             wrong: wrong.clone(),

@@ -50,6 +50,15 @@ impl Timer {
     fn tick_ns(&self, a: Arming, k: u64) -> Option<u64> {
         k.checked_mul(self.period_ns)?.checked_add(a.start_ns)
     }
+
+    /// Whether `wait` may answer `tick`: after `after`, and reached by
+    /// `now`. A correct incarnation computes nothing else; a tick that is
+    /// not so was computed with damaged registers or memory (a campaign's
+    /// flip made one 6.9 million seconds early), and the client stub's
+    /// `above(after)` would let it through.
+    fn answerable(&self, a: Arming, after: u64, tick: u64, now: u64) -> bool {
+        tick > after && self.tick_ns(a, tick).is_some_and(|due| due <= now)
+    }
 }
 
 /// Every timer of this incarnation. Descriptor ids are per client (a local
@@ -125,10 +134,18 @@ impl timer::Server for Timers {
             let due = timer.tick_ns(arming, next).ok_or(Error::Invalid)?;
             let now = now_ns();
             if now >= due {
-                return Ok(match arming.once {
+                let tick = match arming.once {
                     true => 1,
                     false => (now - arming.start_ns) / timer.period_ns,
-                });
+                };
+                if !timer.answerable(arming, after, tick, now) {
+                    // Answering would hand the client a wrong tick: this
+                    // incarnation dies instead, is rebooted, and the wait
+                    // is made again.
+                    tracing::error!("wait after tick {after}: computed tick {tick}, not reached at {now} ns: this incarnation is damaged; aborting");
+                    std::process::abort();
+                }
+                return Ok(tick);
             }
             let wait = Duration::from_nanos(due - now);
             watchdog::blocking(|| futex::wait(&timer.changes, seen, Some(wait)));
@@ -158,5 +175,42 @@ impl timer::Server for Timers {
         for timer in dead {
             timer.set(None);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_tick_reached_and_after_the_last_seen_is_answered() {
+        let timer = Timer {
+            period_ns: 1_000,
+            arming: Mutex::new(None),
+            changes: AtomicU32::new(0),
+        };
+        let a = Arming {
+            start_ns: 5_000,
+            once: false,
+        };
+        // At 12,500 ns ticks 1 to 7 have come.
+        assert!(timer.answerable(a, 6, 7, 12_500));
+        assert!(
+            timer.answerable(a, 0, 7, 12_500),
+            "ticks skipped by a late caller"
+        );
+        assert!(
+            !timer.answerable(a, 7, 7, 12_500),
+            "not after the last seen"
+        );
+        assert!(!timer.answerable(a, 6, 8, 12_500), "not reached yet");
+        assert!(
+            !timer.answerable(a, 6, 1 << 50, 12_500),
+            "far ahead: a flip"
+        );
+        assert!(
+            !timer.answerable(a, 6, u64::MAX, u64::MAX),
+            "beyond the clock"
+        );
     }
 }

@@ -717,7 +717,8 @@ fn reply<'a>(
         status::STALE => Err(Fault::Stale),
         _ => {
             let why = refusal_text(response);
-            *impossible = Refusal::is_server_fault(code);
+            // A status that is none of the four is a faulty server's too.
+            *impossible = status != status::REFUSED || Refusal::is_server_fault(code);
             Err(match code == Refusal::UnknownDescriptor(0).code() {
                 true => Fault::NoDescriptor(why),
                 false => Fault::Refused(why),
@@ -743,6 +744,31 @@ mod tests {
         assert!(why.ends_with(" … (65536 bytes)"), "{why}");
         assert!(!why.chars().any(char::is_control), "{why}");
         assert!(why.len() < 4 * REFUSAL_TEXT, "{}", why.len());
+    }
+
+    #[test]
+    fn a_refusal_only_a_faulty_server_gives_is_impossible() {
+        let refused = |status, code| {
+            let mut impossible = false;
+            let fault = reply(status, code, b"why", &mut impossible).err();
+            (fault.is_some(), impossible)
+        };
+        // What a client's own request can cause: a mismatched interface,
+        // a descriptor it does not hold.
+        for r in [Refusal::InterfaceMismatch, Refusal::UnknownDescriptor(7)] {
+            assert_eq!(refused(status::REFUSED, r.code()), (true, false), "{r}");
+        }
+        for r in [
+            Refusal::UnknownFunction(9),
+            Refusal::Malformed(WireError::Truncated),
+            Refusal::OutOfRange("n"),
+            Refusal::Records,
+        ] {
+            assert_eq!(refused(status::REFUSED, r.code()), (true, true), "{r}");
+        }
+        // A code no server stub gives, and a status that is none.
+        assert_eq!(refused(status::REFUSED, 0x4d8d), (true, true));
+        assert_eq!(refused(0x5a5a, 4), (true, true));
     }
 
     #[test]

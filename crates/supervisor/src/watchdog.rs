@@ -265,6 +265,9 @@ struct Unserved {
     taken: u64,
     cpu: u64,
     waited: u64,
+    /// The worker's CPU time when the request was first seen waiting
+    /// (kept while `taken` stays).
+    ran_from: u64,
 }
 
 /// One component as the monitor sees it.
@@ -571,6 +574,7 @@ fn unserved(
     rebase: bool,
 ) -> Option<Detection> {
     let now = Instant::now();
+    let stuck_ns = u64::try_from(s.stuck.as_nanos()).unwrap_or(u64::MAX);
     let slots = edges
         .iter()
         .flat_map(|e| (0..e.slot_count()).map(move |slot| (e, slot)));
@@ -605,6 +609,28 @@ fn unserved(
             seen_asleep = true;
         }
         match w.unserved {
+            // The worker has run for `stuck` of CPU time with the request
+            // waiting and not taken: it spins somewhere other than on its
+            // slot (an every-register flip in its wait's spin: 3 and 7 of
+            // 40 flips into evt, found only by the campaign's stall check).
+            // A sound worker takes a posted request within microseconds of
+            // running; what else it runs with the slot's request waiting
+            // (a replay of the log, in a checkpoint-recovered server) takes
+            // far less. CPU time, not wall time: a worker starved by load
+            // gains none.
+            Some(u) if u.taken == taken && cpu.saturating_sub(u.ran_from) >= stuck_ns => {
+                let name = e.name.get().unwrap_or_default();
+                return Some(Detection {
+                    kind: HangKind::Unserved,
+                    tid,
+                    thread: name,
+                    call: None,
+                    section: None,
+                    measured: Duration::from_nanos(cpu - u.ran_from),
+                    bound: s.stuck,
+                    wall: None,
+                });
+            }
             // The worker neither ran nor waited to run since, and is not
             // runnable now: it sleeps somewhere other than on its slot.
             Some(u)
@@ -629,11 +655,16 @@ fn unserved(
                 }
             }
             _ => {
+                let ran_from = w
+                    .unserved
+                    .filter(|u| u.taken == taken)
+                    .map_or(cpu, |u| u.ran_from);
                 w.unserved = Some(Unserved {
                     since: now,
                     taken,
                     cpu,
                     waited,
+                    ran_from,
                 })
             }
         }
@@ -644,6 +675,71 @@ fn unserved(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A worker that runs (spins) with a request waiting in its slot and
+    /// never takes it is unserved once it has run for `stuck` of CPU time;
+    /// the same worker holding a request (serving it) is not.
+    #[test]
+    fn a_worker_that_spins_past_a_waiting_request_is_unserved() {
+        use kintsugi_runtime::abi::shm::Region;
+        use std::sync::atomic::AtomicU32;
+        let region = Region::create("watch-spin", std::mem::size_of::<WatchTable>()).unwrap();
+        let table: &WatchTable = region.at(0);
+        let edge = Arc::new(Edge::create("watch-spin", 1).unwrap());
+        edge.slot(0)
+            .state
+            .store(slot_state::REQUEST, Ordering::SeqCst);
+        let stop = Arc::new(AtomicBool::new(false));
+        let tid = Arc::new(AtomicU32::new(0));
+        let spinner = {
+            let (stop, tid) = (stop.clone(), tid.clone());
+            std::thread::spawn(move || {
+                tid.store(
+                    rustix::thread::gettid().as_raw_nonzero().get() as u32,
+                    Ordering::SeqCst,
+                );
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        while tid.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        let pid = std::process::id();
+        let worker = &table.workers[0];
+        worker
+            .tid
+            .store(tid.load(Ordering::SeqCst), Ordering::SeqCst);
+        worker.pid.store(pid, Ordering::SeqCst);
+        let settings = WatchdogSettings {
+            enabled: true,
+            stuck: Duration::from_millis(50),
+            ..WatchdogSettings::default()
+        };
+        let detect = |taken: u64, within: Duration| {
+            worker.taken.store(taken, Ordering::SeqCst);
+            let mut st = CompState::default();
+            st.workers.resize_with(WORKERS, WorkerState::default);
+            let until = Instant::now() + within;
+            while Instant::now() < until {
+                let edges = [edge.clone()];
+                if let Some(d) = unserved(&settings, table, &edges, pid, &mut st, false) {
+                    return Some(d);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            None
+        };
+        // Holding a request (taken odd): serving it, however long.
+        assert!(detect(1, Duration::from_millis(400)).is_none());
+        // Taken and answered two, the third waits: it spins past it.
+        let d = detect(2, Duration::from_secs(20)).expect("a spinning worker is unserved");
+        assert_eq!(d.kind, HangKind::Unserved);
+        assert!(d.measured >= settings.stuck, "{:?}", d.measured);
+        stop.store(true, Ordering::SeqCst);
+        spinner.join().unwrap();
+    }
 
     #[test]
     fn a_call_is_named_by_the_built_in_interfaces_else_by_the_edge_it_is_served_on() {

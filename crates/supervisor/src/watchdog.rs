@@ -265,8 +265,11 @@ struct Unserved {
     taken: u64,
     cpu: u64,
     waited: u64,
-    /// The worker's CPU time when the request was first seen waiting
-    /// (kept while `taken` stays).
+    /// The request's sequence number in its slot (the client's count of
+    /// its calls): the same request waits for as long as it stays.
+    request: u64,
+    /// The worker's CPU time when this request was first seen waiting
+    /// (kept while it and `taken` stay).
     ran_from: u64,
 }
 
@@ -584,6 +587,7 @@ fn unserved(
             continue;
         }
         let taken = e.taken.load(Ordering::Acquire);
+        let request = edge.slot(slot).seq.load(Ordering::Acquire);
         let waiting = edge.slot(slot).state.load(Ordering::Acquire) == slot_state::REQUEST;
 
         if !waiting || taken & 1 == 1 {
@@ -618,7 +622,11 @@ fn unserved(
             // (a replay of the log, in a checkpoint-recovered server) takes
             // far less. CPU time, not wall time: a worker starved by load
             // gains none.
-            Some(u) if u.taken == taken && cpu.saturating_sub(u.ran_from) >= stuck_ns => {
+            Some(u)
+                if u.taken == taken
+                    && u.request == request
+                    && cpu.saturating_sub(u.ran_from) >= stuck_ns =>
+            {
                 let name = e.name.get().unwrap_or_default();
                 return Some(Detection {
                     kind: HangKind::Unserved,
@@ -657,13 +665,14 @@ fn unserved(
             _ => {
                 let ran_from = w
                     .unserved
-                    .filter(|u| u.taken == taken)
+                    .filter(|u| u.taken == taken && u.request == request)
                     .map_or(cpu, |u| u.ran_from);
                 w.unserved = Some(Unserved {
                     since: now,
                     taken,
                     cpu,
                     waited,
+                    request,
                     ran_from,
                 })
             }

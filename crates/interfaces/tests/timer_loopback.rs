@@ -19,14 +19,22 @@ struct Ticks {
     armed: Mutex<HashMap<u64, bool>>,
     next: AtomicU64,
     wrong: Arc<AtomicU64>,
+    /// The next `wait` answers a tick this far ahead (a faulty reply that
+    /// `above(after)` lets through), once.
+    leap: Arc<AtomicU64>,
 }
 
+/// Past any clock: `wait` after such a tick is `Invalid`, as timer's
+/// own `wait` finds its next tick's instant beyond `u64`.
+const FAR: u64 = 1 << 50;
+
 impl Ticks {
-    fn new(incarnation: u64, wrong: &Arc<AtomicU64>) -> Arc<Self> {
+    fn new(incarnation: u64, faults: &Faults) -> Arc<Self> {
         Arc::new(Ticks {
             armed: Mutex::default(),
             next: AtomicU64::new(incarnation * 1000),
-            wrong: wrong.clone(),
+            wrong: faults.wrong.clone(),
+            leap: faults.leap.clone(),
         })
     }
 }
@@ -64,9 +72,10 @@ impl timer::Server for Ticks {
             .wrong
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| w.checked_sub(1))
             .is_ok();
+        let leap = self.leap.swap(0, Ordering::SeqCst);
         match self.armed.lock().unwrap().get(&tm) {
-            _ if wrong => Err(Error::Invalid),
-            Some(true) => Ok(after + 1),
+            _ if wrong || after >= FAR => Err(Error::Invalid),
+            Some(true) => Ok(after + 1 + leap),
             Some(false) => Err(Error::NotArmed),
             None => Err(Error::Invalid),
         }
@@ -82,14 +91,21 @@ impl timer::Server for Ticks {
     }
 }
 
+/// The faults a test has the server make, shared by its incarnations.
+#[derive(Clone, Default)]
+struct Faults {
+    wrong: Arc<AtomicU64>,
+    leap: Arc<AtomicU64>,
+}
+
 /// Plays the watchdog: reboots the server whenever a client suspects the
-/// live incarnation.
-fn watchdog(lb: &Arc<Loopback>, wrong: &Arc<AtomicU64>, stop: &Arc<AtomicBool>) -> impl Drop {
-    let (lb, wrong, done) = (lb.clone(), wrong.clone(), stop.clone());
+/// live incarnation, up to epoch `last`.
+fn watchdog(lb: &Arc<Loopback>, faults: &Faults, last: u64, stop: &Arc<AtomicBool>) -> impl Drop {
+    let (lb, faults, done) = (lb.clone(), faults.clone(), stop.clone());
     let thread = std::thread::spawn(move || {
         while !done.load(Ordering::SeqCst) {
-            if lb.suspected() == lb.epoch() {
-                lb.reboot(timer::service(Ticks::new(lb.epoch() + 1, &wrong)));
+            if lb.suspected() == lb.epoch() && lb.epoch() < last {
+                lb.reboot(timer::service(Ticks::new(lb.epoch() + 1, &faults)));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -110,11 +126,12 @@ impl Drop for Stopper {
 
 #[test]
 fn an_error_a_call_never_fails_with_has_the_server_rebooted() {
-    let wrong = Arc::new(AtomicU64::new(0));
-    let lb = Arc::new(Loopback::new(timer::service(Ticks::new(1, &wrong))));
+    let faults = Faults::default();
+    let wrong = faults.wrong.clone();
+    let lb = Arc::new(Loopback::new(timer::service(Ticks::new(1, &faults))));
     let client = timer::Client::from_connection(lb.watched_connection());
     let stop = Arc::new(AtomicBool::new(false));
-    let _watchdog = watchdog(&lb, &wrong, &stop);
+    let _watchdog = watchdog(&lb, &faults, u64::MAX, &stop);
     let tm = client.create(1000).unwrap();
     // `NotArmed` is one of `wait`'s own errors: answered, nothing suspected.
     assert_eq!(client.wait(tm), Err(CallError::Server(Error::NotArmed)));
@@ -146,8 +163,9 @@ fn an_error_a_call_never_fails_with_has_the_server_rebooted() {
 
 #[test]
 fn unwatched_the_impossible_error_is_returned_as_a_faulty_reply() {
-    let wrong = Arc::new(AtomicU64::new(0));
-    let lb = Loopback::new(timer::service(Ticks::new(1, &wrong)));
+    let faults = Faults::default();
+    let wrong = faults.wrong.clone();
+    let lb = Loopback::new(timer::service(Ticks::new(1, &faults)));
     let client = timer::Client::from_connection(lb.connection());
     let tm = client.create(1000).unwrap();
     client.arm(tm, 0, false).unwrap();
@@ -161,4 +179,34 @@ fn unwatched_the_impossible_error_is_returned_as_a_faulty_reply() {
     );
     assert_eq!((lb.epoch(), lb.suspected()), (1, 0));
     assert_eq!(client.wait(tm).unwrap(), 1);
+}
+
+/// A tick far ahead that a faulty reply left in the stub (`above` lets it
+/// through) makes every later `wait` impossible to answer: the first such
+/// refusal has the server rebooted once, and the same `wait`, re-issued
+/// after the rebuild (whose own calls are answered soundly), is refused
+/// again and returned: the request is at fault, and no reboot follows.
+#[test]
+fn a_wrong_tick_the_stub_kept_costs_one_reboot_not_one_per_rebuild() {
+    let faults = Faults::default();
+    let lb = Arc::new(Loopback::new(timer::service(Ticks::new(1, &faults))));
+    let client = timer::Client::from_connection(lb.watched_connection());
+    let stop = Arc::new(AtomicBool::new(false));
+    let _watchdog = watchdog(&lb, &faults, 6, &stop);
+    let tm = client.create(1000).unwrap();
+    client.arm(tm, 0, false).unwrap();
+    faults.leap.store(FAR, Ordering::SeqCst);
+    assert_eq!(client.wait(tm).unwrap(), FAR + 1, "the leap is kept");
+    assert!(matches!(
+        client.wait(tm),
+        Err(CallError::Fault(Fault::Decode(
+            WireError::Impossible { .. }
+        )))
+    ));
+    assert_eq!(lb.epoch(), 2, "one reboot, not one per rebuild");
+    // A fresh timer serves.
+    let fresh = client.create(1000).unwrap();
+    client.arm(fresh, 0, false).unwrap();
+    assert_eq!(client.wait(fresh).unwrap(), 1);
+    assert_eq!(lb.epoch(), 2);
 }

@@ -353,7 +353,14 @@ impl Connection {
                 s.state.store(state::IDLE, Ordering::Release);
                 match result {
                     Err(fault) if impossible => Err(self.suspect(fault)),
-                    Ok(value) => {
+                    // A rebuild's calls, made on the way to re-issuing the
+                    // suspected call, do not close the suspicion: only a
+                    // sound reply to a call of the client's own does (a
+                    // timer's `wait` with a tick its stub stored from a
+                    // faulty reply had timer rebooted every 10 ms, each
+                    // rebuild's `create` closing the suspicion before the
+                    // same `wait` was refused again: CI, seed 563335).
+                    Ok(value) if call_flags & flags::RECOVERY == 0 => {
                         SUSPICION_OPEN.set(false);
                         Ok(value)
                     }

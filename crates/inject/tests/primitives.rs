@@ -27,23 +27,31 @@ impl Target {
             .unwrap();
         assert_eq!(line.trim(), "ready");
         let t = Self(child);
-        t.wait_for_sleepers(sleepers as usize);
+        t.wait_for_sleepers(spinners as usize, sleepers as usize);
         t
     }
 
-    /// Waits until `sleepers` threads sleep: the target prints `ready`
-    /// once it has spawned them, and a sleeper that has not yet reached
-    /// its first `nanosleep` runs user code and could be caught as the
-    /// "running" thread (seen beside CPU hogs).
-    fn wait_for_sleepers(&self, sleepers: usize) {
+    /// Waits until each sleeper (the threads after the `spinners`, which
+    /// the target spawns first) sleeps in `clock_nanosleep`: the target
+    /// prints `ready` once it has spawned them, and a sleeper that has not
+    /// yet reached its first sleep runs user code and could be caught as
+    /// the "running" thread (seen beside CPU hogs, and in CI when the
+    /// count of threads not running included a spinner blocked for an
+    /// instant in its start-up).
+    fn wait_for_sleepers(&self, spinners: usize, sleepers: usize) {
         let until = Instant::now() + Duration::from_secs(10);
+        let in_sleep = |tid: u32| {
+            std::fs::read_to_string(format!("/proc/{}/task/{tid}/syscall", self.pid()))
+                .is_ok_and(|s| s.starts_with("230 "))
+        };
         loop {
-            let asleep = threads(self.pid())
-                .unwrap()
+            let all = threads(self.pid()).unwrap();
+            let asleep = all
                 .iter()
-                .filter(|t| t.state != 'R')
+                .skip(spinners)
+                .filter(|t| in_sleep(t.tid))
                 .count();
-            if asleep >= sleepers {
+            if all.len() == spinners + sleepers && asleep == sleepers {
                 return;
             }
             assert!(

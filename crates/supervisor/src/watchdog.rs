@@ -597,6 +597,17 @@ fn unserved(
         let Some((cpu, waited)) = sched_ns(&mut st.stats, pid, tid) else {
             continue;
         };
+        // The worker lost track of its slot, after `measured`.
+        let lost = |measured| Detection {
+            kind: HangKind::Unserved,
+            tid,
+            thread: e.name.get().unwrap_or_default(),
+            call: None,
+            section: None,
+            measured,
+            bound: s.stuck,
+            wall: None,
+        };
         let w = &mut st.workers[i];
         // In a freeze's shadow, the thread's movement is the freeze's:
         // caught runnable (into or out of its ptrace-stop, which under
@@ -627,17 +638,7 @@ fn unserved(
                     && u.request == request
                     && cpu.saturating_sub(u.ran_from) >= stuck_ns =>
             {
-                let name = e.name.get().unwrap_or_default();
-                return Some(Detection {
-                    kind: HangKind::Unserved,
-                    tid,
-                    thread: name,
-                    call: None,
-                    section: None,
-                    measured: Duration::from_nanos(cpu - u.ran_from),
-                    bound: s.stuck,
-                    wall: None,
-                });
+                return Some(lost(Duration::from_nanos(cpu - u.ran_from)));
             }
             // The worker neither ran nor waited to run since, and is not
             // runnable now: it sleeps somewhere other than on its slot.
@@ -649,17 +650,7 @@ fn unserved(
             {
                 let waited = now.duration_since(u.since);
                 if waited >= s.stuck {
-                    let name = e.name.get().unwrap_or_default();
-                    return Some(Detection {
-                        kind: HangKind::Unserved,
-                        tid,
-                        thread: name,
-                        call: None,
-                        section: None,
-                        measured: waited,
-                        bound: s.stuck,
-                        wall: None,
-                    });
+                    return Some(lost(waited));
                 }
             }
             _ => {

@@ -12,14 +12,29 @@ use common::*;
 
 #[test]
 fn ramfs_survives_hundreds_of_kills_with_no_error_and_no_lost_byte() {
-    ramfs_under_kills("on-demand", 300);
+    ramfs_under_kills("on-demand", 300, "files = 8");
+}
+
+/// Names of 2 KB: a listing of more than 32 of them takes more than one
+/// `readdir` reply, and is paged through while ramfs is killed (each page
+/// a call that a reboot may interrupt); each reboot lists ramfs's records
+/// from the vault, 128 of which no longer fit in one message.
+#[test]
+fn ramfs_lists_directories_larger_than_a_reply_across_kills() {
+    let stdout = ramfs_under_kills("on-demand", 100, "files = 200\nname_bytes = 2000");
+    let report = workload_report(&stdout);
+    // A reply (64 KiB) holds at most 32 names of 2,000 bytes and more.
+    assert!(
+        report["largest_listing"].as_u64().unwrap() > 32,
+        "some listing took more than one reply: {report}"
+    );
 }
 
 /// The same with eager recovery: at each reboot ramfs upcalls the workload,
 /// whose stub rebuilds every open file before ramfs serves anything else.
 #[test]
 fn eager_ramfs_survives_hundreds_of_kills_with_no_error_and_no_lost_byte() {
-    let stdout = ramfs_under_kills("eager", 200);
+    let stdout = ramfs_under_kills("eager", 200, "files = 8");
     let rebuilt: Vec<u64> = events(&stdout)
         .iter()
         .filter_map(|e| match e {
@@ -40,10 +55,9 @@ fn eager_ramfs_survives_hundreds_of_kills_with_no_error_and_no_lost_byte() {
     );
 }
 
-/// Kills ramfs (`recovery` mode) `kills` times under a three-thread
-/// workload and checks every outcome; returns the event log.
 /// ramfs (four slots, with `ramfs` added to its table) and fs-workload of
-/// three threads on 3 × 8 files (with `workload` added to its config).
+/// three threads on three directories each (with `workload` added to its
+/// config: `files` names per directory).
 fn fs_system(dir: &Path, ramfs: &str, workload: &str) -> PathBuf {
     let toml = format!(
         r#"
@@ -62,7 +76,6 @@ name = "workload"
 binary = "kintsugi-fs-workload"
 uses = ["fs"]
 [component.config]
-files = 8
 dirs = 3
 threads = 3
 {workload}
@@ -71,13 +84,16 @@ threads = 3
     write(dir, "fs.toml", &toml)
 }
 
-fn ramfs_under_kills(recovery: &str, kills: usize) -> String {
+/// Kills ramfs (`recovery` mode) `kills` times under a three-thread
+/// workload (`workload` added to its config) and checks every outcome;
+/// returns the event log.
+fn ramfs_under_kills(recovery: &str, kills: usize, workload: &str) -> String {
     let seed = seed("crash_recovery");
     let dir = scratch("crash");
     let system = fs_system(
         &dir,
         &format!("recovery = \"{recovery}\"\nrestart = {{ max = 100000, window_ms = 1000 }}"),
-        &format!("seed = {seed}\nmax_write = 65536"),
+        &format!("seed = {seed}\nmax_write = 65536\n{workload}"),
     );
     let tag = unique_tag("crash");
     let out = run_system(&tag, &system)
@@ -206,7 +222,7 @@ fn ramfs_counts_every_change_a_kept_stat_depends_on() {
     let system = fs_system(
         &dir,
         "",
-        &format!("seed = {seed}\nmax_write = 4096\nops = 20000"),
+        &format!("seed = {seed}\nmax_write = 4096\nops = 20000\nfiles = 8"),
     );
     let tag = unique_tag("fs-changes");
     let out = run_system(&tag, &system)

@@ -103,10 +103,9 @@ vault = {{ dir = "{}" }}
 # One descriptor per file: a fast machine wrote more than the default
 # 4,096 over the rounds (CI, seed 29341: the last run's workload was then
 # refused its `tmp` and given up; 7,007 files with this quota here), so
-# the quota is raised. And the workload stops at 5,000 files: its check
-# lists the directory in one `readdir`, whose reply must fit in a channel
-# slot (CI, seed 409971, stopped at 12,000: from about 9,000 files on
-# every start's check was refused, and the workload given up).
+# the quota is raised. The workload stops at 12,000 files (CI, seed
+# 409971, reached 9,000: more than one `readdir` reply holds, so its
+# check lists the directory a page at a time).
 [[component]]
 name = "ramfs"
 binary = "kintsugi-ramfs"
@@ -119,7 +118,7 @@ binary = "kintsugi-fs-workload"
 uses = ["fs"]
 [component.config]
 durable = true
-ops = 5000
+ops = 12000
 seed = {seed}
 "#,
             state.display()

@@ -140,7 +140,7 @@ fn generated_fs_has_the_key_items() {
         "    fn open(&self, caller: &rt::Caller, path: &str, flags: u32) -> rt::Result<u64, Error>;",
         "    fn read(&self, caller: &rt::Caller, fd: u64, len: u32, out: &mut [u8]) -> rt::Result<usize, Error>;",
         "    fn write(&self, caller: &rt::Caller, fd: u64, data: &[u8]) -> rt::Result<u32, Error>;",
-        "    fn readdir(&self, caller: &rt::Caller, path: &str) -> rt::Result<rt::Vec<rt::String>, Error>;",
+        "    fn readdir(\n        &self,\n        caller: &rt::Caller,\n        path: &str,\n        after: &str,\n    ) -> rt::Result<rt::Vec<rt::String>, Error>;",
         "    fn stat(&self, caller: &rt::Caller, path: &str) -> rt::Result<Stat, Error>;",
         "pub fn service<S: Server>(server: rt::Arc<S>) -> rt::Arc<dyn rt::Service> {",
         "_ => rt::Err(rt::Dispatched::Refused(rt::Refusal::UnknownFunction(func))),",

@@ -51,6 +51,7 @@ pub mod kv {
     kintsugi_runtime::include_interface!("kv");
 }
 
+pub mod fs_dir;
 pub mod lock_lease;
 pub mod mm_map;
 pub mod spin_work;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use kintsugi_interfaces::fs::{self, Error, File, Stat};
 use kintsugi_runtime::stub::{CallError, Caller, Dispatched, Fault, InterfaceError, Refusal};
 use kintsugi_runtime::testing::Loopback;
-use kintsugi_runtime::wire::{WireError, Writer};
+use kintsugi_runtime::wire::{ReplyBudget, WireError, Writer};
 
 const CREATE: u32 = 1;
 const TRUNCATE: u32 = 2;
@@ -29,6 +29,9 @@ struct Storage {
     /// Calls on a descriptor to answer as if it had never been opened (a
     /// fault damaged the table of open descriptors): each takes one.
     forgets: AtomicU64,
+    /// `readdir` answers every name at once, whether or not they fit in
+    /// one reply.
+    unpaged: std::sync::atomic::AtomicBool,
 }
 
 impl Storage {
@@ -199,12 +202,16 @@ impl fs::Server for RamFs {
         Ok(())
     }
 
-    fn readdir(&self, _: &Caller, path: &str) -> Result<Vec<String>, Error> {
+    fn readdir(&self, _: &Caller, path: &str, after: &str) -> Result<Vec<String>, Error> {
         let prefix = format!("{path}/");
         let files = self.store.files.lock().unwrap();
+        let mut reply = ReplyBudget::list();
+        let unpaged = self.store.unpaged.load(Ordering::SeqCst);
         Ok(files
             .keys()
             .filter_map(|k| k.strip_prefix(&prefix))
+            .filter(|name| *name > after)
+            .take_while(|name| unpaged || reply.take(&[name.len()], 0))
             .map(str::to_string)
             .collect())
     }
@@ -311,6 +318,46 @@ fn a_reply_beyond_its_call_has_the_server_rebooted() {
     .unwrap();
     assert_eq!(got, (b"wor".to_vec(), b"ld".to_vec()));
     assert_eq!(lb.epoch(), 3);
+    watchdog.stop();
+}
+
+/// A directory larger than one reply is listed a page at a time, and a
+/// reply that cannot fit in a slot (a server that answers every name at
+/// once) is an error for the caller, not a fault of the server: the
+/// server is neither suspected nor rebooted, where taking it for faulty
+/// would reboot it on every such call.
+#[test]
+fn a_directory_larger_than_a_reply_is_paged_and_an_unpaged_one_suspects_no_one() {
+    let store = Arc::new(Storage::default());
+    let lb = Arc::new(Loopback::new(fs::service(RamFs::new(&store, 1))));
+    let client = Arc::new(fs::Client::from_connection(lb.watched_connection()));
+    let watchdog = Watchdog::start(&lb, &store);
+    let names: Vec<String> = (0..400)
+        .map(|i| format!("{i:03}{}", "n".repeat(250)))
+        .collect();
+    for name in &names {
+        client.open(&format!("/big/{name}"), CREATE).unwrap();
+    }
+    let first = client.readdir("/big", "").unwrap();
+    assert!(
+        !first.is_empty() && first.len() < names.len(),
+        "{} names in the first page",
+        first.len()
+    );
+    assert_eq!(first[..], names[..first.len()]);
+    assert_eq!(client.readdir_all("/big").unwrap(), names);
+
+    store.unpaged.store(true, Ordering::SeqCst);
+    match client.readdir("/big", "") {
+        Err(CallError::Fault(Fault::Refused(why))) => {
+            assert!(why.contains("does not fit"), "{why}")
+        }
+        other => panic!("an unpaged listing answered {other:?}"),
+    }
+    // A page that fits is still answered, by the same incarnation.
+    assert_eq!(client.readdir("/big", &names[398]).unwrap(), names[399..]);
+    assert_eq!(lb.epoch(), 1, "no reboot");
+    assert_eq!(lb.suspected(), 0, "no suspicion");
     watchdog.stop();
 }
 
@@ -430,7 +477,7 @@ fn interface_errors_reach_the_caller() {
     assert_eq!(c.mkdir("/d"), Err(CallError::Server(Error::Exists)));
     c.open("/d/x", CREATE).unwrap();
     c.open("/d/y", CREATE).unwrap();
-    assert_eq!(c.readdir("/d").unwrap(), ["x", "y"]);
+    assert_eq!(c.readdir_all("/d").unwrap(), ["x", "y"]);
     assert_eq!(
         c.stat("/d").unwrap(),
         Stat {
@@ -441,7 +488,7 @@ fn interface_errors_reach_the_caller() {
     );
     c.rename("/d/x", "/d/z").unwrap();
     c.unlink("/d/y").unwrap();
-    assert_eq!(c.readdir("/d").unwrap(), ["z"]);
+    assert_eq!(c.readdir_all("/d").unwrap(), ["z"]);
     assert_eq!(Error::NotFound.to_string(), "not found");
     assert_eq!(Error::from_code(Error::BadFd.code()), Some(Error::BadFd));
     assert_eq!(Error::from_code(0), None);

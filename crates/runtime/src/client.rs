@@ -761,8 +761,13 @@ mod tests {
             (fault.is_some(), impossible)
         };
         // What a client's own request can cause: a mismatched interface,
-        // a descriptor it does not hold.
-        for r in [Refusal::InterfaceMismatch, Refusal::UnknownDescriptor(7)] {
+        // a descriptor it does not hold; and the transport's limit, a
+        // reply too large for a slot.
+        for r in [
+            Refusal::InterfaceMismatch,
+            Refusal::UnknownDescriptor(7),
+            Refusal::ReplyTooLarge,
+        ] {
             assert_eq!(refused(status::REFUSED, r.code()), (true, false), "{r}");
         }
         for r in [

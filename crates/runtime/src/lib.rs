@@ -91,8 +91,8 @@ pub mod generated {
     pub use crate::records::{GlobalRecords, RecordStore};
     pub use crate::stub::{
         above, app_error, at_most, malformed, out_of_range, records_unavailable, retry,
-        retry_idempotent, serve, unsendable, CallError, Caller, DescTable, Dispatched, Fault,
-        FieldTable, Fields, InterfaceInfo, Location, Refusal, Service,
+        retry_idempotent, serve, too_large, unsendable, CallError, Caller, DescTable, Dispatched,
+        Fault, FieldTable, Fields, InterfaceInfo, Location, Refusal, Service,
     };
     pub use crate::upcall::Recover;
     pub use crate::wire::{Reader, WireError, Writer};

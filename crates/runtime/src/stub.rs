@@ -80,6 +80,12 @@ pub enum Refusal {
     UnknownDescriptor(u64),
     #[error("creation records unavailable")]
     Records,
+    /// The server's answer does not fit in a channel slot
+    /// ([`crate::abi::channel::MAX_PAYLOAD`]): a limit of the transport
+    /// that a correct server meets too (a list too long for one reply), so
+    /// the caller is told and the server is not suspected.
+    #[error("the reply does not fit in a channel slot")]
+    ReplyTooLarge,
 }
 
 impl Refusal {
@@ -92,6 +98,7 @@ impl Refusal {
             Refusal::InterfaceMismatch => 4,
             Refusal::UnknownDescriptor(_) => 5,
             Refusal::Records => 6,
+            Refusal::ReplyTooLarge => 7,
         }
     }
 
@@ -99,11 +106,18 @@ impl Refusal {
     /// generated client stub made the call: its function ids and encodings
     /// are right by construction, it sends no argument outside its declared
     /// range ([`unsendable`]), and the server's creation records are the
-    /// server's own. (A descriptor unknown may be the caller's doing.)
-    /// A code no server stub gives (a flip in the refusing worker, seen in
-    /// a timer campaign) is one too.
+    /// server's own. (A descriptor unknown may be the caller's doing, and
+    /// a reply too large for a slot the transport's.) A code no server
+    /// stub gives (a flip in the refusing worker, seen in a timer campaign)
+    /// is one too.
     pub fn is_server_fault(code: u32) -> bool {
-        code != Refusal::InterfaceMismatch.code() && code != Refusal::UnknownDescriptor(0).code()
+        ![
+            Refusal::InterfaceMismatch,
+            Refusal::UnknownDescriptor(0),
+            Refusal::ReplyTooLarge,
+        ]
+        .iter()
+        .any(|r| r.code() == code)
     }
 }
 
@@ -193,6 +207,12 @@ pub fn app_error<E: InterfaceError>(e: E) -> Dispatched {
 /// A server stub's refusal of arguments that do not decode.
 pub fn malformed(e: WireError) -> Dispatched {
     Dispatched::Refused(Refusal::Malformed(e))
+}
+
+/// A server stub's refusal to send a result that does not fit in the
+/// slot's response buffer (the only way encoding a result fails).
+pub fn too_large(_: WireError) -> Dispatched {
+    Dispatched::Refused(Refusal::ReplyTooLarge)
 }
 
 /// A server stub's refusal of an argument outside its declared range.

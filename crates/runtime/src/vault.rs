@@ -94,8 +94,45 @@ pub struct RecordHeader {
     pub fd: bool,
 }
 
-/// Records per list page (each may carry a descriptor).
+/// Records per list page at most (each may carry a descriptor); a page
+/// also ends before its reply would pass [`fdpass::MAX_MESSAGE`].
 pub const LIST_PAGE: usize = 128;
+
+/// The most one record may take as listed ([`RecordHeader`] as JSON,
+/// [`listed_bytes`]): any record fits in a reply by itself, with room for
+/// the reply's own fields. The vault refuses a larger one.
+pub const MAX_RECORD: usize = fdpass::MAX_MESSAGE - 256;
+
+/// The bytes a record of `key` and `value` takes in a reply's list, its
+/// separator included.
+pub fn listed_bytes(key: &str, value: &serde_json::Value) -> usize {
+    /// [`RecordHeader`]'s fields, borrowed.
+    #[derive(Serialize)]
+    struct Listed<'a> {
+        key: &'a str,
+        value: &'a serde_json::Value,
+        fd: bool,
+    }
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(1);
+    // `false`, the longer of the two.
+    let listed = Listed {
+        key,
+        value,
+        fd: false,
+    };
+    serde_json::to_writer(&mut n, &listed).expect("a JSON value serializes");
+    n.0
+}
 
 #[derive(Debug, Error)]
 pub enum VaultError {
@@ -163,9 +200,7 @@ impl Vault {
             priority: crate::priority::current().word(),
             request: VaultRequest::Post { ops },
         };
-        let bytes =
-            serde_json::to_vec(&message).map_err(|e| VaultError::Protocol(e.to_string()))?;
-        fdpass::send(self.sock.as_fd(), &bytes, fds)?;
+        fdpass::send(self.sock.as_fd(), &encoded(&message)?, fds)?;
         Ok(())
     }
 
@@ -252,7 +287,7 @@ impl Vault {
     }
 
     /// One round trip of [`Vault::list_prefix`]: up to [`LIST_PAGE`]
-    /// records with keys after `after` (all, for none) that start with
+    /// records (fewer if they would not fit in one reply) with keys after `after` (all, for none) that start with
     /// `prefix`, in key order, and whether more follow.
     pub fn list_page(
         &self,
@@ -283,9 +318,7 @@ impl Vault {
             priority: crate::priority::current().word(),
             request: make(id),
         };
-        let bytes =
-            serde_json::to_vec(&message).map_err(|e| VaultError::Protocol(e.to_string()))?;
-        fdpass::send(self.sock.as_fd(), &bytes, fds)?;
+        fdpass::send(self.sock.as_fd(), &encoded(&message)?, fds)?;
         loop {
             let (n, fds) = fdpass::recv_into(self.sock.as_fd(), &mut conn.buf)?;
             let bytes = &conn.buf[..n];
@@ -310,6 +343,19 @@ impl Vault {
             return Ok((reply, fds));
         }
     }
+}
+
+/// `message` as sent, refused here if the vault could not read it whole.
+fn encoded(message: &VaultMessage) -> Result<Vec<u8>, VaultError> {
+    let bytes = serde_json::to_vec(message).map_err(|e| VaultError::Protocol(e.to_string()))?;
+    if bytes.len() > fdpass::MAX_MESSAGE {
+        return Err(VaultError::Refused(format!(
+            "a request of {} bytes is larger than the vault reads ({})",
+            bytes.len(),
+            fdpass::MAX_MESSAGE
+        )));
+    }
+    Ok(bytes)
 }
 
 fn fds_announced(ops: &[VaultOp]) -> usize {

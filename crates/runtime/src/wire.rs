@@ -116,6 +116,44 @@ impl<'a> Writer<'a> {
     }
 }
 
+/// The most a reply's encoding may take: a channel slot's response buffer.
+pub const MAX_REPLY: usize = crate::abi::channel::MAX_PAYLOAD;
+
+/// What is left of one reply for a list: a server that answers "as many
+/// as fit" (a page of names, of pairs) adds items while [`Self::take`]
+/// says they fit, and the caller asks again from the last one for the
+/// rest. A reply that does not fit is refused whole
+/// ([`crate::stub::Refusal::ReplyTooLarge`]), so the server must count.
+#[derive(Debug, Clone)]
+pub struct ReplyBudget {
+    left: usize,
+}
+
+impl ReplyBudget {
+    /// A reply that is a list: its count taken, `MAX_REPLY` less 4 left.
+    pub fn list() -> Self {
+        Self {
+            left: MAX_REPLY - 4,
+        }
+    }
+
+    /// Takes an item of `parts` strings or byte strings of these lengths
+    /// (each encoded as its length and its bytes) and `scalars` more
+    /// bytes, if it fits.
+    pub fn take(&mut self, parts: &[usize], scalars: usize) -> bool {
+        let size = parts
+            .iter()
+            .try_fold(scalars, |n, len| n.checked_add(len.checked_add(4)?));
+        match size {
+            Some(size) if size <= self.left => {
+                self.left -= size;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Decodes values from a borrowed buffer.
 pub struct Reader<'a> {
     buf: &'a [u8],
@@ -210,6 +248,27 @@ mod tests {
         assert_eq!(Reader::new(&[0]).finish(), Err(WireError::Trailing(1)));
         let mut small = [0u8; 3];
         assert_eq!(Writer::new(&mut small).u32(1), Err(WireError::Overflow));
+    }
+
+    #[test]
+    fn a_reply_budget_admits_exactly_what_encodes_into_a_reply() {
+        let mut budget = ReplyBudget::list();
+        let name = "n".repeat(1000);
+        let mut names = Vec::new();
+        while budget.take(&[name.len()], 0) {
+            names.push(name.clone());
+        }
+        // One more would not have fitted; these do, to the byte.
+        let mut buf = vec![0u8; MAX_REPLY];
+        let mut w = Writer::new(&mut buf);
+        w.u32(names.len() as u32).unwrap();
+        for n in &names {
+            w.str(n).unwrap();
+        }
+        assert!(w.len() + 4 + name.len() > MAX_REPLY, "{}", w.len());
+        assert_eq!(w.str(&name), Err(WireError::Overflow));
+        assert!(!ReplyBudget::list().take(&[usize::MAX - 2], 0));
+        assert!(!ReplyBudget::list().take(&[MAX_REPLY], 0));
     }
 
     #[test]

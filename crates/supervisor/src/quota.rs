@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kintsugi_runtime::vault::VaultOp;
+use kintsugi_runtime::vault::{listed_bytes, VaultOp, MAX_RECORD};
 use kintsugi_system::VaultQuota;
 
 /// One record: its value, its descriptor if it has one, and its size as
@@ -218,6 +218,18 @@ impl Records {
                 "{wanted} descriptors announced, {} attached",
                 fds.len()
             ));
+        }
+        for op in &ops {
+            if let VaultOp::Put { key, value, .. } = op {
+                let listed = listed_bytes(key, value);
+                if listed > MAX_RECORD {
+                    return Err(format!(
+                        "record {:?} of {listed} bytes is larger than one reply of the vault \
+                         holds ({MAX_RECORD}); nothing changed",
+                        key.chars().take(64).collect::<String>()
+                    ));
+                }
+            }
         }
         let sizes: Vec<u64> = ops
             .iter()

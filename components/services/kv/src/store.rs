@@ -9,12 +9,10 @@ use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard};
 
 use kintsugi_interfaces::kv::{self, Error, Pair};
+use kintsugi_runtime::wire::ReplyBudget;
 use kintsugi_runtime::Caller;
 
 use crate::changelog::{Changelog, Position};
-
-/// Reply bytes `scan` fills at most (a reply buffer holds 64 KiB).
-const SCAN_BYTES: usize = 48 * 1024;
 
 #[derive(Default)]
 struct Map {
@@ -112,15 +110,12 @@ impl kv::Server for Store {
 
     fn scan(&self, _: &Caller, from: &str, limit: u32) -> Result<Vec<Pair>, Error> {
         let map = self.map();
-        let mut bytes = 0;
+        let mut reply = ReplyBudget::list();
         Ok(map
             .entries
             .range::<str, _>((Bound::Included(from), Bound::Unbounded))
             .take(limit as usize)
-            .take_while(|(k, v)| {
-                bytes += k.len() + v.len() + 16;
-                bytes <= SCAN_BYTES
-            })
+            .take_while(|(k, v)| reply.take(&[k.len(), v.len()], 0))
             .map(|(k, v)| Pair {
                 key: k.clone(),
                 value: v.clone(),

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
+use std::ops::Bound;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
@@ -10,6 +11,7 @@ use kintsugi_interfaces::fs::{self, Error, Stat};
 use kintsugi_interfaces::fs_changes::{FIRST_FILE, NAMES};
 use kintsugi_runtime::abi::channel::CHANGE_COUNTERS;
 use kintsugi_runtime::vault::{VaultOp, VaultRecord};
+use kintsugi_runtime::wire::ReplyBudget;
 use kintsugi_runtime::{Caller, Runtime};
 use serde::{Deserialize, Serialize};
 
@@ -478,20 +480,80 @@ impl fs::Server for RamFs {
         tracing::info!("released {released} descriptors of dead client {client}");
     }
 
-    fn readdir(&self, _caller: &Caller, path: &str) -> Result<Vec<String>, Error> {
+    fn readdir(&self, _caller: &Caller, path: &str, after: &str) -> Result<Vec<String>, Error> {
         let st = self.state.lock().unwrap();
         let ino = st.lookup(path)?;
         match &st.nodes[&ino].kind {
-            Kind::Dir(children) => Ok(children.keys().cloned().collect()),
+            Kind::Dir(children) => Ok(page_after(children, after)),
             Kind::File(_) => Err(Error::NotDir),
         }
     }
 }
 
+/// The names of `children` after `after`, in order, as many as one reply
+/// holds.
+fn page_after(children: &BTreeMap<String, u64>, after: &str) -> Vec<String> {
+    let mut reply = ReplyBudget::list();
+    children
+        .range::<str, _>((Bound::Excluded(after), Bound::Unbounded))
+        .map(|(name, _)| name)
+        .take_while(|name| reply.take(&[name.len()], 0))
+        .cloned()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use rustix::io::Errno;
+    use std::collections::BTreeMap;
     use std::io::Error;
+
+    use kintsugi_runtime::wire::{Writer, MAX_REPLY};
+
+    #[test]
+    fn a_directory_larger_than_a_reply_is_listed_in_pages_that_each_fit() {
+        // 600 names of 200 to 299 bytes: about 150 KiB, three replies' worth.
+        let children: BTreeMap<String, u64> = (0..600u64)
+            .map(|i| {
+                (
+                    format!("{i:03}-{}", "x".repeat(196 + (i as usize * 7) % 100)),
+                    i,
+                )
+            })
+            .collect();
+        let (mut listed, mut pages) = (Vec::<String>::new(), 0);
+        loop {
+            let after = listed.last().map_or("", String::as_str);
+            let page = super::page_after(&children, after);
+            if page.is_empty() {
+                break;
+            }
+            pages += 1;
+            // The page encodes into one reply, and one more name would not have.
+            let mut buf = vec![0u8; MAX_REPLY];
+            let mut w = Writer::new(&mut buf);
+            w.u32(page.len() as u32).unwrap();
+            for name in &page {
+                w.str(name).unwrap();
+            }
+            if let Some((next, _)) = children
+                .range::<str, _>((
+                    std::ops::Bound::Excluded(page.last().unwrap().as_str()),
+                    std::ops::Bound::Unbounded,
+                ))
+                .next()
+            {
+                assert!(w.str(next).is_err(), "page {pages} stopped short");
+            }
+            listed.extend(page);
+        }
+        assert!(pages >= 3, "{pages} pages");
+        assert!(
+            listed.iter().eq(children.keys()),
+            "every name once, in order"
+        );
+        assert!(super::page_after(&BTreeMap::new(), "").is_empty());
+    }
 
     #[test]
     fn only_an_unmapped_buffer_says_the_incarnation_is_damaged() {

@@ -83,7 +83,7 @@ fn check(fs: &Client, seed: u64) -> anyhow::Result<Found> {
     }
     let mut numbers = Vec::new();
     let mut errors = Vec::new();
-    for name in call("readdir", fs.readdir(DIR))? {
+    for name in call("readdir", fs.readdir_all(DIR))? {
         if name == "tmp" {
             call("unlink tmp", fs.unlink(TMP))?;
             continue;

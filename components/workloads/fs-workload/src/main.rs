@@ -22,6 +22,9 @@ use serde::Deserialize;
 pub struct Config {
     /// Distinct file names per directory.
     pub files: usize,
+    /// File names padded to at least this many bytes: long names fill a
+    /// `readdir` reply with fewer files, so listings take several pages.
+    pub name_bytes: usize,
     /// Directories under the root.
     pub dirs: usize,
     pub seed: u64,
@@ -43,6 +46,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             files: 16,
+            name_bytes: 0,
             dirs: 3,
             seed: 42,
             ops: 0,

@@ -42,6 +42,8 @@ pub struct Report {
     /// Stats of a file whose size had changed since its last stat: each
     /// time, ramfs's change counters must have moved too.
     pub changes_checked: u64,
+    /// The most names one listing of a directory found.
+    pub largest_listing: usize,
 }
 
 pub struct Workload<'a> {
@@ -69,7 +71,7 @@ impl<'a> Workload<'a> {
             let dir = format!("/t{thread}d{d}");
             clear(fs, &dir)?;
             for f in 0..config.files.max(1) {
-                names.push(format!("{dir}/f{f}"));
+                names.push(format!("{dir}/f{f:-<pad$}", pad = config.name_bytes));
             }
             dirs.insert(dir);
         }
@@ -281,8 +283,10 @@ impl<'a> Workload<'a> {
         let dirs: Vec<String> = self.dirs.iter().cloned().collect();
         let dir = &dirs[self.rng.gen_range(0..dirs.len())];
         let expected = self.listing(dir);
-        match self.fs.readdir(dir) {
-            Ok(names) if names == expected => {}
+        match self.fs.readdir_all(dir) {
+            Ok(names) if names == expected => {
+                self.report.largest_listing = self.report.largest_listing.max(names.len());
+            }
             Ok(names) => {
                 self.corrupt(format!("readdir {dir}: {names:?}, expected {expected:?}"));
                 self.resync_dir(dir, &names);
@@ -382,8 +386,10 @@ impl<'a> Workload<'a> {
         }
         for dir in self.dirs.clone() {
             let expected = self.listing(&dir);
-            match self.fs.readdir(&dir) {
-                Ok(names) if names == expected => {}
+            match self.fs.readdir_all(&dir) {
+                Ok(names) if names == expected => {
+                    self.report.largest_listing = self.report.largest_listing.max(names.len());
+                }
                 Ok(names) => self.corrupt(format!(
                     "final readdir {dir}: {names:?}, expected {expected:?}"
                 )),
@@ -433,6 +439,7 @@ impl Report {
         self.verified_files += other.verified_files;
         self.verified_bytes += other.verified_bytes;
         self.changes_checked += other.changes_checked;
+        self.largest_listing = self.largest_listing.max(other.largest_listing);
     }
 }
 
@@ -443,7 +450,7 @@ fn clear(fs: &Client, dir: &str) -> anyhow::Result<()> {
         Ok(()) => Ok(()),
         Err(kintsugi_runtime::CallError::Server(fs::Error::Exists)) => {
             for name in fs
-                .readdir(dir)
+                .readdir_all(dir)
                 .map_err(|e| anyhow::anyhow!("readdir {dir}: {e}"))?
             {
                 let path = format!("{dir}/{name}");

@@ -198,6 +198,8 @@ impl Ctx<'_> {
 
     pub(super) fn serve_fn(&self, o: &mut Out, f: &Function) {
         let q = ".map_err(rt::malformed)?";
+        // Encoding a result fails only when it does not fit in the slot.
+        let too_large = ".map_err(rt::too_large)?";
         o.open(format!("FN_{} => {{", f.name.to_uppercase()));
         for a in &f.args {
             o.lines(decode(&a.ty, &ident(&a.name), true, 0, q));
@@ -247,7 +249,7 @@ impl Ctx<'_> {
             Type::Bytes => {
                 args.push("out".into());
                 o.line(format!(
-                    "w.bytes_with(usize::MAX, |out| S::{}({})){q}.map_err(rt::app_error)?;",
+                    "w.bytes_with(usize::MAX, |out| S::{}({})){too_large}.map_err(rt::app_error)?;",
                     f.name,
                     args.join(", ")
                 ));
@@ -286,7 +288,7 @@ impl Ctx<'_> {
                         f.name.to_uppercase()
                     ));
                 }
-                o.lines(encode(ret, "ret", false, 0, q));
+                o.lines(encode(ret, "ret", false, 0, too_large));
             }
         }
         if let Some(d) = global_terminal {

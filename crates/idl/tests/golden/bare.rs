@@ -57,7 +57,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     let b = r.u64().map_err(rt::malformed)?;
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::add(&self.server, caller, a, b).map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 _ => rt::Err(rt::Dispatched::Refused(rt::Refusal::UnknownFunction(func))),

@@ -104,7 +104,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                             usize::MAX,
                             |out| S::echo(&self.server, caller, data, out),
                         )
-                        .map_err(rt::malformed)?
+                        .map_err(rt::too_large)?
                         .map_err(rt::app_error)?;
                     rt::Ok(())
                 }
@@ -115,7 +115,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                         return rt::Err(rt::out_of_range("mib"));
                     }
                     let ret = S::grow(&self.server, caller, mib).map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_CRASH => {
@@ -126,7 +126,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     let tag = r.u64().map_err(rt::malformed)?;
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::make(&self.server, caller, tag).map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_TOUCH => {
@@ -135,7 +135,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::touch(&self.server, caller, o, step)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_PUT => {
@@ -144,7 +144,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::put(&self.server, caller, o, pos)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_DROP => {

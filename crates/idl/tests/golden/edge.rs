@@ -222,7 +222,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                             level,
                         )
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_STEP => {
@@ -234,14 +234,14 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     }
                     let ret = S::step(&self.server, caller, c, by)
                         .map_err(rt::app_error)?;
-                    w.u32(ret).map_err(rt::malformed)?;
+                    w.u32(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_BLOB => {
                     let c = r.u64().map_err(rt::malformed)?;
                     r.finish().map_err(rt::malformed)?;
                     w.bytes_with(usize::MAX, |out| S::blob(&self.server, caller, c, out))
-                        .map_err(rt::malformed)?
+                        .map_err(rt::too_large)?
                         .map_err(rt::app_error)?;
                     rt::Ok(())
                 }
@@ -257,7 +257,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::mark(&self.server, caller, c, m)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_WHERE_IS => {
@@ -265,17 +265,17 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::where_is(&self.server, caller, c)
                         .map_err(rt::app_error)?;
-                    w.u32(list_len(ret.len()).map_err(rt::malformed)?)
-                        .map_err(rt::malformed)?;
+                    w.u32(list_len(ret.len()).map_err(rt::too_large)?)
+                        .map_err(rt::too_large)?;
                     for item0 in ret.iter() {
-                        w.u64(*item0).map_err(rt::malformed)?;
+                        w.u64(*item0).map_err(rt::too_large)?;
                     }
                     rt::Ok(())
                 }
                 FN_LOCK => {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::lock(&self.server, caller).map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_BOTH => {
@@ -284,13 +284,13 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::both(&self.server, caller, c, l)
                         .map_err(rt::app_error)?;
-                    w.u32(list_len(ret.len()).map_err(rt::malformed)?)
-                        .map_err(rt::malformed)?;
+                    w.u32(list_len(ret.len()).map_err(rt::too_large)?)
+                        .map_err(rt::too_large)?;
                     for item0 in ret.iter() {
-                        w.u32(list_len(item0.len()).map_err(rt::malformed)?)
-                            .map_err(rt::malformed)?;
+                        w.u32(list_len(item0.len()).map_err(rt::too_large)?)
+                            .map_err(rt::too_large)?;
                         for item1 in item0.iter() {
-                            item1.encode(w).map_err(rt::malformed)?;
+                            item1.encode(w).map_err(rt::too_large)?;
                         }
                     }
                     rt::Ok(())
@@ -323,10 +323,10 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::items(&self.server, caller, &filter, &nested, &one)
                         .map_err(rt::app_error)?;
-                    w.u32(list_len(ret.len()).map_err(rt::malformed)?)
-                        .map_err(rt::malformed)?;
+                    w.u32(list_len(ret.len()).map_err(rt::too_large)?)
+                        .map_err(rt::too_large)?;
                     for item0 in ret.iter() {
-                        item0.encode(w).map_err(rt::malformed)?;
+                        item0.encode(w).map_err(rt::too_large)?;
                     }
                     rt::Ok(())
                 }
@@ -337,7 +337,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                         return rt::Err(rt::out_of_range("id"));
                     }
                     let ret = S::get(&self.server, caller, id_).map_err(rt::app_error)?;
-                    ret.encode(w).map_err(rt::malformed)?;
+                    ret.encode(w).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_PING => {

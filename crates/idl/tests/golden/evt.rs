@@ -103,7 +103,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                             rt::None,
                             request,
                         )?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_WAIT => {
@@ -113,7 +113,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     self.ensure_evt(ev)?;
                     let ret = S::wait(&self.server, caller, ev, seen)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_TRIGGER => {
@@ -122,7 +122,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     self.ensure_evt(ev)?;
                     let ret = S::trigger(&self.server, caller, ev)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_FREE => {

@@ -3,7 +3,7 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `fs`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "fs",
-    hash: 0xedd0d3c80faeecda,
+    hash: 0xe3af8617f2276a67,
     functions: &[
         "open",
         "read",
@@ -104,6 +104,7 @@ pub trait Server: rt::Send + rt::Sync + 'static {
         &self,
         caller: &rt::Caller,
         path: &str,
+        after: &str,
     ) -> rt::Result<rt::Vec<rt::String>, Error>;
     /// Client component `client` died: release what it held.
     fn client_died(&self, client: u32) {
@@ -150,7 +151,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::open(&self.server, caller, path, flags)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_READ => {
@@ -164,7 +165,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                             usize::MAX,
                             |out| S::read(&self.server, caller, fd, len, out),
                         )
-                        .map_err(rt::malformed)?
+                        .map_err(rt::too_large)?
                         .map_err(rt::app_error)?;
                     rt::Ok(())
                 }
@@ -177,7 +178,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     }
                     let ret = S::write(&self.server, caller, fd, data)
                         .map_err(rt::app_error)?;
-                    w.u32(ret).map_err(rt::malformed)?;
+                    w.u32(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_SEEK => {
@@ -186,7 +187,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::seek(&self.server, caller, fd, pos)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_TRUNCATE => {
@@ -205,7 +206,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::stat(&self.server, caller, path)
                         .map_err(rt::app_error)?;
-                    ret.encode(w).map_err(rt::malformed)?;
+                    ret.encode(w).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_UNLINK => {
@@ -226,13 +227,14 @@ impl<S: Server> rt::Service for ServerStub<S> {
                 }
                 FN_READDIR => {
                     let path = r.str().map_err(rt::malformed)?;
+                    let after = r.str().map_err(rt::malformed)?;
                     r.finish().map_err(rt::malformed)?;
-                    let ret = S::readdir(&self.server, caller, path)
+                    let ret = S::readdir(&self.server, caller, path, after)
                         .map_err(rt::app_error)?;
-                    w.u32(list_len(ret.len()).map_err(rt::malformed)?)
-                        .map_err(rt::malformed)?;
+                    w.u32(list_len(ret.len()).map_err(rt::too_large)?)
+                        .map_err(rt::too_large)?;
                     for item0 in ret.iter() {
-                        w.str(item0).map_err(rt::malformed)?;
+                        w.str(item0).map_err(rt::too_large)?;
                     }
                     rt::Ok(())
                 }
@@ -494,8 +496,9 @@ impl Client {
     pub fn readdir(
         &self,
         path: &str,
+        after: &str,
     ) -> rt::Result<rt::Vec<rt::String>, rt::CallError<Error>> {
-        rt::retry(|| self.0.raw_readdir(rt::None, path))
+        rt::retry(|| self.0.raw_readdir(rt::None, path, after))
     }
 }
 impl Inner {
@@ -664,13 +667,18 @@ impl Inner {
         &self,
         epoch: rt::Option<u64>,
         path: &str,
+        after: &str,
     ) -> rt::Result<rt::Vec<rt::String>, rt::CallError<Error>> {
         self.conn
             .invoke_failing(
                 FN_READDIR,
                 epoch,
                 |e| matches!(e, Error::NotFound | Error::NotDir | Error::Invalid),
-                |w| w.str(path),
+                |w| {
+                    w.str(path)?;
+                    w.str(after)?;
+                    rt::Ok(())
+                },
                 |r| {
                     let n0 = r.u32()?;
                     let mut ret = rt::Vec::with_capacity(n0.min(1024) as usize);

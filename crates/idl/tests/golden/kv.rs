@@ -118,7 +118,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     }
                     let ret = S::put(&self.server, caller, key, value)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_GET => {
@@ -131,7 +131,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                             usize::MAX,
                             |out| S::get(&self.server, caller, key, out),
                         )
-                        .map_err(rt::malformed)?
+                        .map_err(rt::too_large)?
                         .map_err(rt::app_error)?;
                     rt::Ok(())
                 }
@@ -143,7 +143,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     }
                     let ret = S::delete(&self.server, caller, key)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_CAS => {
@@ -163,7 +163,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     }
                     let ret = S::cas(&self.server, caller, key, absent, expected, value)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_SCAN => {
@@ -178,20 +178,20 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     }
                     let ret = S::scan(&self.server, caller, from, limit)
                         .map_err(rt::app_error)?;
-                    w.u32(list_len(ret.len()).map_err(rt::malformed)?)
-                        .map_err(rt::malformed)?;
+                    w.u32(list_len(ret.len()).map_err(rt::too_large)?)
+                        .map_err(rt::too_large)?;
                     for item0 in ret.iter() {
-                        item0.encode(w).map_err(rt::malformed)?;
+                        item0.encode(w).map_err(rt::too_large)?;
                     }
                     rt::Ok(())
                 }
                 FN_STATS => {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::stats(&self.server, caller).map_err(rt::app_error)?;
-                    w.u32(list_len(ret.len()).map_err(rt::malformed)?)
-                        .map_err(rt::malformed)?;
+                    w.u32(list_len(ret.len()).map_err(rt::too_large)?)
+                        .map_err(rt::too_large)?;
                     for item0 in ret.iter() {
-                        w.u64(*item0).map_err(rt::malformed)?;
+                        w.u64(*item0).map_err(rt::too_large)?;
                     }
                     rt::Ok(())
                 }

@@ -95,7 +95,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                             rt::None,
                             request,
                         )?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_TAKE => {

@@ -90,7 +90,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     let tag = r.u64().map_err(rt::malformed)?;
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::make(&self.server, caller, tag).map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_PRIME => {
@@ -116,7 +116,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::poll(&self.server, caller, m, since)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_SCRAP => {

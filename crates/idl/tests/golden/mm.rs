@@ -125,7 +125,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                             rt::None,
                             request,
                         )?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_ALIAS => {
@@ -144,7 +144,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                             rt::Some(src),
                             request,
                         )?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_LOCATE => {
@@ -152,7 +152,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     self.ensure_page(p)?;
                     let ret = S::locate(&self.server, caller, p).map_err(rt::app_error)?;
-                    ret.encode(w).map_err(rt::malformed)?;
+                    ret.encode(w).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_ORIGIN => {
@@ -160,7 +160,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     self.ensure_page(p)?;
                     let ret = S::origin(&self.server, caller, p).map_err(rt::app_error)?;
-                    w.u32(ret).map_err(rt::malformed)?;
+                    w.u32(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_REVOKE => {
@@ -183,10 +183,10 @@ impl<S: Server> rt::Service for ServerStub<S> {
                 FN_HELD => {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::held(&self.server, caller).map_err(rt::app_error)?;
-                    w.u32(list_len(ret.len()).map_err(rt::malformed)?)
-                        .map_err(rt::malformed)?;
+                    w.u32(list_len(ret.len()).map_err(rt::too_large)?)
+                        .map_err(rt::too_large)?;
                     for item0 in ret.iter() {
-                        w.u64(*item0).map_err(rt::malformed)?;
+                        w.u64(*item0).map_err(rt::too_large)?;
                     }
                     rt::Ok(())
                 }

@@ -177,7 +177,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     }
                     let ret = S::acceptor(&self.server, caller, worker)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_ACCEPT => {
@@ -186,7 +186,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::accept(&self.server, caller, a, last)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_ADOPT => {
@@ -194,7 +194,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::adopt(&self.server, caller, id_)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_RECV => {
@@ -223,7 +223,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                                 out,
                             ),
                         )
-                        .map_err(rt::malformed)?
+                        .map_err(rt::too_large)?
                         .map_err(rt::app_error)?;
                     rt::Ok(())
                 }
@@ -237,7 +237,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     }
                     let ret = S::send(&self.server, caller, c, at_, data)
                         .map_err(rt::app_error)?;
-                    w.u32(ret).map_err(rt::malformed)?;
+                    w.u32(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_SEND_PAGE => {
@@ -265,7 +265,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                             total,
                         )
                         .map_err(rt::app_error)?;
-                    w.u32(ret).map_err(rt::malformed)?;
+                    w.u32(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_SHUTDOWN => {

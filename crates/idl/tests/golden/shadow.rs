@@ -153,7 +153,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::open(&self.server, caller, retry, caller_)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_WRITE => {
@@ -165,7 +165,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     }
                     let ret = S::write(&self.server, caller, r_, entry_)
                         .map_err(rt::app_error)?;
-                    w.u32(ret).map_err(rt::malformed)?;
+                    w.u32(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_SEEK => {
@@ -174,7 +174,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::seek(&self.server, caller, w_, t_)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_WHERE_AT => {
@@ -184,7 +184,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::where_at(&self.server, caller, e_, n0_, &current_)
                         .map_err(rt::app_error)?;
-                    ret.encode(w).map_err(rt::malformed)?;
+                    ret.encode(w).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_CLOSE => {
@@ -199,7 +199,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                         .map_err(rt::app_error)?;
                     self.globals
                         .record_creation("Ok", ret, FN_MAKE, caller, rt::None, request)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_VALUE_OF => {
@@ -208,7 +208,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     self.ensure_ok(ok)?;
                     let ret = S::value_of(&self.server, caller, ok)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_DROP_OK => {

@@ -65,7 +65,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     }
                     let ret = S::work(&self.server, caller, seed, units)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_HANG => {

@@ -100,7 +100,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     }
                     let ret = S::create(&self.server, caller, period_us)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_ARM => {
@@ -122,7 +122,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     let ret = S::wait(&self.server, caller, tm, after)
                         .map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_FREE => {

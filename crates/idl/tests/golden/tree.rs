@@ -98,7 +98,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                             rt::None,
                             request,
                         )?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_CHILD => {
@@ -118,7 +118,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                             rt::Some(up),
                             request,
                         )?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_TAG => {
@@ -126,7 +126,7 @@ impl<S: Server> rt::Service for ServerStub<S> {
                     r.finish().map_err(rt::malformed)?;
                     self.ensure_node(n)?;
                     let ret = S::tag(&self.server, caller, n).map_err(rt::app_error)?;
-                    w.u64(ret).map_err(rt::malformed)?;
+                    w.u64(ret).map_err(rt::too_large)?;
                     rt::Ok(())
                 }
                 FN_CUT => {

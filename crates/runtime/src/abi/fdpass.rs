@@ -6,8 +6,8 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::net::{
-    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags,
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
 };
 
 /// Most descriptors one message carries (the kernel's SCM_MAX_FD is 253).
@@ -48,7 +48,9 @@ pub fn recv(sock: impl AsFd) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
 
 /// [`recv`] into `buf`, which is grown to the largest message once and
 /// reused (a fresh zeroed 128 KiB per message cost the vault's thread 2 %
-/// of the web server's CPU time); returns the message's length.
+/// of the web server's CPU time); returns the message's length. A message
+/// larger than [`MAX_MESSAGE`] is consumed and refused whole
+/// ([`std::io::ErrorKind::InvalidData`]), never read cut short.
 pub fn recv_into(sock: impl AsFd, buf: &mut Vec<u8>) -> std::io::Result<(usize, Vec<OwnedFd>)> {
     if buf.len() < MAX_MESSAGE {
         buf.resize(MAX_MESSAGE, 0);
@@ -71,6 +73,12 @@ pub fn recv_into(sock: impl AsFd, buf: &mut Vec<u8>) -> std::io::Result<(usize, 
         if let RecvAncillaryMessage::ScmRights(it) = m {
             fds.extend(it);
         }
+    }
+    if msg.flags.contains(ReturnFlags::TRUNC) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a message larger than {MAX_MESSAGE} bytes"),
+        ));
     }
     Ok((msg.bytes, fds))
 }
@@ -101,5 +109,26 @@ mod tests {
         let mut s = String::new();
         g.read_to_string(&mut s).unwrap();
         assert_eq!(s, "kept");
+    }
+
+    #[test]
+    fn a_message_larger_than_the_limit_is_refused_whole_and_the_next_one_read() {
+        let (a, b) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        rustix::net::sockopt::set_socket_send_buffer_size(&a, 4 * MAX_MESSAGE).unwrap();
+        let big = vec![b'x'; MAX_MESSAGE + 1];
+        send(&a, &big, &[]).unwrap();
+        send(&a, b"next", &[]).unwrap();
+        let e = recv(&b).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        assert_eq!(recv(&b).unwrap().0, b"next");
+        let fits = vec![b'y'; MAX_MESSAGE];
+        send(&a, &fits, &[]).unwrap();
+        assert_eq!(recv(&b).unwrap().0, fits);
     }
 }

@@ -19,7 +19,8 @@ use crate::quota::{Entry, FdBudget, Records, Saved, VaultUsage};
 mod disk;
 use disk::{Disk, Holds, LoggedOp};
 use kintsugi_runtime::vault::{
-    RecordHeader, VaultMessage, VaultOp, VaultReply, VaultRequest, LIST_PAGE,
+    listed_bytes, RecordHeader, VaultMessage, VaultOp, VaultReply, VaultRequest, LIST_PAGE,
+    MAX_RECORD,
 };
 
 /// What a component's vault may hold, and the priority its requests may
@@ -125,6 +126,14 @@ impl VaultStore {
                     // must outlive every incarnation of its component.
                     let (bytes, fds) = match fdpass::recv_into(&sock, &mut buf) {
                         Ok((n, fds)) => (&buf[..n], fds),
+                        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                            // Unread (too large): answered as unreadable.
+                            let why = format!("malformed request: {e}");
+                            let reply = serde_json::to_vec(&reply(0, Err(why)))
+                                .expect("vault reply serializes");
+                            let _ = fdpass::send(&sock, &reply, &[]);
+                            continue;
+                        }
                         Err(e) => {
                             tracing::warn!("vault socket of {component}: {e}");
                             std::thread::sleep(std::time::Duration::from_millis(1));
@@ -424,7 +433,8 @@ impl Kept {
 
     /// Up to [`LIST_PAGE`] of `component`'s records with keys after the
     /// later of `after` and `prefix` and starting with `prefix`, in order
-    /// (their descriptors join `fds`), and whether more follow.
+    /// (their descriptors join `fds`), as many as fit in one reply, and
+    /// whether more follow.
     fn list(
         &self,
         component: &str,
@@ -443,13 +453,21 @@ impl Kept {
             .map()
             .range::<String, _>((from, std::ops::Bound::Unbounded))
             .take_while(|(key, _)| key.starts_with(prefix));
-        let headers: Vec<RecordHeader> = range
-            .by_ref()
-            .take(LIST_PAGE)
-            .map(|(key, e)| header(key, e, fds))
-            .collect();
-        let more = range.next().is_some();
-        (headers, more)
+        // The records of a reply may take `MAX_RECORD` bytes (the rest of
+        // a message is the reply's own); the first always fits, the vault
+        // taking no larger record.
+        let (mut headers, mut used) = (Vec::new(), 0);
+        let mut next = range.next();
+        while let Some((key, e)) = next {
+            let listed = listed_bytes(key, &e.value);
+            if headers.len() == LIST_PAGE || (!headers.is_empty() && used + listed > MAX_RECORD) {
+                break;
+            }
+            used += listed;
+            headers.push(header(key, e, fds));
+            next = range.next();
+        }
+        (headers, next.is_some())
     }
 }
 
@@ -918,6 +936,63 @@ mod tests {
         let mut s = String::new();
         f.read_to_string(&mut s).unwrap();
         s
+    }
+
+    /// Records of a kilobyte and more: 128 of them (a page by count) do
+    /// not fit in one message, so pages end by size; ramfs with files of
+    /// long names could not restart before (its listing was cut at 128 KiB
+    /// and failed to parse). A record too large to list alone is refused,
+    /// and so is a request too large to send.
+    #[test]
+    fn large_records_are_listed_in_pages_that_fit_and_a_record_too_large_is_refused() {
+        let store = VaultStore::default();
+        let vault = client(&store);
+        let n = 300;
+        let value =
+            |i: usize| serde_json::json!({ "name": format!("{i:04}{}", "n".repeat(1000 + i)) });
+        for i in 0..n {
+            vault.put(&format!("k{i:04}"), value(i), None).unwrap();
+        }
+        let mut pages = 0;
+        let mut listed: Vec<kintsugi_runtime::vault::VaultRecord> = Vec::new();
+        loop {
+            let after = listed.last().map(|r| r.key.clone());
+            let (page, more) = vault.list_page("", after.as_deref()).unwrap();
+            assert!(
+                !page.is_empty() && page.len() < LIST_PAGE,
+                "{} records",
+                page.len()
+            );
+            pages += 1;
+            listed.extend(page);
+            if !more {
+                break;
+            }
+        }
+        assert!(pages >= 3, "{pages} pages");
+        assert_eq!(listed.len(), n);
+        for (i, r) in listed.iter().enumerate() {
+            assert_eq!((&r.key, &r.value), (&format!("k{i:04}"), &value(i)));
+        }
+
+        let too_large = serde_json::json!("v".repeat(MAX_RECORD));
+        let e = vault.put("big", too_large, None).unwrap_err().to_string();
+        assert!(e.contains("larger than one reply"), "{e}");
+        let just =
+            serde_json::json!("v".repeat(MAX_RECORD - listed_bytes("big", &serde_json::json!(""))));
+        assert_eq!(listed_bytes("big", &just), MAX_RECORD);
+        vault.put("big", just.clone(), None).unwrap();
+        assert_eq!(vault.get("big").unwrap().unwrap().value, just);
+        let e = vault
+            .put(
+                "huge",
+                serde_json::json!("v".repeat(fdpass::MAX_MESSAGE)),
+                None,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("larger than the vault reads"), "{e}");
+        assert_eq!(vault.list().unwrap().len(), n + 1, "nothing else changed");
     }
 
     #[test]

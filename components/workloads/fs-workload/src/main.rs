@@ -25,6 +25,8 @@ pub struct Config {
     /// File names padded to at least this many bytes: long names fill a
     /// `readdir` reply with fewer files, so listings take several pages.
     pub name_bytes: usize,
+    /// Create every file name, empty, before the random operations.
+    pub prefill: bool,
     /// Directories under the root.
     pub dirs: usize,
     pub seed: u64,
@@ -47,6 +49,7 @@ impl Default for Config {
         Self {
             files: 16,
             name_bytes: 0,
+            prefill: false,
             dirs: 3,
             seed: 42,
             ops: 0,

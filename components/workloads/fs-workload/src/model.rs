@@ -75,17 +75,28 @@ impl<'a> Workload<'a> {
             }
             dirs.insert(dir);
         }
+        let mut files = BTreeMap::new();
+        if config.prefill {
+            for name in &names {
+                let fd = fs
+                    .open(name, CREATE)
+                    .map_err(|e| anyhow::anyhow!("open {name}: {e}"))?;
+                fs.close(fd)
+                    .map_err(|e| anyhow::anyhow!("close {name}: {e}"))?;
+                files.insert(name.clone(), Vec::new());
+            }
+        }
         Ok(Self {
             fs,
             rng: StdRng::seed_from_u64(config.seed.wrapping_add(thread as u64)),
-            files: BTreeMap::new(),
+            renamed: files.keys().cloned().collect(),
+            files,
             dirs,
             open: Vec::new(),
             names,
             max_write: config.max_write.clamp(1, 65536),
             max_open: config.max_open.max(1),
             known: HashMap::new(),
-            renamed: HashSet::new(),
             report: Report {
                 seed: config.seed,
                 ..Default::default()

@@ -361,6 +361,26 @@ impl ControlBlock {
         }
     }
 
+    /// Standby: whether the supervisor has activated `generation` (it need
+    /// not wait in [`Self::wait_activation`]).
+    pub fn activated(&self, generation: u32) -> bool {
+        self.go.load(Ordering::SeqCst) == generation
+    }
+
+    /// Standby: sleeps until the supervisor activates `generation` or
+    /// `timeout` passes; whether it did.
+    pub fn await_activation_for(&self, generation: u32, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let g = self.go.load(Ordering::SeqCst);
+            let now = std::time::Instant::now();
+            if g == generation || now >= deadline {
+                return g == generation;
+            }
+            futex::wait(&self.go, g, Some(deadline - now));
+        }
+    }
+
     /// Standby: sleeps until the supervisor activates `generation`; returns the epoch.
     pub fn wait_activation(&self, generation: u32) -> u64 {
         loop {

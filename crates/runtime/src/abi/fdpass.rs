@@ -89,15 +89,19 @@ mod tests {
     use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
     use std::io::{Read, Seek, Write};
 
-    #[test]
-    fn a_memfd_crosses_a_socket() {
-        let (a, b) = socketpair(
+    fn seqpacket_pair() -> (OwnedFd, OwnedFd) {
+        socketpair(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
             SocketFlags::CLOEXEC,
             None,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn a_memfd_crosses_a_socket() {
+        let (a, b) = seqpacket_pair();
         let memfd = rustix::fs::memfd_create("t", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
         let mut f = std::fs::File::from(memfd);
         f.write_all(b"kept").unwrap();
@@ -113,13 +117,7 @@ mod tests {
 
     #[test]
     fn a_message_larger_than_the_limit_is_refused_whole_and_the_next_one_read() {
-        let (a, b) = socketpair(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .unwrap();
+        let (a, b) = seqpacket_pair();
         rustix::net::sockopt::set_socket_send_buffer_size(&a, 4 * MAX_MESSAGE).unwrap();
         let big = vec![b'x'; MAX_MESSAGE + 1];
         send(&a, &big, &[]).unwrap();

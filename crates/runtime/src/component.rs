@@ -56,7 +56,7 @@ use crate::vault::Vault;
 const EAGER: &str = "eager";
 /// The most pages a standby faults in ahead of its activation (32 MiB of
 /// 4 KiB pages): the incarnation takes the rest as they come.
-const UNSHARED_PAGES: usize = 8192;
+const POPULATED_PAGES: usize = 8192;
 /// How long eager recovery waits for its clients before it serves everyone.
 const EAGER_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -609,7 +609,7 @@ impl Boot {
 }
 
 /// A standby takes ahead the page faults its incarnation would take first
-/// ([`process::unshare_pages`]), once it has waited [`SETTLE`] unneeded:
+/// ([`process::populate_private_memory`]), once it has waited [`SETTLE`] unneeded:
 /// done at once, it competed for the two vCPUs with the incarnation just
 /// activated and the supervisor (bench-echo killed 40 times: reboot p50
 /// 515 and 308 µs against 259 and 253 without); after the wait, its
@@ -621,7 +621,8 @@ fn take_first_faults(ctl: &ControlBlock, generation: u32, restored: bool) {
     if restored || ctl.await_activation_for(generation, SETTLE) {
         return;
     }
-    if let Err(e) = process::unshare_pages(UNSHARED_PAGES, || ctl.activated(generation)) {
+    if let Err(e) = process::populate_private_memory(POPULATED_PAGES, || ctl.activated(generation))
+    {
         tracing::warn!("standby: pages left to fault in the incarnation: {e}");
     }
 }

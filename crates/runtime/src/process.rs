@@ -70,53 +70,63 @@ fn fork_with(flags: libc::c_ulong) -> std::io::Result<Option<u32>> {
 /// present. Stops after `limit` pages, or as soon as `stop()` is true
 /// (checked between runs of pages: the standby is needed); returns the
 /// pages populated.
-pub fn unshare_pages(limit: usize, stop: impl Fn() -> bool) -> std::io::Result<usize> {
+pub fn populate_private_memory(limit: usize, stop: impl Fn() -> bool) -> std::io::Result<usize> {
     use std::os::unix::fs::FileExt;
     let page = crate::abi::shm::page_size();
     let maps = std::fs::read_to_string("/proc/self/maps")?;
     let pagemap = std::fs::File::open("/proc/self/pagemap")?;
     let (mut done, mut entries) = (0, Vec::new());
     for (start, end) in maps.lines().filter_map(private_writable) {
-        let present: Vec<bool> = if end - start <= WHOLE_MAPPING {
-            vec![true; (end - start) / page]
-        } else {
-            entries.resize((end - start) / page * 8, 0u8);
-            pagemap.read_exact_at(&mut entries, (start / page * 8) as u64)?;
-            entries
-                .chunks_exact(8)
-                .map(|e| u64::from_le_bytes(e.try_into().expect("8 bytes")) & PAGE_PRESENT != 0)
-                .collect()
-        };
-        for (first, pages) in runs(&present) {
-            if stop() || done >= limit {
-                return Ok(done);
-            }
-            let pages = pages.min(limit - done);
-            let at = (start + first * page) as *mut std::ffi::c_void;
-            // SAFETY: the range lies in a private writable mapping of this
-            // process (from `/proc/self/maps`); populating it writable
-            // changes no byte of it (the kernel takes the write faults a
-            // write would: shared pages are copied, missing ones zeroed),
-            // so no Rust value that lives there is affected. A mapping
-            // unmapped or protected meanwhile by another thread gives an
-            // error, not undefined behaviour.
-            let populated = unsafe {
-                rustix::mm::madvise(at, pages * page, rustix::mm::Advice::LinuxPopulateWrite)
+        let whole = end - start <= WHOLE_MAPPING;
+        // A large mapping's pagemap is read a window at a time.
+        for window in (start..end).step_by(WINDOW_PAGES * page) {
+            let pages_here = ((end - window) / page).min(WINDOW_PAGES);
+            let present: Vec<bool> = if whole {
+                vec![true; pages_here]
+            } else {
+                entries.resize(pages_here * 8, 0u8);
+                pagemap.read_exact_at(&mut entries, (window / page * 8) as u64)?;
+                entries
+                    .chunks_exact(8)
+                    .map(|e| u64::from_le_bytes(e.try_into().expect("8 bytes")) & PAGE_PRESENT != 0)
+                    .collect()
             };
-            match populated {
-                Ok(()) => done += pages,
-                // Unmapped (`ENOMEM`) or made inaccessible (`EFAULT`) since
-                // the maps were read: nothing left to take there.
-                Err(rustix::io::Errno::NOMEM | rustix::io::Errno::FAULT) => {}
-                Err(e) => return Err(e.into()),
+            for (first, pages) in runs(&present) {
+                if stop() || done >= limit {
+                    return Ok(done);
+                }
+                let pages = pages.min(limit - done);
+                let at = (window + first * page) as *mut std::ffi::c_void;
+                // SAFETY: the range lies in a private writable mapping of
+                // this process (from `/proc/self/maps`); populating it
+                // writable changes no byte of it (the kernel takes the
+                // write faults a write would: shared pages are copied,
+                // missing ones zeroed), so no Rust value that lives there
+                // is affected. A mapping unmapped or protected meanwhile
+                // by another thread gives an error, not undefined
+                // behaviour.
+                let populated = unsafe {
+                    rustix::mm::madvise(at, pages * page, rustix::mm::Advice::LinuxPopulateWrite)
+                };
+                match populated {
+                    Ok(()) => done += pages,
+                    // Unmapped (`ENOMEM`) or made inaccessible (`EFAULT`)
+                    // since the maps were read: nothing left to take there.
+                    Err(rustix::io::Errno::NOMEM | rustix::io::Errno::FAULT) => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
     }
     Ok(done)
 }
 
+/// Pages of a large mapping whose pagemap entries are read at once (32 KiB
+/// of entries for 16 MiB of memory).
+const WINDOW_PAGES: usize = 4096;
+
 /// Private writable mappings up to this size are populated whole by
-/// [`unshare_pages`]: a worker's stack (256 KiB), a binary's statics.
+/// [`populate_private_memory`]: a worker's stack (256 KiB), a binary's statics.
 const WHOLE_MAPPING: usize = 1 << 20;
 
 /// `/proc/self/pagemap`'s bit for a page in memory.
@@ -338,14 +348,14 @@ mod tests {
         for i in (0..64).step_by(4) {
             buf[i * page] = i as u8 + 1;
         }
-        let done = unshare_pages(usize::MAX, || false).unwrap();
+        let done = populate_private_memory(usize::MAX, || false).unwrap();
         assert!(done >= 16, "{done} pages");
         for i in 0..64 {
             let want = if i % 4 == 0 { i as u8 + 1 } else { 0 };
             assert_eq!(buf[i * page], want, "page {i}");
         }
-        assert_eq!(unshare_pages(3, || false).unwrap(), 3);
-        assert_eq!(unshare_pages(usize::MAX, || true).unwrap(), 0);
+        assert_eq!(populate_private_memory(3, || false).unwrap(), 3);
+        assert_eq!(populate_private_memory(usize::MAX, || true).unwrap(), 0);
     }
 
     #[test]

@@ -211,7 +211,7 @@ impl fs::Server for RamFs {
             .keys()
             .filter_map(|k| k.strip_prefix(&prefix))
             .filter(|name| *name > after)
-            .take_while(|name| unpaged || reply.take(&[name.len()], 0))
+            .take_while(|name| unpaged || reply.take(&[name.len()]))
             .map(str::to_string)
             .collect())
     }

@@ -137,13 +137,12 @@ impl ReplyBudget {
         }
     }
 
-    /// Takes an item of `parts` strings or byte strings of these lengths
-    /// (each encoded as its length and its bytes) and `scalars` more
-    /// bytes, if it fits.
-    pub fn take(&mut self, parts: &[usize], scalars: usize) -> bool {
+    /// Takes an item of `parts`, strings or byte strings of these lengths
+    /// (each encoded as its length and its bytes), if it fits.
+    pub fn take(&mut self, parts: &[usize]) -> bool {
         let size = parts
             .iter()
-            .try_fold(scalars, |n, len| n.checked_add(len.checked_add(4)?));
+            .try_fold(0usize, |n, len| n.checked_add(len.checked_add(4)?));
         match size {
             Some(size) if size <= self.left => {
                 self.left -= size;
@@ -255,7 +254,7 @@ mod tests {
         let mut budget = ReplyBudget::list();
         let name = "n".repeat(1000);
         let mut names = Vec::new();
-        while budget.take(&[name.len()], 0) {
+        while budget.take(&[name.len()]) {
             names.push(name.clone());
         }
         // One more would not have fitted; these do, to the byte.
@@ -267,8 +266,8 @@ mod tests {
         }
         assert!(w.len() + 4 + name.len() > MAX_REPLY, "{}", w.len());
         assert_eq!(w.str(&name), Err(WireError::Overflow));
-        assert!(!ReplyBudget::list().take(&[usize::MAX - 2], 0));
-        assert!(!ReplyBudget::list().take(&[MAX_REPLY], 0));
+        assert!(!ReplyBudget::list().take(&[usize::MAX - 2]));
+        assert!(!ReplyBudget::list().take(&[MAX_REPLY]));
     }
 
     #[test]

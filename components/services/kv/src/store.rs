@@ -115,7 +115,7 @@ impl kv::Server for Store {
             .entries
             .range::<str, _>((Bound::Included(from), Bound::Unbounded))
             .take(limit as usize)
-            .take_while(|(k, v)| reply.take(&[k.len(), v.len()], 0))
+            .take_while(|(k, v)| reply.take(&[k.len(), v.len()]))
             .map(|(k, v)| Pair {
                 key: k.clone(),
                 value: v.clone(),

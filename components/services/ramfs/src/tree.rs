@@ -497,7 +497,7 @@ fn page_after(children: &BTreeMap<String, u64>, after: &str) -> Vec<String> {
     children
         .range::<str, _>((Bound::Excluded(after), Bound::Unbounded))
         .map(|(name, _)| name)
-        .take_while(|name| reply.take(&[name.len()], 0))
+        .take_while(|name| reply.take(&[name.len()]))
         .cloned()
         .collect()
 }

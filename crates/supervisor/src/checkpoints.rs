@@ -26,7 +26,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,7 @@ use kintsugi_runtime::abi::shm::Region;
 use kintsugi_system::{CheckpointPolicy, DEFAULT_READ_AHEAD_PAGES};
 use serde::Serialize;
 
+use crate::mailbox::Mailbox;
 use crate::vault::{ExportedRecord, VaultActivity, VaultStore};
 
 /// How long a periodic checkpoint waits for a safe point before it is
@@ -471,8 +472,8 @@ impl Tracked {
     }
 }
 
-/// The checkpoint thread: serves `commands` until every sender is gone.
-pub(crate) fn serve(mut comps: Vec<Tracked>, dir: PathBuf, commands: Receiver<Command>) {
+/// The checkpoint thread: serves `commands` until the mailbox is closed.
+pub(crate) fn serve(mut comps: Vec<Tracked>, dir: PathBuf, commands: Arc<Mailbox<Command>>) {
     // How often a full request log is looked for.
     let poll = match comps.iter().any(|c| c.journal.is_some()) {
         true => Duration::from_millis(5),
@@ -482,10 +483,11 @@ pub(crate) fn serve(mut comps: Vec<Tracked>, dir: PathBuf, commands: Receiver<Co
         let now = Instant::now();
         let due = comps.iter().filter_map(|c| c.next_due).min();
         let wait = due.map_or(poll, |d| d.saturating_duration_since(now).min(poll));
-        match commands.recv_timeout(wait) {
-            Ok(cmd) => handle(&mut comps, cmd),
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
+        let Some(taken) = commands.take(wait) else {
+            return;
+        };
+        for cmd in taken {
+            handle(&mut comps, cmd);
         }
         let now = Instant::now();
         let full = |c: &Tracked| {
@@ -1207,12 +1209,11 @@ fn summary(
     }
 }
 
-/// Starts the checkpoint thread; it runs until every sender of
-/// `commands` is dropped.
+/// Starts the checkpoint thread; it runs until `commands` is closed.
 pub(crate) fn start(
     comps: Vec<Tracked>,
     dir: PathBuf,
-    commands: Receiver<Command>,
+    commands: Arc<Mailbox<Command>>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("checkpoints".into())

@@ -13,6 +13,7 @@ pub mod events;
 pub mod health;
 pub mod journald;
 mod ladder;
+mod mailbox;
 mod managed;
 mod options;
 mod output;

@@ -16,6 +16,7 @@ use crate::ladder::Crash;
 use crate::managed::Phase;
 use crate::options::{StopReason, SupervisorError};
 use crate::policy::GiveUpReason;
+use crate::process::ExitProbe;
 use crate::supervisor::{Deferred, Supervisor};
 use crate::watch::Watcher;
 
@@ -35,7 +36,10 @@ impl Supervisor<'_> {
                     self.lifeline_notify.clone(),
                 )
             });
-            *watch = Some(watcher.watch(inc.bank, inc.generation));
+            // Opened now, while it lives, so that reading its exit at its
+            // death is one `pread`.
+            let exit = ExitProbe::open(inc.proc.pid).ok();
+            *watch = Some(watcher.watch(inc.bank, inc.generation, exit));
         }
     }
 

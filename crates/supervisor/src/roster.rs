@@ -6,7 +6,6 @@
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
 use kintsugi_runtime::abi::boot::ControlBlock;
@@ -17,6 +16,7 @@ use kintsugi_runtime::InterfaceInfo;
 use crate::checkpoints::{Command, Summary};
 use crate::events::Event;
 use crate::health::{component_of, Health};
+use crate::mailbox::Mailbox;
 use crate::output::Tails;
 use crate::quota::{VaultUsage, VaultUse};
 
@@ -82,7 +82,7 @@ pub struct Roster {
     /// Written once per report or stop request; the supervisor's event loop listens.
     notify: Mutex<Option<OwnedFd>>,
     /// The supervisor's checkpoint thread, while the system runs.
-    checkpoints: Mutex<Option<Sender<Command>>>,
+    checkpoints: Mutex<Option<Arc<Mailbox<Command>>>>,
     /// Turns of the supervisor's event loop.
     turns: AtomicU64,
     /// Each component's last stderr lines (`output.rs`).
@@ -297,7 +297,9 @@ impl Roster {
             e.member.incarnations += u64::from(pid.is_some());
         }
         let name = name.to_string();
-        self.tell_checkpoints(match pid {
+        // Said on the reboot's path: handled before anything the
+        // checkpoint thread does next, woken when the event loop flushes.
+        self.post_checkpoints(match pid {
             Some(pid) => Command::Live { name, pid },
             None => Command::Down { name },
         });
@@ -309,14 +311,37 @@ impl Roster {
         self.tell_checkpoints(Command::Standby { name, pid });
     }
 
-    pub(crate) fn set_checkpoints(&self, commands: Option<Sender<Command>>) {
-        *self.checkpoints.lock().unwrap_or_else(|p| p.into_inner()) = commands;
+    /// The checkpoint thread's mailbox while the system runs; `None`
+    /// closes the one before, and the thread ends once it has taken what
+    /// it holds.
+    pub(crate) fn set_checkpoints(&self, commands: Option<Arc<Mailbox<Command>>>) {
+        let was = std::mem::replace(
+            &mut *self.checkpoints.lock().unwrap_or_else(|p| p.into_inner()),
+            commands,
+        );
+        if let Some(was) = was {
+            was.close();
+        }
     }
 
     fn tell_checkpoints(&self, cmd: Command) -> bool {
         match &*self.checkpoints.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(tx) => tx.send(cmd).is_ok(),
+            Some(m) => m.send(cmd),
             None => false,
+        }
+    }
+
+    fn post_checkpoints(&self, cmd: Command) {
+        if let Some(m) = &*self.checkpoints.lock().unwrap_or_else(|p| p.into_inner()) {
+            m.post(cmd);
+        }
+    }
+
+    /// Wakes the checkpoint thread for the commands posted since it last
+    /// looked (the event loop does, before it sleeps).
+    pub(crate) fn flush_checkpoints(&self) {
+        if let Some(m) = &*self.checkpoints.lock().unwrap_or_else(|p| p.into_inner()) {
+            m.flush();
         }
     }
 

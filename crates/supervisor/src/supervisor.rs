@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::AtomicU64;
-use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +22,7 @@ use kintsugi_system::{
 };
 
 use crate::ladder::{HangAnswer, Ladder};
+use crate::mailbox::Mailbox;
 use crate::managed::SystemWide;
 use crate::output::Relay;
 use crate::watch::Watcher;
@@ -37,7 +37,6 @@ use crate::events::{Event, Exit};
 use crate::managed::{Durable, Managed, Phase, Role, Served, Standby, Used, Wiring, Zygote};
 use crate::options::{Options, Report, StopReason, SupervisorError};
 use crate::policy::RestartWindow;
-use crate::process::dying_exit;
 use crate::roster::{call_name, FaultReport, RollbackOutcome, Roster};
 use crate::source::{listen, Source};
 use crate::vault::{priority_ceiling, Limits, VaultActivity, VaultStore};
@@ -167,7 +166,7 @@ pub(crate) struct Supervisor<'a> {
     /// What the checkpoint thread will keep of each component, gathered
     /// at boot, and its commands, queued until it starts.
     tracked: Vec<Tracked>,
-    checkpoint_commands: Option<Receiver<Command>>,
+    checkpoint_commands: Option<Arc<Mailbox<Command>>>,
     pub(crate) checkpoint_thread: Option<std::thread::JoinHandle<()>>,
     /// Images to restore at boot (`Options::restores`), read and checked
     /// before anything starts.
@@ -215,8 +214,8 @@ impl<'a> Supervisor<'a> {
             options.journal.clone(),
             options.component_stdout,
         )?;
-        let (commands, checkpoint_commands) = std::sync::mpsc::channel();
-        roster.set_checkpoints(Some(commands));
+        let checkpoint_commands = Arc::new(Mailbox::new());
+        roster.set_checkpoints(Some(checkpoint_commands.clone()));
         listen(&epoll, &fault_pipe, Source::Fault)?;
         Ok(Self {
             options,
@@ -569,6 +568,7 @@ impl<'a> Supervisor<'a> {
                 wake = Some(wake.map_or(end, |w| w.min(end)));
             }
             let timeout = wake.map(|w| timespec(w.saturating_duration_since(Instant::now())));
+            self.roster.flush_checkpoints();
             let (events, _) = match epoll::wait(&self.epoll, &mut buf, timeout.as_ref()) {
                 Err(rustix::io::Errno::INTR) => continue,
                 r => r?,
@@ -900,9 +900,13 @@ impl<'a> Supervisor<'a> {
         if m.live().is_none_or(|l| l.generation != generation) {
             return Ok(None); // already handled through its pidfd
         }
+        let exit = match &m.phase {
+            Phase::Live { watch: Some(w), .. } => w.dying_exit(),
+            _ => Exit::Signal(0),
+        };
         let live = m.take_live().expect("checked");
         self.roster.set_live(&m.spec.name, None, m.epoch);
-        let (pid, exit) = (live.proc.pid, dying_exit(live.proc.pid));
+        let pid = live.proc.pid;
         m.dying.push(live.proc);
         self.reboot(idx, pid, exit, detected)
     }

@@ -20,6 +20,9 @@ use kintsugi_runtime::abi::lifeline::{Lifeline, OWNER_DIED, WAITERS};
 use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::futex;
 
+use crate::events::Exit;
+use crate::process::ExitProbe;
+
 /// How long the rest of an incarnation's threads may take to die once its
 /// main thread has.
 const ALL_DEAD_WITHIN: Duration = Duration::from_millis(200);
@@ -65,7 +68,7 @@ impl Watcher {
 
     /// Watches incarnation `generation`, whose threads hold the lifelines
     /// of `bank`, until it dies or the returned [`Watch`] is dropped.
-    pub fn watch(&self, bank: usize, generation: u32) -> Watch {
+    pub fn watch(&self, bank: usize, generation: u32, exit: Option<ExitProbe>) -> Watch {
         let stop = Arc::new(AtomicBool::new(false));
         let job = Job {
             bank,
@@ -77,6 +80,7 @@ impl Watcher {
             stop,
             control: self.control.clone(),
             bank,
+            exit,
         }
     }
 }
@@ -86,6 +90,16 @@ pub struct Watch {
     stop: Arc<AtomicBool>,
     control: Arc<Region>,
     bank: usize,
+    /// Where its exit is read once its lifelines report it dying.
+    exit: Option<ExitProbe>,
+}
+
+impl Watch {
+    /// How the incarnation whose lifelines all died is ending
+    /// (`Exit::Signal(0)`: unknown).
+    pub fn dying_exit(&self) -> Exit {
+        self.exit.as_ref().map_or(Exit::Signal(0), ExitProbe::read)
+    }
 }
 
 impl Drop for Watch {
@@ -93,9 +107,14 @@ impl Drop for Watch {
         self.stop.store(true, Ordering::SeqCst);
         // The watcher sleeps on the main thread's lifeline while the
         // incarnation lives; once that thread has died, the others' die
-        // with the process and wake it themselves.
+        // with the process and wake it themselves, and the watcher sleeps
+        // on the main thread's no more (no wake: a reboot after the
+        // lifelines reported spares its event loop the system call).
         let ctl: &ControlBlock = self.control.at(0);
-        futex::wake_all(&ctl.lifelines[self.bank][0].word);
+        let main = &ctl.lifelines[self.bank][0].word;
+        if main.load(Ordering::SeqCst) & OWNER_DIED == 0 {
+            futex::wake_all(main);
+        }
     }
 }
 

@@ -639,7 +639,7 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
             ));
         }
     }
-    for (what, names) in [("retry_ok", &f.retry_ok), ("fails", &f.fails)] {
+    for (what, names) in [("retry_ok", &f.retry_ok[..]), ("fails", f.fails.named())] {
         for e in names {
             if !iface.errors.iter().any(|x| &x.name == e) {
                 let declared: Vec<&str> = iface.errors.iter().map(|e| e.name.as_str()).collect();
@@ -653,15 +653,15 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
             }
         }
     }
-    if let Some(e) = f
-        .retry_ok
-        .iter()
-        .find(|e| !f.fails.is_empty() && !f.fails.contains(e))
-    {
+    if let Some(e) = f.retry_ok.iter().find(|e| !f.fails.allows(e)) {
+        let says = match f.fails.named() {
+            [] => "`infallible`",
+            _ => "`fails`",
+        };
         return Err(Fail::new(
             f.span,
             format!(
-                "`retry_ok({e})` names an error that `fails` says a correct server never answers `{}` with",
+                "`retry_ok({e})` names an error that {says} says a correct server never answers `{}` with",
                 f.name
             ),
         ));

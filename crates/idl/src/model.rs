@@ -232,6 +232,34 @@ impl BoundKind {
     }
 }
 
+/// Which errors a correct server answers a call with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Fails {
+    /// Any error the interface declares (no annotation).
+    #[default]
+    Declared,
+    /// Only these (`fails(A, B)`); none at all: `infallible`.
+    Only(Vec<String>),
+}
+
+impl Fails {
+    /// The errors named (none for [`Fails::Declared`] and `infallible`).
+    pub fn named(&self) -> &[String] {
+        match self {
+            Fails::Declared => &[],
+            Fails::Only(names) => names,
+        }
+    }
+
+    /// Whether a correct server may answer the call with error `e`.
+    pub fn allows(&self, e: &str) -> bool {
+        match self {
+            Fails::Declared => true,
+            Fails::Only(names) => names.iter().any(|n| n == e),
+        }
+    }
+}
+
 /// A bound of a function's result by one of its arguments.
 #[derive(Debug, Clone)]
 pub struct Bound {
@@ -282,10 +310,9 @@ pub struct Function {
     /// Errors that mean success when the call is retried after its first
     /// attempt's fate was unknown.
     pub retry_ok: Vec<String>,
-    /// The only errors a correct server answers this call with (`fails`;
-    /// empty: any declared error): the client stub takes any other for a
-    /// faulty server's reply.
-    pub fails: Vec<String>,
+    /// The errors a correct server answers this call with: the client
+    /// stub takes any other for a faulty server's reply.
+    pub fails: Fails,
     /// On success, the returned integer becomes this field's value.
     pub store: Option<FieldRef>,
     /// A `create` whose server-side object already exists, named by this
@@ -485,8 +512,12 @@ impl Interface {
             for e in &f.retry_ok {
                 let _ = write!(s, " retry_ok({e})");
             }
-            if !f.fails.is_empty() {
-                let _ = write!(s, " fails({})", f.fails.join(", "));
+            match &f.fails {
+                Fails::Declared => {}
+                Fails::Only(names) if names.is_empty() => s.push_str(" infallible"),
+                Fails::Only(names) => {
+                    let _ = write!(s, " fails({})", names.join(", "));
+                }
             }
             if let Some(r) = &f.store {
                 let _ = write!(s, " store({})", r.idl());

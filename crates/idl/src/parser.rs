@@ -39,6 +39,7 @@ pub(crate) const FN_ANNOTATIONS: &[&str] = &[
     "restore",
     "retry_ok",
     "fails",
+    "infallible",
     "store",
     "named_by",
     "block",
@@ -397,7 +398,7 @@ impl Parser {
             bounds: Vec::new(),
             restore: None,
             retry_ok: Vec::new(),
-            fails: Vec::new(),
+            fails: Fails::Declared,
             store: None,
             named_by: None,
             block: false,
@@ -468,7 +469,22 @@ impl Parser {
                     };
                     f.transition = Some((state(0)?, state(1)?, a.span));
                 }
-                "fails" => f.fails = a.error_names()?,
+                "fails" | "infallible" => {
+                    let names = match a.name.as_str() {
+                        "fails" => a.error_names()?,
+                        _ => {
+                            a.arity(0, "")?;
+                            Vec::new()
+                        }
+                    };
+                    if f.fails != Fails::Declared {
+                        return Err(Fail::new(
+                            a.span,
+                            "a function takes `fails(..)` or `infallible`, not both",
+                        ));
+                    }
+                    f.fails = Fails::Only(names);
+                }
                 _ => f.retry_ok = a.error_names()?,
             }
         }

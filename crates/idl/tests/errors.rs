@@ -118,7 +118,7 @@ fn unknown_argument_annotation() {
 fn unknown_function_annotation() {
     expect(
         "fn f() creat;",
-        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, fails, store, named_by, block, wakeup, transition, readonly",
+        "t.kidl:3:8: unknown annotation `creat`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, fails, infallible, store, named_by, block, wakeup, transition, readonly",
     );
 }
 
@@ -126,7 +126,7 @@ fn unknown_function_annotation() {
 fn argument_annotation_on_function() {
     expect(
         "fn f() remember;",
-        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, fails, store, named_by, block, wakeup, transition, readonly \
+        "t.kidl:3:8: unknown annotation `remember`; expected one of create, terminal, advance, at_most, above, restore, retry_ok, fails, infallible, store, named_by, block, wakeup, transition, readonly \
          (argument annotations go right after the argument's type)",
     );
 }
@@ -535,6 +535,22 @@ fn fails_checks() {
     expect(
         "fn u() retry_ok(Exists) fails(NotFound);",
         "t.kidl:3:4: `retry_ok(Exists)` names an error that `fails` says a correct server never answers `u` with",
+    );
+}
+
+#[test]
+fn infallible_checks() {
+    expect(
+        "fn u() infallible(NotFound);",
+        "t.kidl:3:19: `infallible` takes no arguments",
+    );
+    expect(
+        "fn u() fails(NotFound) infallible;",
+        "t.kidl:3:24: a function takes `fails(..)` or `infallible`, not both",
+    );
+    expect(
+        "fn u() infallible retry_ok(Exists);",
+        "t.kidl:3:4: `retry_ok(Exists)` names an error that `infallible` says a correct server never answers `u` with",
     );
 }
 

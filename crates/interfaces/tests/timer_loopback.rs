@@ -1,6 +1,7 @@
 //! `fails` in the IDL, end to end over real shared memory: timer's `wait`
 //! fails only with `NotArmed` from a correct server, so the generated
-//! client stub takes an `Invalid` for it as a faulty server's reply.
+//! client stub takes an `Invalid` for it as a faulty server's reply; and
+//! `create` is `infallible`, so any error for it is a faulty reply.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,6 +20,8 @@ struct Ticks {
     armed: Mutex<HashMap<u64, bool>>,
     next: AtomicU64,
     wrong: Arc<AtomicU64>,
+    /// `create`s to answer with `Invalid` (a faulty server's), each taking one.
+    refused: Arc<AtomicU64>,
     /// The next `wait` answers a tick this far ahead (a faulty reply that
     /// `above(after)` lets through), once.
     leap: Arc<AtomicU64>,
@@ -34,6 +37,7 @@ impl Ticks {
             armed: Mutex::default(),
             next: AtomicU64::new(incarnation * 1000),
             wrong: faults.wrong.clone(),
+            refused: faults.refused.clone(),
             leap: faults.leap.clone(),
         })
     }
@@ -41,6 +45,12 @@ impl Ticks {
 
 impl timer::Server for Ticks {
     fn create(&self, _: &Caller, _period_us: u64) -> Result<u64, Error> {
+        let refused = self
+            .refused
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| r.checked_sub(1));
+        if refused.is_ok() {
+            return Err(Error::Invalid);
+        }
         let id = self.next.fetch_add(1, Ordering::SeqCst) + 1;
         self.armed.lock().unwrap().insert(id, false);
         Ok(id)
@@ -95,6 +105,7 @@ impl timer::Server for Ticks {
 #[derive(Clone, Default)]
 struct Faults {
     wrong: Arc<AtomicU64>,
+    refused: Arc<AtomicU64>,
     leap: Arc<AtomicU64>,
 }
 
@@ -159,6 +170,37 @@ fn an_error_a_call_never_fails_with_has_the_server_rebooted() {
     client.disarm(tm).unwrap();
     assert_eq!(client.disarm(tm), Err(CallError::Server(Error::NotArmed)));
     assert_eq!(lb.epoch(), 3);
+}
+
+#[test]
+fn any_error_for_an_infallible_call_has_the_server_rebooted() {
+    let faults = Faults::default();
+    let lb = Arc::new(Loopback::new(timer::service(Ticks::new(1, &faults))));
+    let stop = Arc::new(AtomicBool::new(false));
+    let _watchdog = watchdog(&lb, &faults, u64::MAX, &stop);
+    let client = timer::Client::from_connection(lb.watched_connection());
+    faults.refused.store(1, Ordering::SeqCst);
+    let tm = client.create(1000).unwrap();
+    assert_eq!(
+        lb.epoch(),
+        2,
+        "the server that refused `create` was rebooted"
+    );
+    assert_eq!(faults.refused.load(Ordering::SeqCst), 0);
+    client.arm(tm, 0, false).unwrap();
+    assert_eq!(client.wait(tm).unwrap(), 1, "the timer made again serves");
+    // Unwatched, the error comes back as a faulty reply, not as an answer.
+    let lb = Loopback::new(timer::service(Ticks::new(1, &faults)));
+    let client = timer::Client::from_connection(lb.connection());
+    faults.refused.store(1, Ordering::SeqCst);
+    let code = Error::Invalid.code();
+    assert_eq!(
+        client.create(1000),
+        Err(CallError::Fault(Fault::Decode(WireError::Impossible {
+            code
+        })))
+    );
+    assert!(client.create(1000).is_ok());
 }
 
 #[test]

@@ -210,19 +210,26 @@ impl Ctx<'_> {
             o.line(format!("return rt::Err(rt::unsendable({name:?}));"));
             o.close("}");
         }
-        if f.fails.is_empty() {
-            o.open(format!(
+        match &f.fails {
+            Fails::Declared => o.open(format!(
                 "self.conn.invoke(FN_{}, epoch,",
                 f.name.to_uppercase()
-            ));
-        } else {
+            )),
             // Any other error is a reply no correct server gives.
-            let errs: Vec<String> = f.fails.iter().map(|e| format!("Error::{e}")).collect();
-            o.open(format!(
-                "self.conn.invoke_failing(FN_{}, epoch, |e| matches!(e, {}),",
-                f.name.to_uppercase(),
-                errs.join(" | ")
-            ));
+            Fails::Only(names) => {
+                let allowed = match names.as_slice() {
+                    [] => "|_| false".to_string(),
+                    _ => {
+                        let errs: Vec<String> =
+                            names.iter().map(|e| format!("Error::{e}")).collect();
+                        format!("|e| matches!(e, {})", errs.join(" | "))
+                    }
+                };
+                o.open(format!(
+                    "self.conn.invoke_failing(FN_{}, epoch, {allowed},",
+                    f.name.to_uppercase()
+                ));
+            }
         }
         if f.args.is_empty() {
             o.line("|_| rt::Ok(()),");

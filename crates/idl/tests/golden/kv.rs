@@ -3,7 +3,7 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `kv`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "kv",
-    hash: 0x7b3954e5cb5185b9,
+    hash: 0x139eebcb040c9893,
     functions: &["put", "get", "delete", "cas", "scan", "stats"],
     readonly: &[1, 4, 5],
 };
@@ -364,9 +364,10 @@ impl Inner {
             return rt::Err(rt::unsendable("limit"));
         }
         self.conn
-            .invoke(
+            .invoke_failing(
                 FN_SCAN,
                 epoch,
+                |_| false,
                 |w| {
                     w.str(from)?;
                     w.u32(limit)?;
@@ -388,9 +389,10 @@ impl Inner {
         epoch: rt::Option<u64>,
     ) -> rt::Result<rt::Vec<u64>, rt::CallError<Error>> {
         self.conn
-            .invoke(
+            .invoke_failing(
                 FN_STATS,
                 epoch,
+                |_| false,
                 |_| rt::Ok(()),
                 |r| {
                     let n0 = r.u32()?;

@@ -3,7 +3,7 @@ use kintsugi_runtime::generated as rt;
 /// Static facts about interface `timer`.
 pub static INFO: rt::InterfaceInfo = rt::InterfaceInfo {
     name: "timer",
-    hash: 0xf5a90fdf31faaba6,
+    hash: 0x54eab5161c1b5128,
     functions: &["create", "arm", "disarm", "wait", "free"],
     readonly: &[],
 };
@@ -308,7 +308,14 @@ impl Inner {
         if !(1..=60000000).contains(&period_us) {
             return rt::Err(rt::unsendable("period_us"));
         }
-        self.conn.invoke(FN_CREATE, epoch, |w| w.u64(period_us), |r| r.u64())
+        self.conn
+            .invoke_failing(
+                FN_CREATE,
+                epoch,
+                |_| false,
+                |w| w.u64(period_us),
+                |r| r.u64(),
+            )
     }
     fn raw_arm(
         &self,

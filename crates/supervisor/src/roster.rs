@@ -325,24 +325,22 @@ impl Roster {
     }
 
     fn tell_checkpoints(&self, cmd: Command) -> bool {
-        match &*self.checkpoints.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(m) => m.send(cmd),
-            None => false,
-        }
+        self.with_checkpoints(|m| m.send(cmd)).unwrap_or(false)
     }
 
     fn post_checkpoints(&self, cmd: Command) {
-        if let Some(m) = &*self.checkpoints.lock().unwrap_or_else(|p| p.into_inner()) {
-            m.post(cmd);
-        }
+        self.with_checkpoints(|m| m.post(cmd));
     }
 
     /// Wakes the checkpoint thread for the commands posted since it last
     /// looked (the event loop does, before it sleeps).
     pub(crate) fn flush_checkpoints(&self) {
-        if let Some(m) = &*self.checkpoints.lock().unwrap_or_else(|p| p.into_inner()) {
-            m.flush();
-        }
+        self.with_checkpoints(Mailbox::flush);
+    }
+
+    fn with_checkpoints<R>(&self, f: impl FnOnce(&Mailbox<Command>) -> R) -> Option<R> {
+        let held = self.checkpoints.lock().unwrap_or_else(|p| p.into_inner());
+        held.as_deref().map(f)
     }
 
     /// Checkpoints `component` at its next safe point (waiting up to 2 s

@@ -654,8 +654,8 @@ fn check_function(iface: &Interface, f: &Function) -> Result<(), Fail> {
         }
     }
     if let Some(e) = f.retry_ok.iter().find(|e| !f.fails.allows(e)) {
-        let says = match f.fails.named() {
-            [] => "`infallible`",
+        let says = match f.fails {
+            Fails::Never => "`infallible`",
             _ => "`fails`",
         };
         return Err(Fail::new(

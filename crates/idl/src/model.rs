@@ -238,16 +238,18 @@ pub enum Fails {
     /// Any error the interface declares (no annotation).
     #[default]
     Declared,
-    /// Only these (`fails(A, B)`); none at all: `infallible`.
+    /// Only these, one or more (`fails(A, B)`).
     Only(Vec<String>),
+    /// None at all (`infallible`).
+    Never,
 }
 
 impl Fails {
-    /// The errors named (none for [`Fails::Declared`] and `infallible`).
+    /// The errors named by `fails(..)` (none otherwise).
     pub fn named(&self) -> &[String] {
         match self {
-            Fails::Declared => &[],
             Fails::Only(names) => names,
+            Fails::Declared | Fails::Never => &[],
         }
     }
 
@@ -256,6 +258,7 @@ impl Fails {
         match self {
             Fails::Declared => true,
             Fails::Only(names) => names.iter().any(|n| n == e),
+            Fails::Never => false,
         }
     }
 }
@@ -514,10 +517,10 @@ impl Interface {
             }
             match &f.fails {
                 Fails::Declared => {}
-                Fails::Only(names) if names.is_empty() => s.push_str(" infallible"),
                 Fails::Only(names) => {
                     let _ = write!(s, " fails({})", names.join(", "));
                 }
+                Fails::Never => s.push_str(" infallible"),
             }
             if let Some(r) = &f.store {
                 let _ = write!(s, " store({})", r.idl());

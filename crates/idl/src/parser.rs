@@ -470,11 +470,11 @@ impl Parser {
                     f.transition = Some((state(0)?, state(1)?, a.span));
                 }
                 "fails" | "infallible" => {
-                    let names = match a.name.as_str() {
-                        "fails" => a.error_names()?,
+                    let fails = match a.name.as_str() {
+                        "fails" => Fails::Only(a.error_names()?),
                         _ => {
                             a.arity(0, "")?;
-                            Vec::new()
+                            Fails::Never
                         }
                     };
                     if f.fails != Fails::Declared {
@@ -483,7 +483,7 @@ impl Parser {
                             "a function takes `fails(..)` or `infallible`, not both",
                         ));
                     }
-                    f.fails = Fails::Only(names);
+                    f.fails = fails;
                 }
                 _ => f.retry_ok = a.error_names()?,
             }

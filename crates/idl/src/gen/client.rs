@@ -216,10 +216,10 @@ impl Ctx<'_> {
                 f.name.to_uppercase()
             )),
             // Any other error is a reply no correct server gives.
-            Fails::Only(names) => {
-                let allowed = match names.as_slice() {
+            fails => {
+                let allowed = match fails.named() {
                     [] => "|_| false".to_string(),
-                    _ => {
+                    names => {
                         let errs: Vec<String> =
                             names.iter().map(|e| format!("Error::{e}")).collect();
                         format!("|e| matches!(e, {})", errs.join(" | "))

@@ -11,7 +11,11 @@
 //! be queued on the socket when its successor starts.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
+
+mod ahead;
+use ahead::Ahead;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -66,6 +70,42 @@ pub enum VaultRequest {
         key: String,
         value: serde_json::Value,
     },
+    /// Posted with one socket, on which the vault then serves this
+    /// component's reads (`List`, `Get`, `Changes`) and nothing else: a
+    /// standby's own connection, to read ahead of its activation while
+    /// the live incarnation uses the component's ([`ahead`]). Its
+    /// listings leave out records whose descriptor is not a file (a
+    /// socket, whose peer must see it closed when the record goes), which
+    /// `Changes` always gives.
+    Reader,
+    /// What changed since the reply numbered `since` (a reply's `seq`):
+    /// the records written since and those whose descriptor is no file, in
+    /// the reply's records, and the keys deleted since, in `deleted`. A
+    /// reply with `more` set and nothing else says the changes are not
+    /// all known any more or would not fit in one reply: list again.
+    Changes { id: u64, since: u64 },
+}
+
+impl VaultRequest {
+    /// Whether it only reads (and may come on a reader's socket).
+    pub fn reads_only(&self) -> bool {
+        matches!(
+            self,
+            Self::List { .. } | Self::Get { .. } | Self::Changes { .. }
+        )
+    }
+
+    /// The id its reply carries (0 for one that has no reply).
+    pub fn id(&self) -> u64 {
+        match self {
+            Self::Apply { id, .. }
+            | Self::List { id, .. }
+            | Self::Get { id, .. }
+            | Self::Create { id, .. }
+            | Self::Changes { id, .. } => *id,
+            Self::Post { .. } | Self::Reader => 0,
+        }
+    }
 }
 
 /// A request as it travels: with the priority of the thread it is made for
@@ -84,6 +124,13 @@ pub struct VaultReply {
     pub error: Option<String>,
     pub records: Vec<RecordHeader>,
     pub more: bool,
+    /// For `List` and `Changes`: the number of the latest change to the
+    /// component's records when the reply was made.
+    #[serde(default)]
+    pub seq: u64,
+    /// For `Changes`: the keys deleted.
+    #[serde(default)]
+    pub deleted: Vec<String>,
 }
 
 /// A record as listed; when `fd` is set its descriptor rides along, in order.
@@ -159,6 +206,10 @@ pub struct Vault {
     /// (kept: a fresh zeroed 128 KiB per round trip is 32 page faults, and
     /// giving it back unmaps it, a TLB shootdown across the machine).
     conn: Mutex<Conn>,
+    /// The records a standby read ahead, for the first [`Vault::list`].
+    ahead: Mutex<Ahead>,
+    /// Raised by a listing: see [`Vault::noting_lists`].
+    lists: Option<&'static AtomicU32>,
 }
 
 struct Conn {
@@ -180,7 +231,16 @@ impl Vault {
                 next_id: seed,
                 buf: Vec::new(),
             }),
+            ahead: Mutex::new(Ahead::Unread),
+            lists: None,
         }
+    }
+
+    /// The same, raising `flag` at every [`Vault::list`]: the component's
+    /// standbys read ahead only if it lists ([`ahead`]).
+    pub fn noting_lists(mut self, flag: &'static AtomicU32) -> Self {
+        self.lists = Some(flag);
+        self
     }
 
     /// Applies `ops` atomically; `fds` are the descriptors of the `Put { fd: true }` ops, in order.
@@ -196,9 +256,14 @@ impl Vault {
     /// refused request is only logged by the vault.
     pub fn post(&self, ops: Vec<VaultOp>, fds: &[BorrowedFd<'_>]) -> Result<(), VaultError> {
         announced(&ops, fds)?;
+        self.send_only(VaultRequest::Post { ops }, fds)
+    }
+
+    /// Sends a request that has no reply.
+    fn send_only(&self, request: VaultRequest, fds: &[BorrowedFd<'_>]) -> Result<(), VaultError> {
         let message = VaultMessage {
             priority: crate::priority::current().word(),
-            request: VaultRequest::Post { ops },
+            request,
         };
         fdpass::send(self.sock.as_fd(), &encoded(&message)?, fds)?;
         Ok(())
@@ -268,7 +333,15 @@ impl Vault {
 
     /// Every record this component has kept, in key order: its own and
     /// those its server stubs keep (creation records under `<interface>/`).
+    /// The first call in an incarnation whose standby read them ahead
+    /// ([`Vault::read_ahead_until`]) asks the vault only what changed since.
     pub fn list(&self) -> Result<Vec<VaultRecord>, VaultError> {
+        if let Some(flag) = self.lists {
+            flag.store(1, Ordering::Relaxed);
+        }
+        if let Some(listed) = self.caught_up()? {
+            return Ok(listed);
+        }
         self.list_prefix("")
     }
 
@@ -294,6 +367,13 @@ impl Vault {
         prefix: &str,
         after: Option<&str>,
     ) -> Result<(Vec<VaultRecord>, bool), VaultError> {
+        let page = self.page(prefix, after)?;
+        Ok((page.records, page.more))
+    }
+
+    /// One page of a listing, with the number of the latest change when it
+    /// was made.
+    fn page(&self, prefix: &str, after: Option<&str>) -> Result<Page, VaultError> {
         let (reply, fds) = self.round_trip(
             |id| VaultRequest::List {
                 id,
@@ -302,8 +382,11 @@ impl Vault {
             },
             &[],
         )?;
-        let more = reply.more;
-        Ok((records(reply.records, fds)?, more))
+        Ok(Page {
+            more: reply.more,
+            seq: reply.seq,
+            records: records(reply.records, fds)?,
+        })
     }
 
     fn round_trip(
@@ -343,6 +426,13 @@ impl Vault {
             return Ok((reply, fds));
         }
     }
+}
+
+/// One page of a listing.
+struct Page {
+    records: Vec<VaultRecord>,
+    more: bool,
+    seq: u64,
 }
 
 /// `message` as sent, refused here if the vault could not read it whole.

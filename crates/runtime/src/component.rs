@@ -525,13 +525,20 @@ impl Boot {
             tracing::warn!("descriptor table not grown ahead: {e}");
         }
         let gate = start_workers(&info, &provided, &control, bank, journal.as_ref());
+        // The control block is mapped for the rest of this process's life.
+        let forever: &'static Region = Box::leak(Box::new(control.clone()));
+        let forever: &'static ControlBlock = forever.at(0);
+        let vault = Arc::new(Vault::new(vault).noting_lists(&forever.lists_vault));
+        // Only for a component that lists its vault (its incarnations
+        // raise the flag).
+        let lists = forever.lists_vault.load(Ordering::Relaxed) != 0;
+        let ahead = (info.read_vault_ahead && lists)
+            .then(|| read_vault_ahead(&vault, &control, generation))
+            .flatten();
         take_first_faults(ctl, generation, journal.is_some());
         let epoch = ctl.wait_activation(generation);
         let woke = std::time::Instant::now();
         crate::logging::set_epoch(epoch);
-        // The control block is mapped for the rest of this process's life.
-        let forever: &'static Region = Box::leak(Box::new(control.clone()));
-        let forever: &'static ControlBlock = forever.at(0);
         process::report_panics_to(&forever.panic_site);
         if info.watchdog {
             crate::watchdog::enable(&forever.watch);
@@ -548,7 +555,6 @@ impl Boot {
             .zip(used)
             .map(|(u, edge)| Arc::new(Listener::new(edge, &u.interface, Some(prio))))
             .collect();
-        let vault = Arc::new(Vault::new(vault));
         let runtime = Arc::new(Runtime {
             used,
             provided: provided.iter().cloned().map(Mailbox::new).collect(),
@@ -581,6 +587,10 @@ impl Boot {
         ctl.init_ns
             .store(woke.elapsed().as_nanos() as u64, Ordering::SeqCst);
         ctl.report(generation, true);
+        runtime.vault.forget_ahead();
+        if let Some(reader) = ahead {
+            reader.unpark(); // it ends at once, its copy of no more use
+        }
         watch_clients(&control, &info_provides(&runtime), &provided, &gate, prio);
         if eager {
             runtime.recover_eagerly(&gate.recovery, ctl);
@@ -624,6 +634,37 @@ fn take_first_faults(ctl: &ControlBlock, generation: u32, restored: bool) {
     if let Err(e) = process::populate_private_memory(POPULATED_PAGES, || ctl.activated(generation))
     {
         tracing::warn!("standby: pages left to fault in the incarnation: {e}");
+    }
+}
+
+/// Starts a standby's thread that reads its vault ahead
+/// ([`Vault::read_ahead_until`]), once it has waited [`SETTLE`] unneeded;
+/// the thread, to unpark once the incarnation no longer needs it.
+fn read_vault_ahead(
+    vault: &Arc<Vault>,
+    control: &Arc<Region>,
+    generation: u32,
+) -> Option<std::thread::Thread> {
+    let (vault, control) = (vault.clone(), control.clone());
+    let spawned = std::thread::Builder::new()
+        .name("vault-ahead".into())
+        .spawn(move || {
+            let ctl: &ControlBlock = control.at(0);
+            // Not woken by the activation: it would take a CPU then.
+            std::thread::park_timeout(SETTLE);
+            if ctl.activated(generation) {
+                return;
+            }
+            if let Err(e) = vault.read_ahead_until(|| ctl.activated(generation)) {
+                tracing::debug!("standby: vault not read ahead: {e}");
+            }
+        });
+    match spawned {
+        Ok(t) => Some(t.thread().clone()),
+        Err(e) => {
+            tracing::warn!("standby: vault not read ahead: {e}");
+            None
+        }
     }
 }
 

@@ -28,7 +28,8 @@ pub use syscalls::Sysno;
 /// passes, `/proc/self` and files to read), and what the checkpointer
 /// injects (`mmap`, `clone`, `userfaultfd`, `ioctl`, …). Not in it, among
 /// others: other processes' memory and tracing, mounts and namespaces,
-/// modules, keys, clocks, BPF, performance counters, making sockets,
+/// modules, keys, clocks, BPF, performance counters, making sockets
+/// (but for a connected pair of its own, `socketpair`),
 /// changing the file system (opening a file to write it included),
 /// `execve`.
 pub const RUNTIME: &[Sysno] = &[
@@ -131,6 +132,9 @@ pub const RUNTIME: &[Sysno] = &[
     Sysno::sendto,
     Sysno::recvfrom,
     Sysno::pipe2,
+    // A connected pair of its own, like a pipe: a standby's private
+    // socket to its vault (`vault::ahead`).
+    Sysno::socketpair,
     Sysno::eventfd2,
     Sysno::poll,
     Sysno::ppoll,

@@ -22,6 +22,40 @@ pub(crate) struct Entry {
     pub value: serde_json::Value,
     pub fd: Option<OwnedFd>,
     size: u64,
+    /// The change that last wrote it ([`Records::seq`]).
+    seq: u64,
+    /// Whether `fd` is a file (a memfd, or a file of the vault's
+    /// directory), which a reader may hold ahead: see [`Records::changes`].
+    file: bool,
+}
+
+impl Entry {
+    /// Whether a reader's listing may carry this record with its
+    /// descriptor: it has none, or a file.
+    pub(crate) fn readable_ahead(&self) -> bool {
+        self.fd.is_none() || self.file
+    }
+}
+
+/// Whether `fd` is a regular file.
+fn is_file(fd: Option<&OwnedFd>) -> bool {
+    fd.is_some_and(|fd| {
+        rustix::fs::fstat(fd)
+            .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_file())
+    })
+}
+
+/// Deleted keys remembered for [`Records::changes`]; a reader whose
+/// listing is older than the oldest lists again.
+const TOMBSTONES: usize = 4096;
+
+/// What changed in a component's records since a reader listed them.
+pub(crate) struct Changes<'a> {
+    /// Records written since, and every record whose descriptor a reader
+    /// is never given ahead (a socket), in key order.
+    pub changed: Vec<(&'a String, &'a Entry)>,
+    /// Keys deleted since and absent now.
+    pub deleted: Vec<&'a String>,
 }
 
 /// A record's state before a change: its value and a duplicate of its
@@ -116,6 +150,13 @@ pub(crate) struct Records {
     map: BTreeMap<String, Entry>,
     bytes: u64,
     fds: u64,
+    /// Changes made: each put and delete takes the next number.
+    seq: u64,
+    /// Keys deleted, by the change that deleted them: the latest
+    /// [`TOMBSTONES`].
+    deleted: BTreeMap<u64, String>,
+    /// Deletions at or before this change may be missing from `deleted`.
+    floor: u64,
 }
 
 /// The size a record counts for: its key and its value as JSON text.
@@ -140,7 +181,9 @@ impl Records {
         let entry = Entry {
             size: size_of(&key, &value),
             value,
+            file: is_file(fd.as_ref()),
             fd,
+            seq: self.stamp(),
         };
         self.bytes += entry.size;
         self.fds += u64::from(entry.fd.is_some());
@@ -155,7 +198,58 @@ impl Records {
         if let Some(old) = self.map.remove(key) {
             self.bytes -= old.size;
             self.fds -= u64::from(old.fd.is_some());
+            self.note_deleted(key.to_string());
         }
+    }
+
+    /// The number of the change being made.
+    fn stamp(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// Remembers that `key` was deleted by a change of its own.
+    fn note_deleted(&mut self, key: String) {
+        let seq = self.stamp();
+        self.deleted.insert(seq, key);
+        while self.deleted.len() > TOMBSTONES {
+            if let Some((oldest, _)) = self.deleted.pop_first() {
+                self.floor = oldest;
+            }
+        }
+    }
+
+    /// The number of the latest change.
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// What changed after change `since`, for one who listed the records
+    /// then (None: the deletions since are no longer all known, or `since`
+    /// is no change of these records; list again): for a reader (`ahead`),
+    /// the records written since that it may hold; for the component
+    /// itself, those and every record a reader is not given.
+    pub(crate) fn changes(&self, since: u64, ahead: bool) -> Option<Changes<'_>> {
+        if since < self.floor || since > self.seq {
+            return None;
+        }
+        let changed = self
+            .map
+            .iter()
+            .filter(|(_, e)| match ahead {
+                true => e.seq > since && e.readable_ahead(),
+                false => e.seq > since || !e.readable_ahead(),
+            })
+            .collect();
+        let mut deleted: Vec<&String> = self
+            .deleted
+            .range(since + 1..)
+            .map(|(_, key)| key)
+            .filter(|key| !self.map.contains_key(*key))
+            .collect();
+        deleted.sort();
+        deleted.dedup();
+        Some(Changes { changed, deleted })
     }
 
     /// Puts records back as they were before a change that could not be
@@ -261,15 +355,20 @@ impl Records {
         for (op, size) in ops.into_iter().zip(sizes) {
             match op {
                 VaultOp::Put { key, value, fd } => {
+                    let seq = self.stamp();
                     let entry = self.map.entry(key).or_default();
                     entry.value = value;
                     entry.size = size;
+                    entry.seq = seq;
                     if fd {
                         entry.fd = fds.next();
+                        entry.file = is_file(entry.fd.as_ref());
                     }
                 }
                 VaultOp::Delete { key } => {
-                    self.map.remove(&key);
+                    if self.map.remove(&key).is_some() {
+                        self.note_deleted(key);
+                    }
                 }
             }
         }
@@ -407,5 +506,69 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("descriptors are spent"), "{e}");
         assert!(b.map.is_empty());
+    }
+
+    /// What one who listed at change `since` is told: the records written
+    /// since (for a reader, only those it may hold; for the component,
+    /// sockets too, always), the keys deleted since; nothing once the
+    /// deletions since are more than are remembered.
+    #[test]
+    fn changes_since_a_listing_are_told_until_the_deletions_are_forgotten() {
+        let (quota, budget) = (VaultQuota::default(), FdBudget::new(100));
+        let mut r = Records::default();
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let ops = vec![put("f", json!(1), true), put("s", json!(2), true)];
+        r.apply(ops, vec![memfd(), OwnedFd::from(a)], &quota, &budget)
+            .unwrap();
+        r.apply(vec![put("p", json!(3), false)], vec![], &quota, &budget)
+            .unwrap();
+        let since = r.seq();
+        let keys = |c: &Changes<'_>| -> (Vec<String>, Vec<String>) {
+            let changed = c.changed.iter().map(|(k, _)| k.to_string()).collect();
+            (changed, c.deleted.iter().map(|k| k.to_string()).collect())
+        };
+        let none: Vec<String> = vec![];
+        assert_eq!(
+            keys(&r.changes(since, true).unwrap()),
+            (none.clone(), none.clone())
+        );
+        assert_eq!(
+            keys(&r.changes(since, false).unwrap()),
+            (vec!["s".into()], none.clone())
+        );
+        let ops = vec![
+            put("p", json!(4), false),
+            VaultOp::Delete { key: "f".into() },
+            put("g", json!(5), true),
+        ];
+        r.apply(ops, vec![memfd()], &quota, &budget).unwrap();
+        let told = keys(&r.changes(since, true).unwrap());
+        assert_eq!(told, (vec!["g".into(), "p".into()], vec!["f".into()]));
+        // Deleted and put back: a change, not a deletion.
+        r.apply(
+            vec![VaultOp::Delete { key: "g".into() }],
+            vec![],
+            &quota,
+            &budget,
+        )
+        .unwrap();
+        r.apply(vec![put("g", json!(6), false)], vec![], &quota, &budget)
+            .unwrap();
+        let told = keys(&r.changes(since, true).unwrap());
+        assert_eq!(told, (vec!["g".into(), "p".into()], vec!["f".into()]));
+        assert!(
+            r.changes(r.seq() + 1, true).is_none(),
+            "a change not made yet"
+        );
+        for i in 0..=TOMBSTONES {
+            let key = format!("t{i}");
+            r.apply(vec![put(&key, json!(0), false)], vec![], &quota, &budget)
+                .unwrap();
+            r.apply(vec![VaultOp::Delete { key }], vec![], &quota, &budget)
+                .unwrap();
+        }
+        assert!(r.changes(since, true).is_none(), "deletions forgotten");
+        let recent = r.seq() - 1;
+        assert_eq!(keys(&r.changes(recent, true).unwrap()).1.len(), 1);
     }
 }

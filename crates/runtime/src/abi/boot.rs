@@ -109,6 +109,11 @@ pub struct BootInfo {
     /// (`syscalls = [...]`), by number ([`crate::seccomp`]).
     #[serde(default)]
     pub syscalls: Vec<i32>,
+    /// Whether its standbys read the vault ahead of their activation
+    /// (`vault::ahead`): not for a checkpointed component, whose standby
+    /// must be laid out as its image is.
+    #[serde(default)]
+    pub read_vault_ahead: bool,
 }
 
 fn on_demand() -> String {
@@ -192,6 +197,9 @@ pub struct ControlBlock {
     /// The supervisor's audits of a checkpoint-recovered component's state
     /// before each checkpoint (the runtime's `audit.rs`).
     pub audits: Audits,
+    /// Raised by an incarnation's first listing of its vault: the
+    /// component lists it, so its standbys read it ahead (`vault::ahead`).
+    pub lists_vault: AtomicU32,
 }
 
 /// Audits asked for and answered: generation numbers, raised by one side

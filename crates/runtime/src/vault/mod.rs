@@ -16,6 +16,7 @@ use std::sync::Mutex;
 
 mod ahead;
 use ahead::Ahead;
+pub use ahead::REFRESH;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -83,7 +84,10 @@ pub enum VaultRequest {
     /// the reply's records, and the keys deleted since, in `deleted`. A
     /// reply with `more` set and nothing else says the changes are not
     /// all known any more or would not fit in one reply: list again.
-    Changes { id: u64, since: u64 },
+    Changes {
+        id: u64,
+        since: u64,
+    },
 }
 
 impl VaultRequest {

@@ -14,10 +14,12 @@ use kintsugi_runtime::abi::fdpass;
 use kintsugi_runtime::priority::Priority;
 use kintsugi_system::{VaultQuota, VaultStorage};
 
-use crate::quota::{Entry, FdBudget, Records, Saved, VaultUsage};
+use crate::quota::{Changes, Entry, FdBudget, Records, Saved, VaultUsage};
 
 mod disk;
 use disk::{Disk, Holds, LoggedOp};
+#[cfg(test)]
+mod ahead_tests;
 use kintsugi_runtime::vault::{
     listed_bytes, RecordHeader, VaultMessage, VaultOp, VaultReply, VaultRequest, LIST_PAGE,
     MAX_RECORD,
@@ -117,48 +119,90 @@ impl VaultStore {
             .name(format!("vault:{component}"))
             .spawn(move || {
                 let mut buf = Vec::new();
+                // Standbys' private sockets, on which only reads are served.
+                let mut readers: Vec<OwnedFd> = Vec::new();
                 loop {
-                    wait_readable(&sock);
-                    activity.taking.fetch_add(1, Ordering::SeqCst);
-                    let _finished = Finished(&activity.done);
-                    // Whatever a faulty incarnation sends (an empty record, a
-                    // message cut short) costs that message only: the vault
-                    // must outlive every incarnation of its component.
-                    let (bytes, fds) = match fdpass::recv_into(&sock, &mut buf) {
-                        Ok((n, fds)) => (&buf[..n], fds),
-                        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                            // Unread (too large): answered as unreadable.
-                            let why = format!("malformed request: {e}");
-                            let reply = serde_json::to_vec(&reply(0, Err(why)))
-                                .expect("vault reply serializes");
-                            let _ = fdpass::send(&sock, &reply, &[]);
-                            continue;
+                    let (main, ready) = wait_readable(&sock, &readers);
+                    if main {
+                        activity.taking.fetch_add(1, Ordering::SeqCst);
+                        let _finished = Finished(&activity.done);
+                        match store.serve_one(&component, &limits, &sock, &mut buf, Side::Main) {
+                            Step::Closed => return,
+                            Step::Reader(fd) if readers.len() < READERS => readers.push(fd),
+                            Step::Reader(_) => tracing::warn!(
+                                "vault of {component}: a reader refused ({READERS} are open)"
+                            ),
+                            Step::Served => {}
                         }
-                        Err(e) => {
-                            tracing::warn!("vault socket of {component}: {e}");
-                            std::thread::sleep(std::time::Duration::from_millis(1));
-                            continue;
-                        }
-                    };
-                    if bytes.is_empty() {
-                        if peer_closed(&sock) {
-                            return;
-                        }
-                        tracing::warn!("vault socket of {component}: an empty message, ignored");
-                        continue;
                     }
-                    let Some((reply, out_fds)) = store.handle(&component, &limits, bytes, fds)
-                    else {
-                        continue; // a posted request: no reply
-                    };
-                    let reply = serde_json::to_vec(&reply).expect("vault reply serializes");
-                    let borrowed: Vec<BorrowedFd<'_>> = out_fds.iter().map(|f| f.as_fd()).collect();
-                    // A send can fail only if the component died meanwhile; its
-                    // successor ignores replies it did not ask for.
-                    let _ = fdpass::send(&sock, &reply, &borrowed);
+                    // From the last, so that removing one keeps the others' places.
+                    for i in ready.into_iter().rev() {
+                        let step = store.serve_one(
+                            &component,
+                            &limits,
+                            &readers[i],
+                            &mut buf,
+                            Side::Reader,
+                        );
+                        if !matches!(step, Step::Served) {
+                            readers.swap_remove(i);
+                        }
+                    }
                 }
             })
             .expect("spawn vault thread")
+    }
+
+    /// Takes one message from `sock` and answers it.
+    fn serve_one(
+        &self,
+        component: &str,
+        limits: &Limits,
+        sock: &OwnedFd,
+        buf: &mut Vec<u8>,
+        side: Side,
+    ) -> Step {
+        // Whatever a faulty incarnation sends (an empty record, a
+        // message cut short) costs that message only: the vault
+        // must outlive every incarnation of its component.
+        let (bytes, fds) = match fdpass::recv_into(sock, buf) {
+            Ok((n, fds)) => (&buf[..n], fds),
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                // Unread (too large): answered as unreadable.
+                let why = format!("malformed request: {e}");
+                let reply =
+                    serde_json::to_vec(&reply(0, Err(why))).expect("vault reply serializes");
+                let _ = fdpass::send(sock, &reply, &[]);
+                return Step::Served;
+            }
+            Err(e) if side == Side::Reader => {
+                tracing::debug!("vault reader of {component}: {e}");
+                return Step::Closed;
+            }
+            Err(e) => {
+                tracing::warn!("vault socket of {component}: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                return Step::Served;
+            }
+        };
+        if bytes.is_empty() {
+            if side == Side::Reader || peer_closed(sock) {
+                return Step::Closed;
+            }
+            tracing::warn!("vault socket of {component}: an empty message, ignored");
+            return Step::Served;
+        }
+        let (reply, out_fds) = match self.handle(component, limits, bytes, fds, side) {
+            Outcome::Reply(reply, fds) => (reply, fds),
+            Outcome::Posted => return Step::Served,
+            Outcome::Reader(fd) => return Step::Reader(fd),
+        };
+        let reply = serde_json::to_vec(&reply).expect("vault reply serializes");
+        let borrowed: Vec<BorrowedFd<'_>> = out_fds.iter().map(|f| f.as_fd()).collect();
+        // A send can fail only if the component died meanwhile; its
+        // successor ignores replies it did not ask for.
+        let _ = fdpass::send(sock, &reply, &borrowed);
+        Step::Served
     }
 
     fn handle(
@@ -167,7 +211,8 @@ impl VaultStore {
         limits: &Limits,
         bytes: &[u8],
         fds: Vec<OwnedFd>,
-    ) -> Option<(VaultReply, Vec<OwnedFd>)> {
+        side: Side,
+    ) -> Outcome {
         let request = match serde_json::from_slice::<VaultMessage>(bytes) {
             Ok(VaultMessage { priority, request }) => {
                 // Served at the priority of the thread it is done for, as
@@ -175,29 +220,51 @@ impl VaultStore {
                 kintsugi_runtime::priority::adopt(clamp(priority, limits.ceiling));
                 request
             }
-            Err(e) => return Some((reply(0, Err(format!("malformed request: {e}"))), vec![])),
+            Err(e) => {
+                let why = format!("malformed request: {e}");
+                return Outcome::Reply(reply(0, Err(why)), vec![]);
+            }
         };
+        if side == Side::Reader && !request.reads_only() {
+            let why = "a reader's socket serves reads only".to_string();
+            return Outcome::Reply(reply(request.id(), Err(why)), vec![]);
+        }
         let mut kept = self.inner.lock().unwrap();
         let kept = &mut *kept;
         let apply = |kept: &mut Kept, ops: Vec<VaultOp>, fds: Vec<OwnedFd>| {
             kept.apply(component, limits, &self.budget, ops, fds)
         };
-        Some(match request {
+        let (reply, fds) = match request {
             VaultRequest::Post { ops } => {
                 if let Err(e) = apply(kept, ops, fds) {
                     tracing::warn!("vault of {component}: posted request refused: {e}");
                 }
-                return None;
+                return Outcome::Posted;
+            }
+            VaultRequest::Reader => {
+                let mut fds = fds.into_iter();
+                return match (fds.next(), fds.next()) {
+                    (Some(sock), None) => Outcome::Reader(sock),
+                    _ => {
+                        tracing::warn!("vault of {component}: a reader without its one socket");
+                        Outcome::Posted
+                    }
+                };
             }
             VaultRequest::Apply { id, ops } => {
                 (reply(id, apply(kept, ops, fds).map(|()| vec![])), vec![])
             }
             VaultRequest::List { id, after, prefix } => {
                 let mut out = Vec::new();
-                let (records, more) = kept.list(component, after, &prefix, &mut out);
+                let ahead = side == Side::Reader;
+                let (records, more) = kept.list(component, after, &prefix, ahead, &mut out);
                 let mut r = reply(id, Ok(records));
                 r.more = more;
+                r.seq = kept.records.get(component).map_or(0, Records::seq);
                 (r, out)
+            }
+            VaultRequest::Changes { id, since } => {
+                kept.changes(component, id, since, side == Side::Reader)
             }
             VaultRequest::Get { id, key } => {
                 let mut out = Vec::new();
@@ -238,7 +305,8 @@ impl VaultStore {
                     Err(e) => (reply(id, Err(e)), vec![]),
                 }
             }
-        })
+        };
+        Outcome::Reply(reply, fds)
     }
 
     /// Every record of `component`, for an exported checkpoint: a
@@ -431,15 +499,55 @@ impl Kept {
         }
     }
 
+    /// Request `id`'s answer: what changed in `component`'s records after
+    /// change `since` (see [`Records::changes`]), if it fits in one reply;
+    /// else a reply with nothing and `more`, which tells the reader to
+    /// list again.
+    fn changes(
+        &self,
+        component: &str,
+        id: u64,
+        since: u64,
+        ahead: bool,
+    ) -> (VaultReply, Vec<OwnedFd>) {
+        let none = Records::default();
+        let records = self.records.get(component).unwrap_or(&none);
+        let mut r = reply(id, Ok(vec![]));
+        r.seq = records.seq();
+        let fits = |c: &Changes<'_>| {
+            let listed = c.changed.iter().map(|(k, e)| listed_bytes(k, &e.value));
+            let deleted = c
+                .deleted
+                .iter()
+                .map(|k| listed_bytes(k, &serde_json::Value::Null));
+            c.changed.len() + c.deleted.len() <= LIST_PAGE
+                && listed.chain(deleted).sum::<usize>() <= MAX_RECORD
+        };
+        let Some(changes) = records.changes(since, ahead).filter(fits) else {
+            r.more = true;
+            return (r, vec![]);
+        };
+        let mut fds = Vec::new();
+        r.records = changes
+            .changed
+            .iter()
+            .map(|(key, e)| header(key, e, &mut fds))
+            .collect();
+        r.deleted = changes.deleted.into_iter().cloned().collect();
+        (r, fds)
+    }
+
     /// Up to [`LIST_PAGE`] of `component`'s records with keys after the
     /// later of `after` and `prefix` and starting with `prefix`, in order
     /// (their descriptors join `fds`), as many as fit in one reply, and
-    /// whether more follow.
+    /// whether more follow. For a reader (`ahead`), only the records it
+    /// may hold ahead ([`Entry::readable_ahead`]).
     fn list(
         &self,
         component: &str,
         after: Option<String>,
         prefix: &str,
+        ahead: bool,
         fds: &mut Vec<OwnedFd>,
     ) -> (Vec<RecordHeader>, bool) {
         let Some(records) = self.records.get(component) else {
@@ -452,7 +560,8 @@ impl Kept {
         let mut range = records
             .map()
             .range::<String, _>((from, std::ops::Bound::Unbounded))
-            .take_while(|(key, _)| key.starts_with(prefix));
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .filter(|(_, e)| !ahead || e.readable_ahead());
         // The records of a reply may take `MAX_RECORD` bytes (the rest of
         // a message is the reply's own); the first always fits, the vault
         // taking no larger record.
@@ -515,6 +624,8 @@ fn reply(id: u64, result: Result<Vec<RecordHeader>, String>) -> VaultReply {
         error,
         records,
         more: false,
+        seq: 0,
+        deleted: Vec::new(),
     }
 }
 
@@ -561,13 +672,48 @@ impl Drop for Finished<'_> {
     }
 }
 
-/// Blocks until the socket has a message (or is closed).
-fn wait_readable(sock: &OwnedFd) {
-    let mut fds = [rustix::event::PollFd::new(
-        sock,
-        rustix::event::PollFlags::IN,
-    )];
+/// Readers' sockets a component's vault serves at once at most: one per
+/// standby, and one more for a standby that replaces it.
+const READERS: usize = 2;
+
+/// Which socket a request came on: the component's own, or a reader's
+/// (a standby listing ahead of its activation, through
+/// [`VaultRequest::Reader`]), on which only reads are served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Main,
+    Reader,
+}
+
+/// What became of one message taken from a socket.
+enum Step {
+    Served,
+    /// The socket is closed (a reader's, or an unreadable one).
+    Closed,
+    /// A new reader's socket, to serve from now on.
+    Reader(OwnedFd),
+}
+
+/// What a request asks of the serving thread.
+enum Outcome {
+    Reply(VaultReply, Vec<OwnedFd>),
+    /// Nothing to send back.
+    Posted,
+    Reader(OwnedFd),
+}
+
+/// Blocks until the component's socket or a reader's has a message (or
+/// is closed): whether the component's has, and which readers have.
+fn wait_readable(sock: &OwnedFd, readers: &[OwnedFd]) -> (bool, Vec<usize>) {
+    use rustix::event::{PollFd, PollFlags};
+    let mut fds: Vec<PollFd<'_>> = std::iter::once(sock)
+        .chain(readers)
+        .map(|fd| PollFd::new(fd, PollFlags::IN))
+        .collect();
     while let Err(rustix::io::Errno::INTR) = rustix::event::poll(&mut fds, None) {}
+    let ready = |fd: &PollFd<'_>| !fd.revents().is_empty();
+    let readers = (1..fds.len()).filter(|&i| ready(&fds[i])).map(|i| i - 1);
+    (ready(&fds[0]), readers.collect())
 }
 
 /// The highest priority of component `name` and of every component that

@@ -1,0 +1,164 @@
+//! A standby's read of its vault ahead of its activation, through the
+//! real protocol: a reader's socket, its copy brought up to date while the
+//! live incarnation changes the records, and the first listing made from
+//! it with one request.
+
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use kintsugi_runtime::abi::fdpass;
+use kintsugi_runtime::priority::Priority;
+use kintsugi_runtime::vault::{Vault, VaultError, VaultMessage, VaultRecord, VaultRequest};
+use kintsugi_system::VaultQuota;
+use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+
+use super::{Limits, VaultActivity, VaultStore};
+
+/// The component's socket, served by `store` as component `c`, and what
+/// its thread has taken.
+fn served(store: &VaultStore) -> (OwnedFd, Arc<VaultActivity>) {
+    let (a, b) = socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let limits = Limits {
+        quota: VaultQuota::default(),
+        usage: Arc::default(),
+        ceiling: Priority::nice(0),
+    };
+    let activity = Arc::new(VaultActivity::default());
+    store.serve("c".into(), b, activity.clone(), limits);
+    (a, activity)
+}
+
+/// Records as comparable: key, value, and the contents of a file or the
+/// kind of any other descriptor.
+fn seen(records: Vec<VaultRecord>) -> Vec<(String, String, Option<String>)> {
+    records
+        .into_iter()
+        .map(|r| {
+            let fd = r.fd.map(|fd| {
+                let st = rustix::fs::fstat(&fd).unwrap();
+                match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+                    rustix::fs::FileType::RegularFile => {
+                        // From the start: the offset is the writer's too.
+                        let mut bytes = vec![0; st.st_size as usize];
+                        std::fs::File::from(fd)
+                            .read_exact_at(&mut bytes, 0)
+                            .unwrap();
+                        String::from_utf8(bytes).unwrap()
+                    }
+                    other => format!("{other:?}"),
+                }
+            });
+            (r.key, r.value.to_string(), fd)
+        })
+        .collect()
+}
+
+fn file(vault: &Vault, key: &str, contents: &str) {
+    let fd = vault.create_file(key, serde_json::json!(key)).unwrap();
+    std::fs::File::from(fd)
+        .write_all(contents.as_bytes())
+        .unwrap();
+}
+
+#[test]
+fn a_copy_read_ahead_and_kept_up_to_date_lists_what_the_vault_holds_in_one_request() {
+    let store = VaultStore::default();
+    let (sock, activity) = served(&store);
+    let live = Vault::new(sock.try_clone().unwrap());
+    // More than two pages: 150 files, 150 plain records, and a socket.
+    for i in 0..150 {
+        file(&live, &format!("f{i:03}"), &format!("contents {i}"));
+        live.put(&format!("p{i:03}"), serde_json::json!(i), None)
+            .unwrap();
+    }
+    let (peer, _other) = std::os::unix::net::UnixStream::pair().unwrap();
+    live.put("sock", serde_json::json!("s"), Some(peer.as_fd()))
+        .unwrap();
+    drop(peer);
+
+    let standby = Arc::new(Vault::new(sock.try_clone().unwrap()));
+    let activated = Arc::new(AtomicBool::new(false));
+    let reading = {
+        let (standby, activated) = (standby.clone(), activated.clone());
+        std::thread::spawn(move || {
+            standby
+                .read_ahead_until(|| activated.load(Ordering::SeqCst))
+                .unwrap()
+        })
+    };
+    // Changes while it reads and between its refreshes.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    for i in 0..10 {
+        live.delete(&format!("f{i:03}")).unwrap();
+        live.put(&format!("p{i:03}"), serde_json::json!("new"), None)
+            .unwrap();
+    }
+    file(&live, "f900", "made while the standby waited");
+    std::thread::sleep(kintsugi_runtime::vault::REFRESH * 2 + kintsugi_runtime::vault::REFRESH / 2);
+    live.delete("p149").unwrap();
+    file(&live, "f010", "written again");
+    activated.store(true, Ordering::SeqCst);
+    reading.thread().unpark();
+    reading.join().unwrap();
+
+    let before = activity.taking.load(Ordering::SeqCst);
+    let listed = seen(standby.list().unwrap());
+    let requests = activity.taking.load(Ordering::SeqCst) - before;
+    let truth = seen(live.list_prefix("").unwrap());
+    assert_eq!(listed, truth);
+    assert_eq!(listed.len(), 150 - 10 + 1 + 150 - 1 + 1, "{listed:?}");
+    assert!(listed.contains(&("sock".into(), "\"s\"".into(), Some("Socket".into()))));
+    assert_eq!(requests, 1, "the first listing asked what changed, once");
+    // Later listings ask the vault.
+    assert_eq!(seen(standby.list().unwrap()), truth);
+}
+
+#[test]
+fn a_readers_socket_serves_reads_only_and_never_a_socket() {
+    let store = VaultStore::default();
+    let (sock, _) = served(&store);
+    let live = Vault::new(sock.try_clone().unwrap());
+    file(&live, "f", "file");
+    let (peer, _other) = std::os::unix::net::UnixStream::pair().unwrap();
+    live.put("sock", serde_json::json!("s"), Some(peer.as_fd()))
+        .unwrap();
+    let (mine, theirs) = socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let message = VaultMessage {
+        priority: 0,
+        request: VaultRequest::Reader,
+    };
+    let bytes = serde_json::to_vec(&message).unwrap();
+    fdpass::send(sock.as_fd(), &bytes, &[theirs.as_fd()]).unwrap();
+    drop(theirs);
+    let reader = Vault::new(mine);
+    let listed = seen(reader.list_prefix("").unwrap());
+    assert_eq!(
+        listed,
+        vec![("f".into(), "\"f\"".into(), Some("file".into()))]
+    );
+    let refused = reader.put("x", serde_json::json!(1), None);
+    assert!(
+        matches!(&refused, Err(VaultError::Refused(why)) if why.contains("reads only")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        seen(live.list_prefix("").unwrap()).len(),
+        2,
+        "nothing written"
+    );
+}

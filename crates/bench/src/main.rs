@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod checkpoint;
+mod idle;
 mod json;
 mod kv;
 mod kv_log;
@@ -183,6 +184,19 @@ enum Bench {
         #[arg(long, default_value_t = 3)]
         repeats: usize,
     },
+    /// What touching memory left idle costs on this machine, per page,
+    /// after pauses asleep and running, against touching it at once.
+    IdleMemory {
+        /// Memory touched, MiB.
+        #[arg(long, default_value_t = 4)]
+        mib: usize,
+        /// Rounds per pause.
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+        /// Pauses, ms.
+        #[arg(long, value_delimiter = ',', default_values_t = [1, 10, 100, 500])]
+        pause_ms: Vec<u64>,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -262,6 +276,11 @@ fn run(b: Bench) -> anyhow::Result<bool> {
             log_only,
         } => kv::kv(ops, repeats, kills, log_only),
         Bench::Vault { secs, repeats } => vault::vault(secs, repeats),
+        Bench::IdleMemory {
+            mib,
+            rounds,
+            pause_ms,
+        } => idle::idle_memory(mib, rounds, &pause_ms),
     }
 }
 

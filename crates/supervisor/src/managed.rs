@@ -281,9 +281,7 @@ impl Wiring {
             spin: wide.spin,
             vault_fds: spec.vault_quota.fds,
             syscalls: spec.syscalls.iter().map(|c| c.id()).collect(),
-            read_vault_ahead: spec.checkpoint.is_none()
-                && self.durable.journal.is_none()
-                && std::env::var_os("KINTSUGI_NO_READ_AHEAD").is_none(),
+            read_vault_ahead: spec.checkpoint.is_none() && self.durable.journal.is_none(),
         };
         let mut pass = vec![boot.control_fd, boot.zygote_fd, boot.vault_fd];
         pass.extend(boot.provides.iter().map(|p| p.fd));

@@ -51,9 +51,14 @@ pub fn recv(sock: impl AsFd) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
 /// of the web server's CPU time); returns the message's length. A message
 /// larger than [`MAX_MESSAGE`] is consumed and refused whole
 /// ([`std::io::ErrorKind::InvalidData`]), never read cut short.
+///
+/// The buffer is allocated zeroed (`calloc`: pages the kernel maps zeroed
+/// when first written), not filled with zeros: filling wrote all 32 pages,
+/// 0.1–0.5 ms of a new incarnation's first vault request on the VMs
+/// measured (`docs/benchmarks.md`), where a small reply writes one.
 pub fn recv_into(sock: impl AsFd, buf: &mut Vec<u8>) -> std::io::Result<(usize, Vec<OwnedFd>)> {
     if buf.len() < MAX_MESSAGE {
-        buf.resize(MAX_MESSAGE, 0);
+        *buf = vec![0; MAX_MESSAGE];
     }
     let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);

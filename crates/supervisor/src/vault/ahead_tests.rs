@@ -4,38 +4,17 @@
 //! it with one request.
 
 use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use kintsugi_runtime::abi::fdpass;
-use kintsugi_runtime::priority::Priority;
 use kintsugi_runtime::vault::{Vault, VaultError, VaultMessage, VaultRecord, VaultRequest};
-use kintsugi_system::VaultQuota;
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 
-use super::{Limits, VaultActivity, VaultStore};
-
-/// The component's socket, served by `store` as component `c`, and what
-/// its thread has taken.
-fn served(store: &VaultStore) -> (OwnedFd, Arc<VaultActivity>) {
-    let (a, b) = socketpair(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .unwrap();
-    let limits = Limits {
-        quota: VaultQuota::default(),
-        usage: Arc::default(),
-        ceiling: Priority::nice(0),
-    };
-    let activity = Arc::new(VaultActivity::default());
-    store.serve("c".into(), b, activity.clone(), limits);
-    (a, activity)
-}
+use super::tests::served;
+use super::VaultStore;
 
 /// Records as comparable: key, value, and the contents of a file or the
 /// kind of any other descriptor.

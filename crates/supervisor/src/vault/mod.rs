@@ -800,6 +800,12 @@ mod tests {
 
     /// A vault client on a socket served by `store` as component `c`.
     fn client(store: &VaultStore) -> Vault {
+        Vault::new(served(store).0)
+    }
+
+    /// The component's end of a socket served by `store` as component
+    /// `c`, and what its thread has taken.
+    pub(super) fn served(store: &VaultStore) -> (OwnedFd, Arc<VaultActivity>) {
         let (a, b) = socketpair(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -812,8 +818,9 @@ mod tests {
             usage: Arc::default(),
             ceiling: Priority::nice(0),
         };
-        store.serve("c".into(), b, Arc::default(), limits);
-        Vault::new(a)
+        let activity = Arc::new(VaultActivity::default());
+        store.serve("c".into(), b, activity.clone(), limits);
+        (a, activity)
     }
 
     /// A store kept in `dir` (fsync `always`) and a client of it.

@@ -105,7 +105,7 @@ impl Vault {
     fn catch_up(&self, snapshot: &mut Snapshot) -> Result<bool, VaultError> {
         let since = snapshot.seq;
         let (reply, fds) = self.round_trip(|id| VaultRequest::Changes { id, since }, &[])?;
-        if reply.more {
+        if reply.relist {
             return Ok(false);
         }
         for key in &reply.deleted {

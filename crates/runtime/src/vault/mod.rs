@@ -80,10 +80,11 @@ pub enum VaultRequest {
     /// `Changes` always gives.
     Reader,
     /// What changed since the reply numbered `since` (a reply's `seq`):
-    /// the records written since and those whose descriptor is no file, in
-    /// the reply's records, and the keys deleted since, in `deleted`. A
-    /// reply with `more` set and nothing else says the changes are not
-    /// all known any more or would not fit in one reply: list again.
+    /// the records written since, in the reply's records (on the
+    /// component's socket, with every record whose descriptor is no file,
+    /// which a reader was never given), and the keys deleted since, in
+    /// `deleted`; or `relist` if the changes are not all known any more or
+    /// would not fit in one reply.
     Changes {
         id: u64,
         since: u64,
@@ -135,6 +136,10 @@ pub struct VaultReply {
     /// For `Changes`: the keys deleted.
     #[serde(default)]
     pub deleted: Vec<String>,
+    /// For `Changes`: the vault cannot say what changed in one reply;
+    /// list again.
+    #[serde(default)]
+    pub relist: bool,
 }
 
 /// A record as listed; when `fd` is set its descriptor rides along, in order.

@@ -141,3 +141,32 @@ fn a_readers_socket_serves_reads_only_and_never_a_socket() {
         "nothing written"
     );
 }
+
+/// More changes than one reply holds since the copy was read: the first
+/// listing lists again, and is as right.
+#[test]
+fn a_copy_with_more_changes_than_a_reply_holds_is_listed_again() {
+    let store = VaultStore::default();
+    let (sock, activity) = served(&store);
+    let live = Vault::new(sock.try_clone().unwrap());
+    for i in 0..10 {
+        file(&live, &format!("f{i}"), "before");
+    }
+    let standby = Arc::new(Vault::new(sock.try_clone().unwrap()));
+    let reading = {
+        let standby = standby.clone();
+        // Reads once, then stops at the first refresh.
+        std::thread::spawn(move || standby.read_ahead_until(|| true).unwrap())
+    };
+    reading.join().unwrap();
+    for i in 0..200 {
+        live.put(&format!("p{i:03}"), serde_json::json!(i), None)
+            .unwrap();
+    }
+    let before = activity.taking.load(Ordering::SeqCst);
+    let listed = seen(standby.list().unwrap());
+    let requests = activity.taking.load(Ordering::SeqCst) - before;
+    assert_eq!(listed, seen(live.list_prefix("").unwrap()));
+    assert_eq!(listed.len(), 210);
+    assert_eq!(requests, 1 + 2, "asked what changed, then two pages");
+}

@@ -501,8 +501,7 @@ impl Kept {
 
     /// Request `id`'s answer: what changed in `component`'s records after
     /// change `since` (see [`Records::changes`]), if it fits in one reply;
-    /// else a reply with nothing and `more`, which tells the reader to
-    /// list again.
+    /// else a reply with nothing but `relist`.
     fn changes(
         &self,
         component: &str,
@@ -524,7 +523,7 @@ impl Kept {
                 && listed.chain(deleted).sum::<usize>() <= MAX_RECORD
         };
         let Some(changes) = records.changes(since, ahead).filter(fits) else {
-            r.more = true;
+            r.relist = true;
             return (r, vec![]);
         };
         let mut fds = Vec::new();
@@ -626,6 +625,7 @@ fn reply(id: u64, result: Result<Vec<RecordHeader>, String>) -> VaultReply {
         more: false,
         seq: 0,
         deleted: Vec::new(),
+        relist: false,
     }
 }
 

@@ -38,7 +38,7 @@ impl Entry {
 }
 
 /// Whether `fd` is a regular file.
-fn is_file(fd: Option<&OwnedFd>) -> bool {
+pub(crate) fn is_file(fd: Option<&OwnedFd>) -> bool {
     fd.is_some_and(|fd| {
         rustix::fs::fstat(fd)
             .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_file())

@@ -16,6 +16,41 @@ use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 use super::tests::served;
 use super::VaultStore;
 
+/// A served component: its store, its socket, what the vault thread has
+/// taken, and the live incarnation's client.
+struct Served {
+    _store: VaultStore,
+    sock: std::os::fd::OwnedFd,
+    activity: Arc<super::VaultActivity>,
+    live: Vault,
+}
+
+fn component() -> Served {
+    let store = VaultStore::default();
+    let (sock, activity) = served(&store);
+    let live = Vault::new(sock.try_clone().unwrap());
+    Served {
+        _store: store,
+        sock,
+        activity,
+        live,
+    }
+}
+
+impl Served {
+    /// A standby's client on the component's socket.
+    fn standby(&self) -> Arc<Vault> {
+        Arc::new(Vault::new(self.sock.try_clone().unwrap()))
+    }
+
+    /// `standby`'s first listing, as comparable, and the requests it made.
+    fn listed_by(&self, standby: &Vault) -> (Vec<(String, String, Option<String>)>, u64) {
+        let before = self.activity.taking.load(Ordering::SeqCst);
+        let listed = seen(standby.list().unwrap());
+        (listed, self.activity.taking.load(Ordering::SeqCst) - before)
+    }
+}
+
 /// Records as comparable: key, value, and the contents of a file or the
 /// kind of any other descriptor.
 fn seen(records: Vec<VaultRecord>) -> Vec<(String, String, Option<String>)> {
@@ -50,12 +85,11 @@ fn file(vault: &Vault, key: &str, contents: &str) {
 
 #[test]
 fn a_copy_read_ahead_and_kept_up_to_date_lists_what_the_vault_holds_in_one_request() {
-    let store = VaultStore::default();
-    let (sock, activity) = served(&store);
-    let live = Vault::new(sock.try_clone().unwrap());
+    let c = component();
+    let live = &c.live;
     // More than two pages: 150 files, 150 plain records, and a socket.
     for i in 0..150 {
-        file(&live, &format!("f{i:03}"), &format!("contents {i}"));
+        file(live, &format!("f{i:03}"), &format!("contents {i}"));
         live.put(&format!("p{i:03}"), serde_json::json!(i), None)
             .unwrap();
     }
@@ -64,7 +98,7 @@ fn a_copy_read_ahead_and_kept_up_to_date_lists_what_the_vault_holds_in_one_reque
         .unwrap();
     drop(peer);
 
-    let standby = Arc::new(Vault::new(sock.try_clone().unwrap()));
+    let standby = c.standby();
     let activated = Arc::new(AtomicBool::new(false));
     let reading = {
         let (standby, activated) = (standby.clone(), activated.clone());
@@ -81,17 +115,15 @@ fn a_copy_read_ahead_and_kept_up_to_date_lists_what_the_vault_holds_in_one_reque
         live.put(&format!("p{i:03}"), serde_json::json!("new"), None)
             .unwrap();
     }
-    file(&live, "f900", "made while the standby waited");
+    file(live, "f900", "made while the standby waited");
     std::thread::sleep(kintsugi_runtime::vault::REFRESH * 2 + kintsugi_runtime::vault::REFRESH / 2);
     live.delete("p149").unwrap();
-    file(&live, "f010", "written again");
+    file(live, "f010", "written again");
     activated.store(true, Ordering::SeqCst);
     reading.thread().unpark();
     reading.join().unwrap();
 
-    let before = activity.taking.load(Ordering::SeqCst);
-    let listed = seen(standby.list().unwrap());
-    let requests = activity.taking.load(Ordering::SeqCst) - before;
+    let (listed, requests) = c.listed_by(&standby);
     let truth = seen(live.list_prefix("").unwrap());
     assert_eq!(listed, truth);
     assert_eq!(listed.len(), 150 - 10 + 1 + 150 - 1 + 1, "{listed:?}");
@@ -103,10 +135,9 @@ fn a_copy_read_ahead_and_kept_up_to_date_lists_what_the_vault_holds_in_one_reque
 
 #[test]
 fn a_readers_socket_serves_reads_only_and_never_a_socket() {
-    let store = VaultStore::default();
-    let (sock, _) = served(&store);
-    let live = Vault::new(sock.try_clone().unwrap());
-    file(&live, "f", "file");
+    let c = component();
+    let live = &c.live;
+    file(live, "f", "file");
     let (peer, _other) = std::os::unix::net::UnixStream::pair().unwrap();
     live.put("sock", serde_json::json!("s"), Some(peer.as_fd()))
         .unwrap();
@@ -122,7 +153,7 @@ fn a_readers_socket_serves_reads_only_and_never_a_socket() {
         request: VaultRequest::Reader,
     };
     let bytes = serde_json::to_vec(&message).unwrap();
-    fdpass::send(sock.as_fd(), &bytes, &[theirs.as_fd()]).unwrap();
+    fdpass::send(c.sock.as_fd(), &bytes, &[theirs.as_fd()]).unwrap();
     drop(theirs);
     let reader = Vault::new(mine);
     let listed = seen(reader.list_prefix("").unwrap());
@@ -146,13 +177,12 @@ fn a_readers_socket_serves_reads_only_and_never_a_socket() {
 /// listing lists again, and is as right.
 #[test]
 fn a_copy_with_more_changes_than_a_reply_holds_is_listed_again() {
-    let store = VaultStore::default();
-    let (sock, activity) = served(&store);
-    let live = Vault::new(sock.try_clone().unwrap());
+    let c = component();
+    let live = &c.live;
     for i in 0..10 {
-        file(&live, &format!("f{i}"), "before");
+        file(live, &format!("f{i}"), "before");
     }
-    let standby = Arc::new(Vault::new(sock.try_clone().unwrap()));
+    let standby = c.standby();
     let reading = {
         let standby = standby.clone();
         // Reads once, then stops at the first refresh.
@@ -163,9 +193,7 @@ fn a_copy_with_more_changes_than_a_reply_holds_is_listed_again() {
         live.put(&format!("p{i:03}"), serde_json::json!(i), None)
             .unwrap();
     }
-    let before = activity.taking.load(Ordering::SeqCst);
-    let listed = seen(standby.list().unwrap());
-    let requests = activity.taking.load(Ordering::SeqCst) - before;
+    let (listed, requests) = c.listed_by(&standby);
     assert_eq!(listed, seen(live.list_prefix("").unwrap()));
     assert_eq!(listed.len(), 210);
     assert_eq!(requests, 1 + 2, "asked what changed, then two pages");

@@ -14,7 +14,7 @@ use kintsugi_runtime::abi::fdpass;
 use kintsugi_runtime::priority::Priority;
 use kintsugi_system::{VaultQuota, VaultStorage};
 
-use crate::quota::{Changes, Entry, FdBudget, Records, Saved, VaultUsage};
+use crate::quota::{is_file, Changes, Entry, FdBudget, Records, Saved, VaultUsage};
 
 mod disk;
 use disk::{Disk, Holds, LoggedOp};
@@ -641,9 +641,7 @@ pub(crate) struct ExportedRecord {
 
 /// The whole contents of the file behind record `key`'s descriptor.
 fn file_contents(key: &str, fd: &OwnedFd) -> Result<Vec<u8>, String> {
-    let regular = rustix::fs::fstat(fd)
-        .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_file());
-    if !regular {
+    if !is_file(Some(fd)) {
         let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
             .map(|p| p.display().to_string())
             .unwrap_or_default();

@@ -786,7 +786,8 @@ fn events_component(e: &Event) -> Option<&str> {
 /// A net client names, in `send_page`, a page another component aliased to
 /// netd (page ids are guessable; here the owner hands it over): netd
 /// refuses with `NotFound` and sends none of it, while the thief's own page
-/// goes out as it should (`components/fixtures/page-thief`).
+/// goes out as it should (`components/fixtures/page-thief`); nor can the
+/// thief map that page's memory itself (issue 17: kernel-enforced grants).
 #[test]
 fn a_net_client_cannot_have_another_components_page_sent() {
     let tag = unique_tag("page-thief");
@@ -808,8 +809,9 @@ name = "page-thief"
 name = "mm"
 binary = "kintsugi-mm"
 provides = ["mm"]
-pool_kib = 256
 arena_kib = 64
+[component.config]
+pages = 64
 
 [[component]]
 name = "netd"
@@ -864,6 +866,8 @@ thief = 3
         }
     };
     let text = String::from_utf8_lossy(&response);
-    assert_eq!(text, "own:the thief's own pagerefused");
+    // Nor can it map the page's memory itself: mm does not locate it for
+    // the thief, the vault lends it nothing, and mm shares no pool.
+    assert_eq!(text, "own:the thief's own pagerefused,kept");
     assert!(!text.contains("secret"));
 }

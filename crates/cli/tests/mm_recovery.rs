@@ -24,9 +24,10 @@ name = "mm-test"
 name = "mm"
 binary = "kintsugi-mm"
 provides = ["mm"]
-pool_kib = 4096
 arena_kib = 64
 restart = {{ max = 100000, window_ms = 1000 }}
+[component.config]
+pages = 1024
 
 [[component]]
 name = "sink"

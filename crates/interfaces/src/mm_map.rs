@@ -1,9 +1,12 @@
 //! The client side of `mm`: maps the pages a component holds, and unmaps
 //! them when mm revokes them.
 //!
-//! [`Mapper::map`] asks mm where a page lies (`locate`) and maps that part
-//! of mm's pool at an address of its own; the mapper keeps every mapping in
-//! a table. [`Mapper::new`] registers the `UNMAP` upcall handler on the
+//! [`Mapper::map`] asks mm where a page lies (`locate`: its extent in mm's
+//! page space, and a check that this component holds it), borrows the
+//! page's memfd from the state vault, where mm lent it to this component
+//! alone ([`page_key`], `Vault::borrow`), and maps it; the mapper keeps
+//! every mapping in a table. A component can map only the pages granted or
+//! aliased to it: the kernel gives it no descriptor of any other. [`Mapper::new`] registers the `UNMAP` upcall handler on the
 //! client's connection: when a page is revoked, mm calls it with the
 //! extent (offset, length) before `revoke` returns, and the handler drops
 //! (munmaps) every kept mapping that overlaps it. Mappings do not depend on
@@ -19,11 +22,12 @@
 //! mm serves `locate` while its revoke waits for that `UNMAP`.
 
 use std::collections::HashMap;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use kintsugi_runtime::abi::shm::{Mapping, Region};
+use kintsugi_runtime::abi::shm::Mapping;
+use kintsugi_runtime::vault::{Vault, VaultError};
 use kintsugi_runtime::{upcall, CallError};
 
 use crate::mm::{self, Page};
@@ -38,6 +42,10 @@ pub enum MapError {
         len: u64,
         source: std::io::Error,
     },
+    #[error("borrowing page {page:#x}'s memory: {source}")]
+    Borrow { page: u64, source: VaultError },
+    #[error("mm lent no memory for page {0:#x} to this component")]
+    NotLent(u64),
     #[error("page {0:#x} is not mapped (never mapped, or revoked)")]
     NotMapped(u64),
     #[error("bytes {at}+{len} lie outside page {page:#x} ({size} bytes)")]
@@ -47,6 +55,17 @@ pub enum MapError {
         len: usize,
         size: usize,
     },
+}
+
+/// The name of the memfds mm makes for its grants (as `/proc/PID/maps`
+/// shows a mapping of one: `/memfd:mm-page (deleted)`).
+pub const PAGE_MEMFD: &str = "mm-page";
+
+/// The key under which mm lends a page's memfd to its holder (with
+/// `kintsugi_runtime::vault::lent_key`): one record per page descriptor,
+/// a grant's or an alias's, all holding the grant's memfd.
+pub fn page_key(page: u64) -> String {
+    format!("page/{page:#x}")
 }
 
 /// Where a page was mapped: its address in this process (for checking the
@@ -87,7 +106,7 @@ impl Table {
 /// Maps pages of mm's pool in this process, and unmaps them on revocation.
 pub struct Mapper<'c> {
     client: &'c mm::Client,
-    pool: Arc<Region>,
+    vault: &'c Vault,
     table: Arc<RwLock<Table>>,
 }
 
@@ -102,11 +121,11 @@ fn shared(table: &RwLock<Table>) -> RwLockReadGuard<'_, Table> {
 }
 
 impl<'c> Mapper<'c> {
-    /// A mapper for the pages `client` holds in `pool` (the runtime's
-    /// `server_pool("mm")`); from now on mm's `UNMAP` upcalls on this
-    /// connection unmap what it mapped. One mapper per connection: a second
-    /// would take over the upcalls.
-    pub fn new(client: &'c mm::Client, pool: Arc<Region>) -> Self {
+    /// A mapper for the pages `client` holds, whose memory it borrows
+    /// from `vault` (the runtime's); from now on mm's `UNMAP` upcalls on
+    /// this connection unmap what it mapped. One mapper per connection: a
+    /// second would take over the upcalls.
+    pub fn new(client: &'c mm::Client, vault: &'c Vault) -> Self {
         let table: Arc<RwLock<Table>> = Arc::default();
         let handler = table.clone();
         client.connection().on_upcall(
@@ -115,7 +134,7 @@ impl<'c> Mapper<'c> {
         );
         Self {
             client,
-            pool,
+            vault,
             table,
         }
     }
@@ -131,11 +150,17 @@ impl<'c> Mapper<'c> {
             return Ok(mapped(&k.mapping));
         }
         let extent = self.client.locate(page)?;
-        let mapping = usize::try_from(extent.offset)
-            .ok()
-            .zip(usize::try_from(extent.len).ok())
-            .ok_or_else(|| std::io::Error::other("extent out of range"))
-            .and_then(|(offset, len)| self.pool.map_range(offset, len))
+        let lent = self
+            .vault
+            .borrow(mm::INFO.name, &page_key(page.0))
+            .map_err(|source| MapError::Borrow {
+                page: page.0,
+                source,
+            })?;
+        let fd = lent.and_then(|r| r.fd).ok_or(MapError::NotLent(page.0))?;
+        let mapping = usize::try_from(extent.len)
+            .map_err(|_| std::io::Error::other("extent out of range"))
+            .and_then(|len| Mapping::of_sealed(fd.as_fd(), len))
             .map_err(|source| MapError::Map {
                 offset: extent.offset,
                 len: extent.len,
@@ -257,7 +282,8 @@ mod tests {
     #[test]
     fn an_unmap_drops_exactly_the_overlapping_mappings() {
         let ps = kintsugi_runtime::abi::shm::page_size() as u64;
-        let pool = Region::create("mm-map-test", 8 * ps as usize).unwrap();
+        let pool =
+            kintsugi_runtime::abi::shm::Region::create("mm-map-test", 8 * ps as usize).unwrap();
         let mut t = Table::default();
         for (page, offset) in [(1u64, 0u64), (2, ps), (3, 3 * ps)] {
             let mapping = pool.map_range(offset as usize, ps as usize).unwrap();

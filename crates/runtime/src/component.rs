@@ -228,6 +228,11 @@ impl Runtime {
         self.stop.load(Ordering::Relaxed)
     }
 
+    /// Whether the system grants this component `interface`.
+    pub fn uses(&self, interface: &str) -> bool {
+        self.boot.uses.iter().any(|u| u.interface == interface)
+    }
+
     /// A connection to a granted interface. There is no other way to reach a
     /// server: the supervisor created the only channels that exist.
     pub fn connect(&self, info: &'static InterfaceInfo) -> Result<Connection, ConnectError> {

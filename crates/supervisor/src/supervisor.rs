@@ -331,6 +331,12 @@ impl<'a> Supervisor<'a> {
                 quota: spec.vault_quota,
                 usage: Arc::default(),
                 ceiling: priority_ceiling(system, &spec.name),
+                id: spec.id,
+                servers: spec
+                    .uses
+                    .iter()
+                    .map(|u| (u.interface.clone(), u.server.clone()))
+                    .collect(),
             };
             self.boot(spec, served, used, durable, limits)?;
         }

@@ -841,11 +841,10 @@ fn main() {
             }
             let leases = Leases::new(lock::Client::connect(&rt)?)?;
             let cache_lock = leases.lease(leases.client().alloc(config.cache_lock)?);
-            // One mm client for the incarnation's life, which its mapper borrows.
+            // One mm client for the incarnation's life, which its mapper
+            // borrows with the runtime (whose vault lends the pages' memory).
             let mm: &'static mm::Client = Box::leak(Box::new(mm::Client::connect(&rt)?));
-            let pool = rt
-                .server_pool(mm::INFO.name)
-                .context("mm has no pool: set its pool_kib")?;
+            let rt_static: &'static Runtime = Box::leak(Box::new(rt.clone()));
             let events = evt::Client::connect(&rt)?;
             let log_event = events.create(config.log_event)?;
             let httpd = Arc::new(Httpd {
@@ -855,7 +854,7 @@ fn main() {
                 cache_lock,
                 cache: Mutex::new(HashMap::new()),
                 mm,
-                pages: Mapper::new(mm, pool),
+                pages: Mapper::new(mm, rt_static.vault()),
                 send_pages: AtomicBool::new(config.send_pages),
                 events,
                 log_event,

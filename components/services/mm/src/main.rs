@@ -1,14 +1,15 @@
 //! mm: the memory manager, served over the `mm` interface.
 //!
-//! It hands out pages of its pool (`pool_kib`, shared memory every client
-//! maps from the server's descriptor and that outlives mm's crashes): a
-//! client `grant`s pages, `alias`es them into another component, `locate`s
-//! a page it holds to map it (see `kintsugi_interfaces::mm_map`), and
-//! `revoke`s a page with every alias below it, which unmaps them in every
-//! holder before it returns. Which pool pages are in use, and every page
-//! descriptor, live in the arena (`arena_kib`), so a reboot of mm neither
-//! loses a grant nor hands its pages out twice, and the clients' mappings
-//! are never touched by a crash.
+//! It hands out pages (up to `pages` in its `[component.config]`, each
+//! grant a memfd of its own that mm lends its holders through the state
+//! vault, so that it outlives mm's crashes and no component can map a
+//! page it does not hold): a client `grant`s pages, `alias`es them into
+//! another component, `locate`s a page it holds to map it (see
+//! `kintsugi_interfaces::mm_map`), and `revoke`s a page with every alias
+//! below it, which unmaps them in every holder before it returns. Which
+//! pages are in use, and every page descriptor, live in the arena
+//! (`arena_kib`), so a reboot of mm neither loses a grant nor hands its
+//! pages out twice, and the clients' mappings are never touched by a crash.
 
 #![forbid(unsafe_code)]
 
@@ -22,7 +23,8 @@ use kintsugi_runtime::Incarnation;
 
 fn main() {
     kintsugi_runtime::run(|rt| {
-        let server = server::Mm::restore(rt.clone())?;
+        let config: server::Config = rt.config()?;
+        let server = server::Mm::restore(rt.clone(), &config)?;
         tracing::debug!(epoch = rt.epoch(), "mm serving");
         Ok(Incarnation::serve(vec![mm::service(
             Arc::new(server),

@@ -1,4 +1,16 @@
-//! The `mm` server: grants, aliases, locates and revokes pages of the pool.
+//! The `mm` server: grants, aliases, locates and revokes pages.
+//!
+//! A grant's memory is a memfd of its own, sealed at its size, which mm
+//! lends to its holder through the state vault (a record under
+//! `lent_key(holder, page_key(id))`, `kintsugi_interfaces::mm_map`); an
+//! alias lends the same memfd to its holder under its own id. A component
+//! can therefore map only what it was granted or aliased, whatever it
+//! asks: the kernel gives it no other descriptor (issue 17, after
+//! Composite's capability-checked memory mappings). The records outlive
+//! mm's crashes as the memory's holders' mappings do; they go when the
+//! descriptor is forgotten (a crash in between leaves a record nobody
+//! names, never a descriptor without its memory: a record is put before
+//! its descriptor is published).
 //!
 //! The arena ([`crate::arena`]) is the truth about pages and descriptors;
 //! this incarnation keeps an index of it in memory, rebuilt from the arena
@@ -22,13 +34,16 @@
 //! leak, never a page reachable by two grants).
 
 use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kintsugi_interfaces::mm::{self, Error, Extent};
+use kintsugi_interfaces::mm_map::{page_key, PAGE_MEMFD};
 use kintsugi_runtime::abi::shm::page_size;
 use kintsugi_runtime::records::GlobalRecords;
 use kintsugi_runtime::upcall::{self, UpcallError};
+use kintsugi_runtime::vault::{lent_key, VaultOp, VaultRecord};
 use kintsugi_runtime::{Caller, Runtime};
 
 use crate::arena::{span, Arena, Desc, Span};
@@ -76,23 +91,54 @@ impl Index {
     }
 }
 
+/// mm's `[component.config]`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Pages it may grant in all (of [`page_size`] bytes each).
+    #[serde(default = "default_pages")]
+    pub pages: usize,
+}
+
+fn default_pages() -> usize {
+    1024
+}
+
 pub struct Mm {
     rt: Arc<Runtime>,
     arena: Arena,
     records: GlobalRecords,
     index: Mutex<Index>,
+    /// The memfds of grants made or borrowed back in this incarnation, by
+    /// grant id: what an alias lends too.
+    memory: Mutex<HashMap<u64, OwnedFd>>,
+}
+
+/// A new grant's memory: `pages` zeroed pages in a memfd sealed at that
+/// size, so that none of its holders can shrink it under another's
+/// mapping, grow it, or unseal it.
+fn memory(pages: usize) -> rustix::io::Result<OwnedFd> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(PAGE_MEMFD, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    rustix::fs::ftruncate(&fd, (pages * page_size()) as u64)?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+    Ok(fd)
 }
 
 impl Mm {
     /// Maps the arena, repairs what the last crash left and indexes it.
-    pub fn restore(rt: Arc<Runtime>) -> anyhow::Result<Self> {
-        let pool = rt
-            .pool()
-            .ok_or_else(|| anyhow::anyhow!("mm needs a pool: set pool_kib"))?;
+    pub fn restore(rt: Arc<Runtime>, config: &Config) -> anyhow::Result<Self> {
+        if rt.pool().is_some() {
+            anyhow::bail!(
+                "mm lends each grant a memfd of its own and shares no pool: \
+                 remove its pool_kib (every client would map it), and set \
+                 [component.config] pages"
+            );
+        }
         let arena = rt
             .arena()
             .ok_or_else(|| anyhow::anyhow!("mm needs an arena: set arena_kib"))?;
-        let arena = Arena::new(arena.map_range(0, arena.len())?, pool.len() / page_size())?;
+        let arena = Arena::new(arena.map_range(0, arena.len())?, config.pages)?;
         let scan = arena.scan();
         tracing::debug!(
             live = scan.live.len(),
@@ -113,7 +159,57 @@ impl Mm {
             arena,
             records,
             index: Mutex::new(index),
+            memory: Mutex::default(),
         })
+    }
+
+    /// Lends grant `grant`'s memory to `desc`'s holder under `desc`'s id
+    /// (the grant itself, or an alias of it); a grant not lent yet gets
+    /// new memory.
+    fn lend(&self, ix: &Index, grant: u64, desc: Desc) -> Result<(), Error> {
+        let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        let fd = match memory.get(&grant) {
+            Some(fd) => fd.try_clone(),
+            None => self.memory_of(ix, grant),
+        };
+        let fd = fd.map_err(|e| {
+            tracing::error!(grant, "a grant's memory: {e}");
+            Error::NoMemory
+        })?;
+        let key = lent_key(desc.holder, &page_key(desc.id));
+        let value = serde_json::json!({ "grant": grant });
+        if let Err(e) = self.rt.vault().put(&key, value, Some(fd.as_fd())) {
+            tracing::warn!(page = desc.id, "lending a page's memory: {e}");
+            return Err(Error::NoMemory);
+        }
+        memory.insert(grant, fd);
+        Ok(())
+    }
+
+    /// Grant `grant`'s memory as lent to its holder, or new memory if
+    /// none was (a grant made before its record, or made again).
+    fn memory_of(&self, ix: &Index, grant: u64) -> std::io::Result<OwnedFd> {
+        let holder = ix.descs.get(&grant).map(|(_, d)| d.holder);
+        if let Some(holder) = holder {
+            let key = lent_key(holder, &page_key(grant));
+            match self.rt.vault().get(&key) {
+                Ok(Some(VaultRecord { fd: Some(fd), .. })) => return Ok(fd),
+                Ok(_) => {}
+                Err(e) => return Err(std::io::Error::other(e)),
+            }
+        }
+        Ok(memory(span(grant).count)?)
+    }
+
+    /// The grant at the root of `id`'s aliases.
+    fn grant_of(ix: &Index, mut id: u64) -> u64 {
+        while let Some((_, d)) = ix.descs.get(&id) {
+            if d.parent == 0 {
+                break;
+            }
+            id = d.parent;
+        }
+        id
     }
 
     fn index(&self) -> MutexGuard<'_, Index> {
@@ -132,9 +228,15 @@ impl Mm {
     /// Forgets what `removal` removed (children before their parents),
     /// releasing the pages of the grants among it.
     fn forget(&self, ix: &mut Index, removal: &Removal) {
+        let mut unlent = Vec::new();
+        let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
         for &id in removal.ids.iter().rev() {
             if let Some((slot, d)) = ix.descs.remove(&id) {
                 self.arena.clear(slot);
+                unlent.push(VaultOp::Delete {
+                    key: lent_key(d.holder, &page_key(id)),
+                });
+                memory.remove(&id);
                 // The pages go with their grant (an alias's grant keeps them).
                 let s = span(id);
                 if d.parent == 0 && removal.unconfirmed.contains(&s) {
@@ -151,6 +253,10 @@ impl Mm {
             }
             ix.dying.remove(&id);
             ix.recorded.remove(&id);
+        }
+        // After the arena: a crash in between leaves records nobody names.
+        if let Err(e) = self.rt.vault().apply(unlent, &[]) {
+            tracing::warn!("taking back revoked pages' memory: {e}");
         }
     }
 
@@ -265,17 +371,17 @@ impl mm::Server for Mm {
                 self.arena.new_id(s)
             }
         };
-        // Claimed before published: a crash in between leaves pages the next scan frees.
+        // Claimed and lent before published: a crash in between leaves
+        // pages the next scan frees, and a record nobody names.
         self.arena.claim(span(id), id);
-        self.publish(
-            &mut ix,
-            Desc {
-                id,
-                parent: 0,
-                holder,
-            },
-        )
-        .inspect_err(|_| self.arena.release(span(id)))
+        let desc = Desc {
+            id,
+            parent: 0,
+            holder,
+        };
+        self.lend(&ix, id, desc)
+            .and_then(|()| self.publish(&mut ix, desc))
+            .inspect_err(|_| self.arena.release(span(id)))
     }
 
     fn alias(&self, caller: &Caller, reuse: Option<u64>, src: u64, to: u32) -> Result<u64, Error> {
@@ -307,6 +413,7 @@ impl mm::Server for Mm {
                 self.arena.new_id(span(src))
             }
         };
+        self.lend(&ix, Self::grant_of(&ix, src), want(id))?;
         self.publish(&mut ix, want(id))
     }
 

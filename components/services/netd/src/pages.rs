@@ -50,14 +50,16 @@ const ORIGINS_MAX: usize = 4096;
 impl Pages {
     /// netd's view of mm's pages, if its system gives it mm (`uses`).
     pub fn connect(rt: &Arc<Runtime>) -> anyhow::Result<Option<Self>> {
-        let Some(pool) = rt.server_pool(mm::INFO.name) else {
+        if !rt.uses(mm::INFO.name) {
             return Ok(None);
-        };
-        // One client for the incarnation's life, which the mapper borrows.
+        }
+        // One client for the incarnation's life, which the mapper borrows
+        // with the runtime (whose vault lends the pages' memory).
         let client: &'static mm::Client = Box::leak(Box::new(mm::Client::connect(rt)?));
+        let rt: &'static Runtime = Box::leak(Box::new(rt.clone()));
         Ok(Some(Self {
             client,
-            mapper: Mapper::new(client, pool),
+            mapper: Mapper::new(client, rt.vault()),
             origins: Mutex::new(HashMap::new()),
         }))
     }

@@ -94,19 +94,14 @@ fn main() {
             "the owner needs the sink's component id (config `sink`)"
         );
         let client = mm::Client::connect(rt)?;
-        let pool = rt
-            .server_pool(mm::INFO.name)
-            .ok_or_else(|| anyhow::anyhow!("mm has no pool: set its pool_kib"))?;
         let rt = rt.clone();
         Ok(Incarnation::main(move || {
             tracing::info!(role = ?config.role, seed = config.seed, "mm-workload starting");
-            let maps = protocol::KernelMaps::new(&pool)?;
-            let mapper = Mapper::new(&client, pool);
+            let mapper = Mapper::new(&client, rt.vault());
             let env = protocol::Env {
                 rt: &rt,
                 client: &client,
                 mapper: &mapper,
-                maps,
                 config: &config,
             };
             let (report, failures) = match config.role {

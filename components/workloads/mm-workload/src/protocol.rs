@@ -1,13 +1,10 @@
 //! What the owner and the sink share: the control page's layout, the bytes
 //! every page must hold, the error tally, and the kernel's view of a mapping.
 
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 use kintsugi_interfaces::mm::{self, Page};
-use kintsugi_interfaces::mm_map::{Mapped, Mapper};
-use kintsugi_runtime::abi::shm::Region;
+use kintsugi_interfaces::mm_map::{Mapped, Mapper, PAGE_MEMFD};
 pub use kintsugi_runtime::counters::Failures;
 use kintsugi_runtime::Runtime;
 use rand::rngs::StdRng;
@@ -55,7 +52,6 @@ pub struct Env<'a> {
     pub rt: &'a Runtime,
     pub client: &'a mm::Client,
     pub mapper: &'a Mapper<'a>,
-    pub maps: KernelMaps,
     pub config: &'a Config,
 }
 
@@ -182,9 +178,9 @@ impl Env<'_> {
                 "page {:#x} is still in the mapper after its revoke",
                 page.0
             ));
-        } else if self.maps.maps(mapped)? {
+        } else if kernel_maps(mapped)? {
             tally.corrupt(format!(
-                "page {:#x}: the pool is still mapped at {:#x}+{} after its revoke",
+                "page {:#x}: its memory is still mapped at {:#x}+{} after its revoke",
                 page.0, mapped.addr, mapped.len
             ));
         }
@@ -192,44 +188,34 @@ impl Env<'_> {
     }
 }
 
-/// The kernel's view of this process's mappings of mm's pool.
-pub struct KernelMaps {
-    /// The pool memfd's inode, as `/proc/self/maps` shows it.
-    inode: u64,
-}
-
-impl KernelMaps {
-    pub fn new(pool: &Region) -> anyhow::Result<Self> {
-        let fd = pool.fd().as_raw_fd();
-        let inode = std::fs::metadata(format!("/proc/self/fd/{fd}"))?.ino();
-        Ok(Self { inode })
-    }
-
-    /// True if any of the bytes `m` covered is still mapped from the pool.
-    pub fn maps(&self, m: Mapped) -> anyhow::Result<bool> {
-        let maps = std::fs::read_to_string("/proc/self/maps")?;
-        for line in maps.lines() {
-            // start-end perms offset dev inode [path]
-            let mut f = line.split_whitespace();
-            let (Some(range), Some(inode)) = (f.next(), f.nth(3)) else {
-                continue;
-            };
-            let Some((start, end)) = range.split_once('-') else {
-                continue;
-            };
-            let start = usize::from_str_radix(start, 16)?;
-            let end = usize::from_str_radix(end, 16)?;
-            if start < m.addr + m.len && m.addr < end && inode.parse::<u64>()? == self.inode {
-                return Ok(true);
-            }
+/// True if any of the bytes `m` covered is still mapped, as the kernel
+/// shows it (`/proc/self/maps`), from an mm page (a memfd named
+/// [`PAGE_MEMFD`]).
+pub fn kernel_maps(m: Mapped) -> anyhow::Result<bool> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let name = format!("/memfd:{PAGE_MEMFD} ");
+    for line in maps.lines() {
+        // start-end perms offset dev inode [path]
+        let Some((range, _)) = line.split_once(' ') else {
+            continue;
+        };
+        let Some((start, end)) = range.split_once('-') else {
+            continue;
+        };
+        let start = usize::from_str_radix(start, 16)?;
+        let end = usize::from_str_radix(end, 16)?;
+        if start < m.addr + m.len && m.addr < end && line.contains(&name) {
+            return Ok(true);
         }
-        Ok(false)
     }
+    Ok(false)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kintsugi_runtime::abi::shm::Mapping;
+    use std::os::fd::AsFd;
 
     #[test]
     fn patterns_differ_by_seed_round_and_index() {
@@ -241,17 +227,22 @@ mod tests {
     }
 
     #[test]
-    fn the_kernel_shows_a_pool_mapping_until_it_is_dropped() {
+    fn the_kernel_shows_a_page_mapping_until_it_is_dropped() {
         let ps = kintsugi_runtime::abi::shm::page_size();
-        let pool = Region::create("mm-workload-test", 4 * ps).unwrap();
-        let maps = KernelMaps::new(&pool).unwrap();
-        let m = pool.map_range(ps, 2 * ps).unwrap();
+        let fd = rustix::fs::memfd_create(
+            PAGE_MEMFD,
+            rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+        )
+        .unwrap();
+        rustix::fs::ftruncate(&fd, 2 * ps as u64).unwrap();
+        rustix::fs::fcntl_add_seals(&fd, rustix::fs::SealFlags::SHRINK).unwrap();
+        let m = Mapping::of_sealed(fd.as_fd(), 2 * ps).unwrap();
         let at = Mapped {
             addr: m.as_ptr() as usize,
             len: m.len(),
         };
-        assert!(maps.maps(at).unwrap());
+        assert!(kernel_maps(at).unwrap());
         drop(m);
-        assert!(!maps.maps(at).unwrap());
+        assert!(!kernel_maps(at).unwrap());
     }
 }

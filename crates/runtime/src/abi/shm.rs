@@ -107,6 +107,26 @@ impl Region {
     }
 }
 
+impl Mapping {
+    /// Maps the first `len` bytes of the memfd `fd`, which another process
+    /// made and sent (a page an mm client borrowed): only if it is sealed
+    /// against shrinking and holds `len` bytes, so that no holder can
+    /// shrink it under this mapping and no access through it can fault.
+    pub fn of_sealed(fd: BorrowedFd<'_>, len: usize) -> std::io::Result<Mapping> {
+        let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+        let seals = rustix::fs::fcntl_get_seals(fd)?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(invalid("the memfd is not sealed against shrinking".into()));
+        }
+        let size = rustix::fs::fstat(fd)?.st_size;
+        if len == 0 || !u64::try_from(size).is_ok_and(|size| size >= len as u64) {
+            return Err(invalid(format!("{len} bytes asked of a memfd of {size}")));
+        }
+        let map = MmapOptions::new().len(len).map_raw(fd.as_raw_fd())?;
+        Ok(Mapping { map })
+    }
+}
+
 impl std::ops::Deref for Region {
     type Target = Mapping;
 

@@ -89,6 +89,22 @@ pub enum VaultRequest {
         id: u64,
         since: u64,
     },
+    /// The record that this component's server of `interface` lent it:
+    /// the server's record under [`lent_key`]`(this component's id, key)`,
+    /// as the reply's one record (keyed `key`), or none. A component
+    /// reads another's records only so, and only those lent to it by a
+    /// server it uses (mm's pages, [`lent_key`]).
+    Borrow {
+        id: u64,
+        interface: String,
+        key: String,
+    },
+}
+
+/// The key under which a server keeps a record lent to client component
+/// `client` as `key` ([`VaultRequest::Borrow`]).
+pub fn lent_key(client: u32, key: &str) -> String {
+    format!("lent/{client}/{key}")
 }
 
 impl VaultRequest {
@@ -107,7 +123,8 @@ impl VaultRequest {
             | Self::List { id, .. }
             | Self::Get { id, .. }
             | Self::Create { id, .. }
-            | Self::Changes { id, .. } => *id,
+            | Self::Changes { id, .. }
+            | Self::Borrow { id, .. } => *id,
             Self::Post { .. } | Self::Reader => 0,
         }
     }
@@ -333,11 +350,21 @@ impl Vault {
             },
             &[],
         )?;
-        let mut records = records(reply.records, fds)?;
-        match records.len() {
-            0 | 1 => Ok(records.pop()),
-            n => Err(VaultError::Protocol(format!("{n} records for one key"))),
-        }
+        one_record(records(reply.records, fds)?)
+    }
+
+    /// The record the server of `interface` lent this component as `key`
+    /// (see [`VaultRequest::Borrow`]), if it did.
+    pub fn borrow(&self, interface: &str, key: &str) -> Result<Option<VaultRecord>, VaultError> {
+        let (reply, fds) = self.round_trip(
+            |id| VaultRequest::Borrow {
+                id,
+                interface: interface.to_string(),
+                key: key.to_string(),
+            },
+            &[],
+        )?;
+        one_record(records(reply.records, fds)?)
     }
 
     /// Every record this component has kept, in key order: its own and
@@ -434,6 +461,14 @@ impl Vault {
             }
             return Ok((reply, fds));
         }
+    }
+}
+
+/// The record of a reply that carries one or none.
+fn one_record(mut records: Vec<VaultRecord>) -> Result<Option<VaultRecord>, VaultError> {
+    match records.len() {
+        0 | 1 => Ok(records.pop()),
+        n => Err(VaultError::Protocol(format!("{n} records for one key"))),
     }
 }
 

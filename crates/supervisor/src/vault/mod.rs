@@ -2,7 +2,7 @@
 //! outlive every incarnation of that component. One thread per component
 //! socket; requests are applied whole under one lock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,8 +21,8 @@ use disk::{Disk, Holds, LoggedOp};
 #[cfg(test)]
 mod ahead_tests;
 use kintsugi_runtime::vault::{
-    listed_bytes, RecordHeader, VaultMessage, VaultOp, VaultReply, VaultRequest, LIST_PAGE,
-    MAX_RECORD,
+    lent_key, listed_bytes, RecordHeader, VaultMessage, VaultOp, VaultReply, VaultRequest,
+    LIST_PAGE, MAX_RECORD,
 };
 
 /// What a component's vault may hold, and the priority its requests may
@@ -35,6 +35,10 @@ pub(crate) struct Limits {
     /// The highest priority of the component and of its clients, direct
     /// or not: a request is served at the priority it carries, never above.
     pub ceiling: Priority,
+    /// Its id in the system, and the component serving each interface it
+    /// uses: whose records lent to it ([`lent_key`]) it may borrow.
+    pub id: u32,
+    pub servers: HashMap<String, String>,
 }
 
 /// What one component's vault thread has taken and finished, for telling
@@ -273,6 +277,21 @@ impl VaultStore {
                     .get(component)
                     .and_then(|r| r.map().get_key_value(&key))
                     .map(|(key, e)| header(key, e, &mut out))
+                    .into_iter()
+                    .collect();
+                (reply(id, Ok(records)), out)
+            }
+            VaultRequest::Borrow { id, interface, key } => {
+                let Some(server) = limits.servers.get(&interface) else {
+                    let why = format!("{component} uses no interface {interface:?}");
+                    return Outcome::Reply(reply(id, Err(why)), vec![]);
+                };
+                let mut out = Vec::new();
+                let records = kept
+                    .records
+                    .get(server)
+                    .and_then(|r| r.map().get(&lent_key(limits.id, &key)))
+                    .map(|e| header(&key, e, &mut out))
                     .into_iter()
                     .collect();
                 (reply(id, Ok(records)), out)
@@ -804,6 +823,18 @@ mod tests {
     /// The component's end of a socket served by `store` as component
     /// `c`, and what its thread has taken.
     pub(super) fn served(store: &VaultStore) -> (OwnedFd, Arc<VaultActivity>) {
+        let limits = Limits {
+            quota: VaultQuota::default(),
+            usage: Arc::default(),
+            ceiling: Priority::nice(0),
+            id: 1,
+            servers: HashMap::new(),
+        };
+        served_as(store, "c", limits)
+    }
+
+    /// The same for component `name`, with `limits`.
+    fn served_as(store: &VaultStore, name: &str, limits: Limits) -> (OwnedFd, Arc<VaultActivity>) {
         let (a, b) = socketpair(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -811,13 +842,8 @@ mod tests {
             None,
         )
         .unwrap();
-        let limits = Limits {
-            quota: VaultQuota::default(),
-            usage: Arc::default(),
-            ceiling: Priority::nice(0),
-        };
         let activity = Arc::new(VaultActivity::default());
-        store.serve("c".into(), b, activity.clone(), limits);
+        store.serve(name.into(), b, activity.clone(), limits);
         (a, activity)
     }
 
@@ -1071,6 +1097,52 @@ mod tests {
             .expect("refused");
         assert!(err.contains("mode 755"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A client (component 7, using `mm` of component "mm") borrows only
+    /// the records mm lent to component 7, only through an interface it
+    /// uses, and never mm's own.
+    #[test]
+    fn a_component_borrows_only_what_its_server_lent_it() {
+        let store = VaultStore::default();
+        let limits = |id, servers: &[(&str, &str)]| Limits {
+            quota: VaultQuota::default(),
+            usage: Arc::default(),
+            ceiling: Priority::nice(0),
+            id,
+            servers: servers
+                .iter()
+                .map(|(i, s)| (i.to_string(), s.to_string()))
+                .collect(),
+        };
+        let mm = Vault::new(served_as(&store, "mm", limits(3, &[])).0);
+        let c = Vault::new(served_as(&store, "c", limits(7, &[("mm", "mm")])).0);
+        let mine = memfd_with(b"lent to 7");
+        let theirs = memfd_with(b"lent to 8");
+        let json = serde_json::json!({"pages": 1});
+        mm.put(&lent_key(7, "page/1"), json.clone(), Some(mine.as_fd()))
+            .unwrap();
+        mm.put(&lent_key(8, "page/2"), json.clone(), Some(theirs.as_fd()))
+            .unwrap();
+        mm.put("page/1", json.clone(), Some(theirs.as_fd()))
+            .unwrap();
+
+        let r = c.borrow("mm", "page/1").unwrap().expect("lent to 7");
+        assert_eq!((r.key.as_str(), &r.value), ("page/1", &json));
+        assert_eq!(read_all(r.fd.expect("with its descriptor")), "lent to 7");
+        assert!(c.borrow("mm", "page/2").unwrap().is_none(), "lent to 8");
+        assert!(
+            c.borrow("mm", "lent/8/page/2").unwrap().is_none(),
+            "no path out"
+        );
+        assert!(c.borrow("mm", "../page/1").unwrap().is_none());
+        let refused = c.borrow("fs", "page/1").unwrap_err().to_string();
+        assert!(refused.contains("uses no interface \"fs\""), "{refused}");
+        // mm uses nothing: it borrows nothing, not even its own records.
+        assert!(mm.borrow("mm", "page/1").is_err());
+        // Borrowing took nothing away from mm.
+        assert_eq!(store.len("mm"), 3);
+        assert_eq!(store.len("c"), 0);
     }
 
     fn memfd_with(contents: &[u8]) -> std::fs::File {

@@ -255,7 +255,10 @@ impl Mm {
             ix.recorded.remove(&id);
         }
         // After the arena: a crash in between leaves records nobody names.
-        if let Err(e) = self.rt.vault().apply(unlent, &[]) {
+        // Posted: only mm's later requests (ordered after it on its
+        // socket) could depend on it; a holder borrowing its own page's
+        // memory meanwhile gets what it had.
+        if let Err(e) = self.rt.vault().post(unlent, &[]) {
             tracing::warn!("taking back revoked pages' memory: {e}");
         }
     }

@@ -301,6 +301,35 @@ mod tests {
     use super::*;
     use std::sync::atomic::Ordering;
 
+    /// A memfd of `len` bytes, with `seals`.
+    fn memfd(len: u64, seals: SealFlags) -> OwnedFd {
+        let fd =
+            rustix::fs::memfd_create("sealed", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+                .unwrap();
+        rustix::fs::ftruncate(&fd, len).unwrap();
+        rustix::fs::fcntl_add_seals(&fd, seals).unwrap();
+        fd
+    }
+
+    #[test]
+    fn only_a_memfd_sealed_against_shrinking_and_long_enough_is_mapped() {
+        let ps = page_size();
+        let unsealed = memfd(2 * ps as u64, SealFlags::GROW);
+        let e = Mapping::of_sealed(unsealed.as_fd(), ps).err().unwrap();
+        assert!(e.to_string().contains("not sealed"), "{e}");
+        let short = memfd(ps as u64, SealFlags::SHRINK);
+        let e = Mapping::of_sealed(short.as_fd(), 2 * ps).err().unwrap();
+        assert!(e.to_string().contains("of a memfd of"), "{e}");
+        assert!(Mapping::of_sealed(short.as_fd(), 0).is_err());
+        let m = Mapping::of_sealed(short.as_fd(), ps).unwrap();
+        m.copy_in(ps - 2, b"ok");
+        let mut back = [0; 2];
+        m.copy_out(ps - 2, &mut back);
+        assert_eq!(&back, b"ok");
+        // Shrinking it under the mapping is refused by the kernel.
+        assert!(rustix::fs::ftruncate(&short, 0).is_err());
+    }
+
     #[test]
     fn copy_out_reads_every_byte_at_any_alignment_and_length() {
         let r = Region::create("copy-out", 256).unwrap();

@@ -68,6 +68,11 @@ pub fn page_key(page: u64) -> String {
     format!("page/{page:#x}")
 }
 
+/// The page a [`page_key`] names, if it is one.
+pub fn parse_page_key(key: &str) -> Option<u64> {
+    u64::from_str_radix(key.strip_prefix("page/0x")?, 16).ok()
+}
+
 /// Where a page was mapped: its address in this process (for checking the
 /// kernel's view, e.g. `/proc/self/maps`; it is never dereferenced) and its
 /// length.
@@ -278,6 +283,23 @@ fn mapped(m: &Mapping) -> Mapped {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn page_keys_parse_back_and_nothing_else_does() {
+        for page in [0, 1, 0xabc_0102, u64::MAX] {
+            assert_eq!(parse_page_key(&page_key(page)), Some(page));
+        }
+        for other in [
+            "page/12",
+            "page/0x",
+            "page/0xg",
+            "pages/0x1",
+            "page/0x1/2",
+            "",
+        ] {
+            assert_eq!(parse_page_key(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn an_unmap_drops_exactly_the_overlapping_mappings() {

@@ -17,18 +17,32 @@ mod arena;
 mod server;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use kintsugi_interfaces::mm;
 use kintsugi_runtime::Incarnation;
+
+/// How long after its start an incarnation looks for lent records of
+/// pages that are gone ([`server::Mm::sweep`]).
+const SWEEP_AFTER: Duration = Duration::from_secs(1);
 
 fn main() {
     kintsugi_runtime::run(|rt| {
         let config: server::Config = rt.config()?;
         let server = server::Mm::restore(rt.clone(), &config)?;
         tracing::debug!(epoch = rt.epoch(), "mm serving");
-        Ok(Incarnation::serve(vec![mm::service(
-            Arc::new(server),
-            rt.records(),
-        )]))
+        let server = Arc::new(server);
+        let sweeper = server.clone();
+        Ok(
+            Incarnation::serve(vec![mm::service(server, rt.records())]).then(move || {
+                // Records a crash left behind, taken back once the reboot is long done.
+                std::thread::sleep(SWEEP_AFTER);
+                let n = sweeper.sweep()?;
+                if n > 0 {
+                    tracing::info!("took back {n} lent records of pages that are gone");
+                }
+                Ok(())
+            }),
+        )
     })
 }

@@ -10,7 +10,8 @@
 //! mm's crashes as the memory's holders' mappings do; they go when the
 //! descriptor is forgotten (a crash in between leaves a record nobody
 //! names, never a descriptor without its memory: a record is put before
-//! its descriptor is published).
+//! its descriptor is published), and records nobody names are taken back
+//! a while after a reboot ([`Mm::sweep`]).
 //!
 //! The arena ([`crate::arena`]) is the truth about pages and descriptors;
 //! this incarnation keeps an index of it in memory, rebuilt from the arena
@@ -39,11 +40,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kintsugi_interfaces::mm::{self, Error, Extent};
-use kintsugi_interfaces::mm_map::{page_key, PAGE_MEMFD};
+use kintsugi_interfaces::mm_map::{page_key, parse_page_key, PAGE_MEMFD};
 use kintsugi_runtime::abi::shm::page_size;
 use kintsugi_runtime::records::GlobalRecords;
 use kintsugi_runtime::upcall::{self, UpcallError};
-use kintsugi_runtime::vault::{lent_key, VaultOp, VaultRecord};
+use kintsugi_runtime::vault::{lent_key, parse_lent_key, VaultError, VaultOp, VaultRecord, LENT};
 use kintsugi_runtime::{Caller, Runtime};
 
 use crate::arena::{span, Arena, Desc, Span};
@@ -201,6 +202,25 @@ impl Mm {
         Ok(memory(span(grant).count)?)
     }
 
+    /// Takes back the records of page descriptors that are gone (lent by
+    /// an incarnation that died before publishing the descriptor, or left
+    /// by one that died after forgetting it); how many. Run a while after
+    /// a reboot, off its path.
+    pub fn sweep(&self) -> Result<usize, VaultError> {
+        let keys = self.rt.vault().keys(LENT)?;
+        // Held from here: a descriptor lent before the listing is
+        // published by now (lending and publishing happen under it).
+        let ix = self.index();
+        let gone: Vec<VaultOp> = unheld(&ix, keys)
+            .map(|key| VaultOp::Delete { key })
+            .collect();
+        let n = gone.len();
+        if n > 0 {
+            self.rt.vault().post(gone, &[])?;
+        }
+        Ok(n)
+    }
+
     /// The grant at the root of `id`'s aliases.
     fn grant_of(ix: &Index, mut id: u64) -> u64 {
         while let Some((_, d)) = ix.descs.get(&id) {
@@ -330,6 +350,21 @@ impl Mm {
             .collect();
         Removal { ids, unconfirmed }
     }
+}
+
+/// The lent records among `keys` whose page descriptor `ix` does not
+/// hold for the component it is lent to (keys that are not lent pages
+/// stay).
+fn unheld(ix: &Index, keys: Vec<String>) -> impl Iterator<Item = String> + '_ {
+    keys.into_iter().filter(|key| {
+        let Some((holder, page)) = parse_lent_key(key) else {
+            return false;
+        };
+        let Some(id) = parse_page_key(page) else {
+            return false;
+        };
+        !matches!(ix.descs.get(&id), Some((_, d)) if d.holder == holder)
+    })
 }
 
 /// Subtrees that were marked dying and unmapped, to be forgotten.
@@ -541,5 +576,33 @@ impl mm::Server for Mm {
             pages = removal.ids.len(),
             "reclaimed a dead client's pages"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_records_of_pages_gone_or_held_by_another_are_unheld() {
+        let mut ix = Index::default();
+        for (slot, (id, holder)) in [(0x100, 3), (0x200, 4)].into_iter().enumerate() {
+            let d = Desc {
+                id,
+                parent: 0,
+                holder,
+            };
+            ix.descs.insert(id, (slot, d));
+        }
+        let keys = [
+            lent_key(3, &page_key(0x100)), // held by 3: stays
+            lent_key(4, &page_key(0x100)), // 0x100 is 3's: unheld
+            lent_key(4, &page_key(0x200)), // held by 4: stays
+            lent_key(3, &page_key(0x300)), // no such page: unheld
+            lent_key(3, "not-a-page"),     // not mm's: stays
+            "lent/x/page/0x100".to_string(),
+        ];
+        let unheld: Vec<String> = unheld(&ix, keys.to_vec()).collect();
+        assert_eq!(unheld, vec![keys[1].clone(), keys[3].clone()]);
     }
 }

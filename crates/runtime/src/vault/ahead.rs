@@ -89,7 +89,7 @@ impl Vault {
         let mut seq = None;
         let mut after: Option<String> = None;
         loop {
-            let page = self.page("", after.as_deref())?;
+            let page = self.page("", after.as_deref(), false)?;
             seq.get_or_insert(page.seq);
             after = page.records.last().map(|r| r.key.clone()).or(after);
             records.extend(page.records.into_iter().map(|r| (r.key.clone(), r)));

@@ -50,12 +50,15 @@ pub enum VaultRequest {
         ops: Vec<VaultOp>,
     },
     /// Records with keys after `after` that start with `prefix`, in key
-    /// order, a page at a time.
+    /// order, a page at a time; with `keys_only`, their keys alone (each
+    /// value null, no descriptor).
     List {
         id: u64,
         after: Option<String>,
         #[serde(default)]
         prefix: String,
+        #[serde(default)]
+        keys_only: bool,
     },
     /// The record under `key`: one record in the reply, or none.
     Get {
@@ -104,7 +107,16 @@ pub enum VaultRequest {
 /// The key under which a server keeps a record lent to client component
 /// `client` as `key` ([`VaultRequest::Borrow`]).
 pub fn lent_key(client: u32, key: &str) -> String {
-    format!("lent/{client}/{key}")
+    format!("{LENT}{client}/{key}")
+}
+
+/// The prefix of every key [`lent_key`] makes.
+pub const LENT: &str = "lent/";
+
+/// The client and the key a [`lent_key`] names, if it is one.
+pub fn parse_lent_key(lent: &str) -> Option<(u32, &str)> {
+    let (client, key) = lent.strip_prefix(LENT)?.split_once('/')?;
+    Some((client.parse().ok()?, key))
 }
 
 impl VaultRequest {
@@ -353,6 +365,19 @@ impl Vault {
         one_record(records(reply.records, fds)?)
     }
 
+    /// The keys of the records whose keys start with `prefix`, in order:
+    /// a listing without values or descriptors.
+    pub fn keys(&self, prefix: &str) -> Result<Vec<String>, VaultError> {
+        let mut keys: Vec<String> = Vec::new();
+        loop {
+            let page = self.page(prefix, keys.last().map(String::as_str), true)?;
+            keys.extend(page.records.into_iter().map(|r| r.key));
+            if !page.more {
+                return Ok(keys);
+            }
+        }
+    }
+
     /// The record the server of `interface` lent this component as `key`
     /// (see [`VaultRequest::Borrow`]), if it did.
     pub fn borrow(&self, interface: &str, key: &str) -> Result<Option<VaultRecord>, VaultError> {
@@ -403,18 +428,19 @@ impl Vault {
         prefix: &str,
         after: Option<&str>,
     ) -> Result<(Vec<VaultRecord>, bool), VaultError> {
-        let page = self.page(prefix, after)?;
+        let page = self.page(prefix, after, false)?;
         Ok((page.records, page.more))
     }
 
     /// One page of a listing, with the number of the latest change when it
     /// was made.
-    fn page(&self, prefix: &str, after: Option<&str>) -> Result<Page, VaultError> {
+    fn page(&self, prefix: &str, after: Option<&str>, keys_only: bool) -> Result<Page, VaultError> {
         let (reply, fds) = self.round_trip(
             |id| VaultRequest::List {
                 id,
                 after: after.map(str::to_string),
                 prefix: prefix.to_string(),
+                keys_only,
             },
             &[],
         )?;

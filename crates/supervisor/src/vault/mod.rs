@@ -258,10 +258,19 @@ impl VaultStore {
             VaultRequest::Apply { id, ops } => {
                 (reply(id, apply(kept, ops, fds).map(|()| vec![])), vec![])
             }
-            VaultRequest::List { id, after, prefix } => {
+            VaultRequest::List {
+                id,
+                after,
+                prefix,
+                keys_only,
+            } => {
                 let mut out = Vec::new();
-                let ahead = side == Side::Reader;
-                let (records, more) = kept.list(component, after, &prefix, ahead, &mut out);
+                let listing = match (keys_only, side) {
+                    (true, _) => Listing::Keys,
+                    (false, Side::Reader) => Listing::Ahead,
+                    (false, Side::Main) => Listing::Whole,
+                };
+                let (records, more) = kept.list(component, after, &prefix, listing, &mut out);
                 let mut r = reply(id, Ok(records));
                 r.more = more;
                 r.seq = kept.records.get(component).map_or(0, Records::seq);
@@ -558,14 +567,13 @@ impl Kept {
     /// Up to [`LIST_PAGE`] of `component`'s records with keys after the
     /// later of `after` and `prefix` and starting with `prefix`, in order
     /// (their descriptors join `fds`), as many as fit in one reply, and
-    /// whether more follow. For a reader (`ahead`), only the records it
-    /// may hold ahead ([`Entry::readable_ahead`]).
+    /// whether more follow, as `listing` asks.
     fn list(
         &self,
         component: &str,
         after: Option<String>,
         prefix: &str,
-        ahead: bool,
+        listing: Listing,
         fds: &mut Vec<OwnedFd>,
     ) -> (Vec<RecordHeader>, bool) {
         let Some(records) = self.records.get(component) else {
@@ -579,19 +587,31 @@ impl Kept {
             .map()
             .range::<String, _>((from, std::ops::Bound::Unbounded))
             .take_while(|(key, _)| key.starts_with(prefix))
-            .filter(|(_, e)| !ahead || e.readable_ahead());
+            .filter(|(_, e)| listing != Listing::Ahead || e.readable_ahead());
         // The records of a reply may take `MAX_RECORD` bytes (the rest of
         // a message is the reply's own); the first always fits, the vault
         // taking no larger record.
         let (mut headers, mut used) = (Vec::new(), 0);
         let mut next = range.next();
+        const NULL: &serde_json::Value = &serde_json::Value::Null;
         while let Some((key, e)) = next {
-            let listed = listed_bytes(key, &e.value);
+            let value = match listing {
+                Listing::Keys => NULL,
+                Listing::Whole | Listing::Ahead => &e.value,
+            };
+            let listed = listed_bytes(key, value);
             if headers.len() == LIST_PAGE || (!headers.is_empty() && used + listed > MAX_RECORD) {
                 break;
             }
             used += listed;
-            headers.push(header(key, e, fds));
+            headers.push(match listing {
+                Listing::Keys => RecordHeader {
+                    key: key.clone(),
+                    value: serde_json::Value::Null,
+                    fd: false,
+                },
+                Listing::Whole | Listing::Ahead => header(key, e, fds),
+            });
             next = range.next();
         }
         (headers, next.is_some())
@@ -692,6 +712,18 @@ impl Drop for Finished<'_> {
 /// Readers' sockets a component's vault serves at once at most: one per
 /// standby, and one more for a standby that replaces it.
 const READERS: usize = 2;
+
+/// What a listing gives of each record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listing {
+    /// Key, value and descriptor.
+    Whole,
+    /// The same, of the records a reader may hold ahead
+    /// ([`Entry::readable_ahead`]).
+    Ahead,
+    /// The key alone.
+    Keys,
+}
 
 /// Which socket a request came on: the component's own, or a reader's
 /// (a standby listing ahead of its activation, through
@@ -1097,6 +1129,29 @@ mod tests {
             .expect("refused");
         assert!(err.contains("mode 755"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A keys-only listing gives every key under its prefix, in order,
+    /// across pages, and no value or descriptor.
+    #[test]
+    fn keys_are_listed_alone_across_pages() {
+        let store = VaultStore::default();
+        let vault = client(&store);
+        let f = memfd_with(b"x");
+        let mut want = Vec::new();
+        for i in 0..(2 * LIST_PAGE + 3) {
+            let key = format!("k/{i:04}");
+            let fd = (i % 2 == 0).then(|| f.as_fd());
+            vault.put(&key, serde_json::json!({"i": i}), fd).unwrap();
+            want.push(key);
+        }
+        vault.put("l/1", serde_json::json!(1), None).unwrap();
+        assert_eq!(vault.keys("k/").unwrap(), want);
+        assert_eq!(vault.keys("l/").unwrap(), vec!["l/1".to_string()]);
+        assert!(vault.keys("m/").unwrap().is_empty());
+        // The records themselves are as they were.
+        let r = vault.get("k/0000").unwrap().unwrap();
+        assert_eq!(read_all(r.fd.unwrap()), "x");
     }
 
     /// A client (component 7, using `mm` of component "mm") borrows only

@@ -697,7 +697,7 @@ pub fn web(args: WebArgs) -> anyhow::Result<bool> {
     rows.push(fault_row);
     series.push(fault_series);
     print_table(&rows, &args);
-    let ok = print_faults(&rows, &series, &reboots, &args.file_bytes);
+    let ok = print_faults(&rows, &series, &reboots, &args);
     plot(&args.plot, &series, &rows)?;
     println!("\nplot: {}", args.plot.display());
     Ok(ok)
@@ -855,7 +855,8 @@ fn print_sized(rows: &[Row], sized: &[&Row], bytes: usize, args: &WebArgs) {
 
 /// Tracking cost and the fault run's figures against the targets; false
 /// if a request failed under faults.
-fn print_faults(rows: &[Row], series: &[Series], reboots: &[String], sizes: &[usize]) -> bool {
+fn print_faults(rows: &[Row], series: &[Series], reboots: &[String], args: &WebArgs) -> bool {
+    let sizes = &args.file_bytes;
     println!();
     for &bytes in sizes {
         for tool in ["ab", "wrk"] {
@@ -884,13 +885,14 @@ fn print_faults(rows: &[Row], series: &[Series], reboots: &[String], sizes: &[us
         names.join(", "),
         reboots.len()
     );
-    // The last sample is partial (ab ended during it); the first one too.
+    // The first sample is partial (ab started during it); so is any that
+    // ends after ab's time limit (counted from the sampler's start, which
+    // comes before ab's): there may be two, by how the periods fall.
     let steady: Vec<f64> = faulted
         .points
         .iter()
         .skip(1)
-        .rev()
-        .skip(1)
+        .filter(|p| p.0 <= f64::from(args.fault_secs))
         .map(|p| p.1)
         .collect();
     if let (Some(base), false) = (mean("kintsugi, tracking on", "ab"), steady.is_empty()) {

@@ -543,7 +543,13 @@ impl Connection {
     /// Spins, then sleeps, until the slot leaves REQUEST; returns its state.
     fn wait_for_reply(&self, slot: u32) -> u32 {
         let s = self.inner.edge.slot(slot);
-        let (v, done) = futex::spin_until(&s.state, futex::spin_budget(), |v| v != state::REQUEST);
+        // The site: this edge's function (what the slot says: a peer
+        // that changes it only mixes up this thread's spinning history).
+        let edge = Arc::as_ptr(&self.inner.edge) as usize as u32 >> 6;
+        let site = edge ^ s.func.load(Ordering::Relaxed).wrapping_mul(0x9e37_79b9);
+        let (v, done) = futex::spin_until(&s.state, futex::spin_budget(), site, |v| {
+            v != state::REQUEST
+        });
         if done {
             return v;
         }

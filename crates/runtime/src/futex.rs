@@ -4,7 +4,7 @@
 //! The futexes are shared (not `FUTEX_PRIVATE`) because the words live in
 //! memfd mappings seen by several processes.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -73,18 +73,93 @@ pub enum Spin {
     Always,
     /// Not while the machine is [`oversubscribed`].
     UnlessOversubscribed,
+    /// Where spinning has been paying: each thread remembers, per waiting
+    /// site (a client's function of an interface, a server slot's next
+    /// request), whether its last spin caught the event; after a spin that
+    /// did not, the site sleeps at once for its next 1, 3, 7, … 31 waits
+    /// before it tries again (adaptive spinning, as glibc's adaptive
+    /// mutexes and Solaris's spin-then-block locks do). A call that waits
+    /// on the network (`recv` on a keep-alive connection) stops spinning,
+    /// one answered in microseconds keeps it.
+    Adaptive,
 }
 
-static SPIN_POLICY: AtomicBool = AtomicBool::new(false);
+/// This process's [`Spin`] policy, as `Spin as u8`.
+static SPIN_POLICY: AtomicU8 = AtomicU8::new(Spin::Always as u8);
 
 /// Sets this process's [`Spin`] policy (at boot).
 pub fn set_spin_policy(policy: Spin) {
-    SPIN_POLICY.store(policy == Spin::UnlessOversubscribed, Ordering::Relaxed);
+    SPIN_POLICY.store(policy as u8, Ordering::Relaxed);
 }
 
-/// Whether a waiter should skip its spin now.
-fn spin_pointless() -> bool {
-    SPIN_POLICY.load(Ordering::Relaxed) && oversubscribed()
+fn policy() -> Spin {
+    match SPIN_POLICY.load(Ordering::Relaxed) {
+        p if p == Spin::UnlessOversubscribed as u8 => Spin::UnlessOversubscribed,
+        p if p == Spin::Adaptive as u8 => Spin::Adaptive,
+        _ => Spin::Always,
+    }
+}
+
+/// Waiting sites a thread tells apart under [`Spin::Adaptive`] (sites are
+/// hashed into them; two that share one only share its history).
+const SITES: usize = 64;
+/// The most waits a site skips its spin for after a spin that failed:
+/// `2^MAX_LEVEL - 1`.
+const MAX_LEVEL: u8 = 5;
+
+/// A spin that catches its event later than this is counted as one that
+/// did not pay, under [`Spin::Adaptive`]: it held a CPU that long.
+const QUICK: Duration = Duration::from_micros(25);
+
+/// One site's history: how many failed spins in a row, and how many
+/// waits it still sleeps at once for.
+#[derive(Clone, Copy, Default, Debug, PartialEq)]
+struct Backoff {
+    level: u8,
+    skip: u8,
+}
+
+impl Backoff {
+    /// Whether this wait skips its spin (counting it if so).
+    fn skips(&mut self) -> bool {
+        let skip = self.skip > 0;
+        self.skip = self.skip.saturating_sub(1);
+        skip
+    }
+
+    /// Notes whether a spin paid (caught its event quickly).
+    fn note(&mut self, paid: bool) {
+        match paid {
+            true => *self = Backoff::default(),
+            false => {
+                self.level = (self.level + 1).min(MAX_LEVEL);
+                self.skip = (1u8 << self.level) - 1;
+            }
+        }
+    }
+}
+
+thread_local! {
+    static BACKOFF: std::cell::RefCell<[Backoff; SITES]> =
+        const { std::cell::RefCell::new([Backoff { level: 0, skip: 0 }; SITES]) };
+}
+
+/// Whether a waiter at `site` should skip its spin now (and, under
+/// [`Spin::Adaptive`], counts one of the waits it skips).
+fn spin_pointless(site: u32) -> bool {
+    match policy() {
+        Spin::Always => false,
+        Spin::UnlessOversubscribed => oversubscribed(),
+        Spin::Adaptive => BACKOFF.with_borrow_mut(|b| b[site as usize % SITES].skips()),
+    }
+}
+
+/// Notes whether a spin at `site` paid: caught what it waited for within
+/// [`QUICK`].
+fn spun(site: u32, paid: bool) {
+    if policy() == Spin::Adaptive {
+        BACKOFF.with_borrow_mut(|b| b[site as usize % SITES].note(paid));
+    }
 }
 
 /// How often [`oversubscribed`] looks at the run queues again.
@@ -142,12 +217,26 @@ fn parse_runnable(loadavg: &[u8]) -> Option<usize> {
 /// yields the CPU between checks: on a machine with as few cores as these, the
 /// peer that must answer may be waiting for this very core. Under
 /// [`Spin::UnlessOversubscribed`], no spin at all while the machine is
-/// [`oversubscribed`].
-pub fn spin_until(word: &AtomicU32, budget: Duration, done: impl Fn(u32) -> bool) -> (u32, bool) {
+/// [`oversubscribed`]; under [`Spin::Adaptive`], none at a `site` where
+/// spinning has not been paying.
+pub fn spin_until(
+    word: &AtomicU32,
+    budget: Duration,
+    site: u32,
+    done: impl Fn(u32) -> bool,
+) -> (u32, bool) {
     let v = word.load(Ordering::Acquire);
-    if done(v) || budget.is_zero() || spin_pointless() {
+    if done(v) || budget.is_zero() || spin_pointless(site) {
         return (v, done(v));
     }
+    let start = Instant::now();
+    let (v, caught) = spin(word, budget, done);
+    spun(site, caught && start.elapsed() <= QUICK);
+    (v, caught)
+}
+
+/// [`spin_until`]'s loop.
+fn spin(word: &AtomicU32, budget: Duration, done: impl Fn(u32) -> bool) -> (u32, bool) {
     let start = Instant::now();
     let mut rounds = 0u32;
     loop {
@@ -173,6 +262,24 @@ pub fn spin_until(word: &AtomicU32, budget: Duration, done: impl Fn(u32) -> bool
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_site_whose_spins_do_not_pay_sleeps_at_once_for_longer_each_time() {
+        let mut b = Backoff::default();
+        assert!(!b.skips(), "a new site spins");
+        // Each failed spin doubles the waits skipped after it, up to 31.
+        for skipped in [1, 3, 7, 15, 31, 31] {
+            b.note(false);
+            for _ in 0..skipped {
+                assert!(b.skips());
+            }
+            assert!(!b.skips(), "then it tries again");
+        }
+        // One that pays starts it over.
+        b.note(true);
+        assert_eq!(b, Backoff::default());
+        assert!(!b.skips());
+    }
 
     #[test]
     fn loadavg_runnable_field() {

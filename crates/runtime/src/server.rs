@@ -228,7 +228,7 @@ impl SlotWorker {
             return true;
         }
         let (_, arrived) =
-            futex::spin_until(&s.state, futex::spin_budget(), |v| v == state::REQUEST);
+            futex::spin_until(&s.state, futex::spin_budget(), 0, |v| v == state::REQUEST);
         if arrived {
             return true;
         }

@@ -108,6 +108,7 @@ pub fn run(
         spin: match system.spin {
             SpinPolicy::Always => Spin::Always,
             SpinPolicy::UnlessOversubscribed => Spin::UnlessOversubscribed,
+            SpinPolicy::Adaptive => Spin::Adaptive,
         },
     };
     let result = sup.start(system).and_then(|()| {

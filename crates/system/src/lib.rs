@@ -475,6 +475,9 @@ pub enum SpinPolicy {
     /// Not while more threads are runnable than there are CPUs, when the
     /// spin would only take CPU time from the thread waited for.
     UnlessOversubscribed,
+    /// Where it has been paying, per waiting site of each thread: after a
+    /// spin that caught nothing, the site sleeps at once for a while.
+    Adaptive,
 }
 
 /// A vault persisted to a directory: its records (and the files it made

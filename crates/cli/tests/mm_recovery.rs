@@ -121,9 +121,11 @@ fn mm_survives_200_kills_with_every_alias_valid_and_every_revoke_total() {
     assert_eq!(n(&owner, "errors"), 0, "the owner saw errors: {owner}");
     assert_eq!(n(&sink, "errors"), 0, "the sink saw errors: {sink}");
     // Rounds completed across the kills; how many depends on the machine's
-    // speed (about 20 on a quiet one, 9 beside two CPU hogs), so only that
-    // more than one did, and that the kills fell inside revokes (above).
-    assert!(n(&owner, "rounds") >= 2, "the workload ran: {owner}");
+    // speed (400–700 on a quiet one, 2–5 beside two CPU hogs, 1 with this
+    // file's other tests beside it too, since mm's pages are lent through
+    // the vault: a round trip more per grant, alias and mapping), so only
+    // that one did, and that the kills fell inside revokes (above).
+    assert!(n(&owner, "rounds") >= 1, "the workload ran: {owner}");
 
     // Every alias the sink mapped showed the owner's bytes, and it mapped
     // every alias the owner made (but those of a round cut short by the stop).

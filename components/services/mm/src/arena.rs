@@ -1,6 +1,12 @@
 //! mm's durable state, in its arena: which grant uses each pool page, and
 //! every page descriptor (id, parent, holder).
 //!
+//! The "pool" is mm's page space: the numbers of the pages it may grant
+//! (`pages` in its config). It is not memory: each grant's memory is a
+//! memfd of its own (`server.rs`); a page's number says where the grant
+//! lies in that space, so that two live grants never overlap and ids name
+//! their extents.
+//!
 //! This is resource data that no client could replay: after a reboot, a
 //! fresh grant must not hand out pages whose grant has not been rebuilt yet,
 //! and `held` and `client_died` must see descriptors nobody has named since

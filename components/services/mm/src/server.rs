@@ -29,7 +29,7 @@
 //!
 //! When a client component dies, every page it held goes the same way, with
 //! every alias made from it (the other holders unmap theirs): a dead
-//! component's pool pages are reclaimed (C3). Their creation records go
+//! component's pages are reclaimed (C3). Their creation records go
 //! too, so that nothing rebuilds them; a crash between dropping the records
 //! and freeing the arena leaves those pages held by the dead component (a
 //! leak, never a page reachable by two grants).
@@ -278,12 +278,15 @@ impl Mm {
         // Posted: only mm's later requests (ordered after it on its
         // socket) could depend on it; a holder borrowing its own page's
         // memory meanwhile gets what it had.
+        if unlent.is_empty() {
+            return;
+        }
         if let Err(e) = self.rt.vault().post(unlent, &[]) {
             tracing::warn!("taking back revoked pages' memory: {e}");
         }
     }
 
-    /// Asks `holder` to unmap the pool pages of `s`; true once it has, or
+    /// Asks `holder` to unmap the pages of `s`; true once it has, or
     /// once it is clear it maps nothing (not a listening client, or gone).
     /// A live holder that does not answer is asked again, a few times: a
     /// hung one is the watchdog's to reboot.

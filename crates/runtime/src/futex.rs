@@ -75,8 +75,9 @@ pub enum Spin {
     UnlessOversubscribed,
     /// Where spinning has been paying: each thread remembers, per waiting
     /// site (a client's function of an interface, a server slot's next
-    /// request), whether its last spin caught the event; after a spin that
-    /// did not, the site sleeps at once for its next 1, 3, 7, … 31 waits
+    /// request), whether its last spin caught the event within 25 µs;
+    /// after a spin that did not, the site sleeps at once for its next 1,
+    /// 3, 7, … 31 waits
     /// before it tries again (adaptive spinning, as glibc's adaptive
     /// mutexes and Solaris's spin-then-block locks do). A call that waits
     /// on the network (`recv` on a keep-alive connection) stops spinning,

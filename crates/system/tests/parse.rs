@@ -883,14 +883,21 @@ fn spin_policy() {
         include_str!("../../../systems/web.toml"),
     )
     .unwrap();
-    assert_eq!(web.spin, SpinPolicy::UnlessOversubscribed);
+    assert_eq!(web.spin, SpinPolicy::Adaptive);
     let demo = parse(Path::new("systems/demo.toml"), DEMO).unwrap();
     assert_eq!(demo.spin, SpinPolicy::Always, "the default");
-    let (msg, kind) = err("[system]\nname = \"t\"\nspin = \"never\"\n");
+    let spin = |policy: &str| format!("[system]\nname = \"t\"\nspin = \"{policy}\"\n");
+    let unless = format!(
+        "{}[[component]]\nname = \"a\"\nbinary = \"a\"\n",
+        spin("unless-oversubscribed")
+    );
+    let unless = parse(Path::new("sys.toml"), &unless).unwrap();
+    assert_eq!(unless.spin, SpinPolicy::UnlessOversubscribed);
+    let (msg, kind) = err(&spin("never"));
     assert_eq!(kind, ErrorKind::Syntax);
     assert_eq!(
         msg,
-        "sys.toml:3:8: unknown variant `never`, expected `always` or `unless-oversubscribed`"
+        "sys.toml:3:8: unknown variant `never`, expected one of `always`, `unless-oversubscribed`, `adaptive`"
     );
 }
 

@@ -155,12 +155,10 @@ fn spin_pointless(site: u32) -> bool {
     }
 }
 
-/// Notes whether a spin at `site` paid: caught what it waited for within
-/// [`QUICK`].
+/// Notes, under [`Spin::Adaptive`], whether a spin at `site` paid:
+/// caught what it waited for within [`QUICK`].
 fn spun(site: u32, paid: bool) {
-    if policy() == Spin::Adaptive {
-        BACKOFF.with_borrow_mut(|b| b[site as usize % SITES].note(paid));
-    }
+    BACKOFF.with_borrow_mut(|b| b[site as usize % SITES].note(paid));
 }
 
 /// How often [`oversubscribed`] looks at the run queues again.
@@ -231,14 +229,20 @@ pub fn spin_until(
         return (v, done(v));
     }
     let start = Instant::now();
-    let (v, caught) = spin(word, budget, done);
-    spun(site, caught && start.elapsed() <= QUICK);
+    let (v, caught) = spin(word, budget, start, done);
+    if policy() == Spin::Adaptive {
+        spun(site, caught && start.elapsed() <= QUICK);
+    }
     (v, caught)
 }
 
-/// [`spin_until`]'s loop.
-fn spin(word: &AtomicU32, budget: Duration, done: impl Fn(u32) -> bool) -> (u32, bool) {
-    let start = Instant::now();
+/// [`spin_until`]'s loop, from `start`.
+fn spin(
+    word: &AtomicU32,
+    budget: Duration,
+    start: Instant,
+    done: impl Fn(u32) -> bool,
+) -> (u32, bool) {
     let mut rounds = 0u32;
     loop {
         for _ in 0..64 {

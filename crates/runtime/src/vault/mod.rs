@@ -368,14 +368,8 @@ impl Vault {
     /// The keys of the records whose keys start with `prefix`, in order:
     /// a listing without values or descriptors.
     pub fn keys(&self, prefix: &str) -> Result<Vec<String>, VaultError> {
-        let mut keys: Vec<String> = Vec::new();
-        loop {
-            let page = self.page(prefix, keys.last().map(String::as_str), true)?;
-            keys.extend(page.records.into_iter().map(|r| r.key));
-            if !page.more {
-                return Ok(keys);
-            }
-        }
+        let listed = self.every_page(prefix, true)?;
+        Ok(listed.into_iter().map(|r| r.key).collect())
     }
 
     /// The record the server of `interface` lent this component as `key`
@@ -409,12 +403,17 @@ impl Vault {
     /// The records whose keys start with `prefix`, in key order (chosen by
     /// the vault: the others are not sent).
     pub fn list_prefix(&self, prefix: &str) -> Result<Vec<VaultRecord>, VaultError> {
+        self.every_page(prefix, false)
+    }
+
+    /// Every page of a listing of `prefix` (of keys alone with `keys_only`).
+    fn every_page(&self, prefix: &str, keys_only: bool) -> Result<Vec<VaultRecord>, VaultError> {
         let mut out = Vec::new();
         loop {
             let after = out.last().map(|r: &VaultRecord| r.key.as_str());
-            let (page, more) = self.list_page(prefix, after)?;
-            out.extend(page);
-            if !more {
+            let page = self.page(prefix, after, keys_only)?;
+            out.extend(page.records);
+            if !page.more {
                 return Ok(out);
             }
         }

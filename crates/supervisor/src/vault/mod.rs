@@ -279,31 +279,13 @@ impl VaultStore {
             VaultRequest::Changes { id, since } => {
                 kept.changes(component, id, since, side == Side::Reader)
             }
-            VaultRequest::Get { id, key } => {
-                let mut out = Vec::new();
-                let records = kept
-                    .records
-                    .get(component)
-                    .and_then(|r| r.map().get_key_value(&key))
-                    .map(|(key, e)| header(key, e, &mut out))
-                    .into_iter()
-                    .collect();
-                (reply(id, Ok(records)), out)
-            }
+            VaultRequest::Get { id, key } => kept.one(component, &key, &key, id),
             VaultRequest::Borrow { id, interface, key } => {
                 let Some(server) = limits.servers.get(&interface) else {
                     let why = format!("{component} uses no interface {interface:?}");
                     return Outcome::Reply(reply(id, Err(why)), vec![]);
                 };
-                let mut out = Vec::new();
-                let records = kept
-                    .records
-                    .get(server)
-                    .and_then(|r| r.map().get(&lent_key(limits.id, &key)))
-                    .map(|e| header(&key, e, &mut out))
-                    .into_iter()
-                    .collect();
-                (reply(id, Ok(records)), out)
+                kept.one(server, &lent_key(limits.id, &key), &key, id)
             }
             VaultRequest::Create { id, key, value } => {
                 let made = kept.make_file(component, &key).and_then(|fd| {
@@ -492,6 +474,20 @@ impl Kept {
             self.compact();
         }
         Ok(())
+    }
+
+    /// The reply to request `id` for `component`'s record under `key`,
+    /// sent as `shown` (its one record, or none), and its descriptor.
+    fn one(&self, component: &str, key: &str, shown: &str, id: u64) -> (VaultReply, Vec<OwnedFd>) {
+        let mut out = Vec::new();
+        let records = self
+            .records
+            .get(component)
+            .and_then(|r| r.map().get(key))
+            .map(|e| header(shown, e, &mut out))
+            .into_iter()
+            .collect();
+        (reply(id, Ok(records)), out)
     }
 
     /// Rewrites the log with only the live records.

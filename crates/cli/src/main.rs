@@ -4,6 +4,7 @@
 
 mod control;
 mod inject;
+mod keeper;
 mod metrics;
 mod notify;
 mod roster;

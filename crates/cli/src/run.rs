@@ -11,6 +11,8 @@ use kintsugi_supervisor::journald::{self, Journal};
 use kintsugi_supervisor::stats::Summary;
 use kintsugi_supervisor::{parse_signal, ChaosPlan, Event, Options};
 
+use crate::keeper::{Kept, Pinger};
+
 /// The demo's system, built in so that the demo runs from anywhere.
 const DEMO_SYSTEM: &str = include_str!("../../../systems/demo.toml");
 
@@ -303,6 +305,7 @@ fn execute(
     quiet: bool,
     format: EventFormat,
     metrics: Option<std::net::SocketAddr>,
+    kept: Option<Kept>,
 ) -> anyhow::Result<bool> {
     let journal = journal()?;
     let mut log = Log::new(quiet, format, journal.clone());
@@ -325,8 +328,30 @@ fn execute(
         .map(|addr| crate::metrics::Metrics::start(addr, roster.clone()))
         .transpose()?;
     let mut notifier = crate::notify::Notifier::start(system.components.len(), roster.clone());
+    let heartbeat = [
+        crate::notify::Notifier::heartbeat(),
+        kept.as_ref().map(|k| k.heartbeat),
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    let (keeper, _pinger) = match kept {
+        Some(k) => {
+            if k.generation > 0 {
+                tracing::warn!(
+                    "supervisor generation {} started by its keeper: {} inherited descriptors kept for the vault",
+                    k.generation,
+                    k.inherited.len()
+                );
+            }
+            let pinger = Pinger::start(k.beat, roster.clone(), k.heartbeat / 2);
+            (Some(k.inherited), Some(pinger))
+        }
+        None => (None, None),
+    };
     let options = Options {
-        heartbeat: crate::notify::Notifier::heartbeat(),
+        heartbeat,
+        keeper,
         ..options
     };
     let report = kintsugi_supervisor::run(system, options, &mut |e| {
@@ -382,18 +407,35 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
     for setting in &args.settings {
         setting.apply(&mut system)?;
     }
+    match system.keeper {
+        Some(policy) => {
+            let args = &args;
+            crate::keeper::keep(&mut system, policy, |system, kept| {
+                supervise(system, args, Some(kept))
+            })
+        }
+        None => supervise(&system, &args, None),
+    }
+}
+
+/// Runs `system` as `args` say, under a keeper if `kept`.
+fn supervise(
+    system: &kintsugi_system::System,
+    args: &RunArgs,
+    kept: Option<Kept>,
+) -> anyhow::Result<bool> {
     let options = Options {
         chaos: chaos_plan(&args.chaos)?,
         stop_after_chaos: args.chaos.stop_after_kills,
-        stop_when_finished: args.until_finished,
+        stop_when_finished: args.until_finished.clone(),
         duration: args.duration.map(Duration::from_secs_f64),
         interfaces: interfaces(),
         lifelines: !args.no_lifelines,
-        restores: args.restores,
+        restores: args.restores.clone(),
         sockets: kintsugi_supervisor::Activated::claim()?,
         ..Options::default()
     };
-    execute(&system, options, args.quiet, args.events, args.metrics)
+    execute(system, options, args.quiet, args.events, args.metrics, kept)
 }
 
 pub fn demo(args: DemoArgs) -> anyhow::Result<bool> {
@@ -414,7 +456,7 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<bool> {
         interfaces: interfaces(),
         ..Options::default()
     };
-    execute(&system, options, false, EventFormat::Text, None)
+    execute(&system, options, false, EventFormat::Text, None, None)
 }
 
 pub fn check(path: &Path) -> anyhow::Result<bool> {

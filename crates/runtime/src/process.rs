@@ -15,6 +15,15 @@ pub fn fork_sibling() -> std::io::Result<Option<u32>> {
     fork_with((libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong)
 }
 
+/// Forks the calling (single-threaded) process with `CLONE_FILES`: parent
+/// and child share one descriptor table, so every descriptor the child
+/// opens is held by the parent too and outlives the child (the keeper's
+/// hold on a supervisor's descriptors). Returns the child's pid in the
+/// parent and `None` in the child.
+pub fn fork_sharing_descriptors() -> std::io::Result<Option<u32>> {
+    fork_with((libc::CLONE_FILES | libc::SIGCHLD) as libc::c_ulong)
+}
+
 /// Runs `body` in a forked child process of this (single-threaded) process
 /// and returns the child's pid; the child exits when `body` returns.
 /// Benchmarks use it to put a peer in a real second address space.

@@ -25,7 +25,7 @@ pub mod quota;
 mod reboot;
 pub mod roster;
 mod shutdown;
-#[allow(unsafe_code)] // one block, with its SAFETY comment (README: unsafe)
+#[allow(unsafe_code)] // each block with its SAFETY comment (README: unsafe)
 mod sockets;
 mod source;
 pub mod stats;
@@ -44,6 +44,6 @@ pub use output::ComponentStdout;
 pub use policy::GiveUpReason;
 pub use quota::VaultUse;
 pub use roster::{FaultReport, Member, Roster};
-pub use sockets::Activated;
+pub use sockets::{Activated, Inherited};
 pub use supervisor::run;
 pub use watchdog::{Detection, HangKind};

@@ -13,7 +13,7 @@ use crate::events::Exit;
 use crate::journald::Journal;
 use crate::output::ComponentStdout;
 use crate::roster::Roster;
-use crate::sockets::Activated;
+use crate::sockets::{Activated, Inherited};
 
 #[derive(Debug, Error)]
 pub enum SupervisorError {
@@ -80,6 +80,10 @@ pub struct Options {
     /// Sockets a service manager passed (socket activation), for the
     /// components whose `sockets` name them.
     pub sockets: Activated,
+    /// Under a keeper (`[system] keeper`): what this supervisor inherited
+    /// from the one before it (nothing for the first). The vault then logs
+    /// the descriptors its records hold, and takes back those inherited.
+    pub keeper: Option<Inherited>,
     /// Where components' log lines go as entries, if the logs go to
     /// systemd's journal (`--log-format journal`); else to stderr.
     pub journal: Option<Arc<Journal>>,
@@ -105,6 +109,7 @@ impl Default for Options {
             restores: Vec::new(),
             heartbeat: None,
             sockets: Activated::default(),
+            keeper: None,
             journal: None,
             component_stdout: ComponentStdout::Stdout,
         }

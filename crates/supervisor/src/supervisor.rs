@@ -38,6 +38,7 @@ use crate::managed::{Durable, Managed, Phase, Role, Served, Standby, Used, Wirin
 use crate::options::{Options, Report, StopReason, SupervisorError};
 use crate::policy::RestartWindow;
 use crate::roster::{call_name, FaultReport, RollbackOutcome, Roster};
+use crate::sockets::Inherited;
 use crate::source::{listen, Source};
 use crate::vault::{priority_ceiling, Limits, VaultActivity, VaultStore};
 use crate::watchdog::Monitor;
@@ -273,7 +274,14 @@ impl<'a> Supervisor<'a> {
         }
         if let Some(storage) = &system.vault {
             let known = |c: &str| system.components.iter().any(|s| s.name == c);
-            self.vault = VaultStore::open(storage, &known).map_err(SupervisorError::Vault)?;
+            let inherited = self.options.keeper.as_mut();
+            self.vault =
+                VaultStore::open(storage, &known, inherited).map_err(SupervisorError::Vault)?;
+            // What no record took: the dead supervisor's leftovers.
+            if let Some(left) = self.options.keeper.as_mut().filter(|k| !k.is_empty()) {
+                tracing::info!("{} inherited descriptors no record named, closed", left.len());
+                *left = Inherited::first();
+            }
         }
         self.read_restores(system)?;
         self.hand_sockets(system);

@@ -12,6 +12,8 @@
 //! description = "ramfs with a verifying file workload"
 //! # vault = { dir = "state", fsync = "always" }  # optional: the vault kept in a directory (relative to this file),
 //! #                                             # its log synced before each answer ("never": left to the kernel)
+//! # keeper = { hang_ms = 1000, max = 100, window_ms = 10000 }  # optional: a keeper process restarts the supervisor
+//! #                                             # when it dies or its loop stalls for hang_ms (README, "The keeper")
 //!
 //! [[component]]
 //! name = "ramfs"
@@ -167,6 +169,9 @@ pub struct System {
     /// Where the vault is kept on disk (`vault = { dir = … }` in
     /// `[system]`); none: in the supervisor's memory only.
     pub vault: Option<VaultStorage>,
+    /// A keeper process that restarts the supervisor when it dies or hangs
+    /// (`keeper = { … }` in `[system]`); none: the system ends with it.
+    pub keeper: Option<KeeperPolicy>,
     /// Where each component's `binary` value lies in the text, for errors of
     /// [`System::resolve_binaries`].
     #[serde(skip)]
@@ -487,6 +492,27 @@ pub struct VaultStorage {
     /// Absolute, or relative to the system file's directory as written.
     pub dir: PathBuf,
     pub fsync: FsyncPolicy,
+}
+
+/// How the keeper watches the supervisor (`[system] keeper = { hang_ms,
+/// max, window_ms }`): a supervisor whose event loop has not turned for
+/// `hang` is killed, and one that dies is started again, up to `max` times
+/// within `window`; past that the keeper gives up and the system ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct KeeperPolicy {
+    pub hang: Duration,
+    pub max: u32,
+    pub window: Duration,
+}
+
+impl Default for KeeperPolicy {
+    fn default() -> Self {
+        Self {
+            hang: Duration::from_millis(1000),
+            max: 100,
+            window: Duration::from_secs(10),
+        }
+    }
 }
 
 /// When the vault's log reaches the disk.

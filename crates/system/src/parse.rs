@@ -11,6 +11,7 @@ use toml::Spanned;
 
 use crate::{
     Backoff, Capability, CheckpointPolicy, ComponentSpec, ErrorKind, FsyncPolicy, GiveUpAction,
+    KeeperPolicy,
     GroupStrategy, HangAction, Location, RebootMode, RecoveryMode, RestartGroup, RestartPolicy,
     RestartType, SpinPolicy, Sysno, System, SystemError, Use, User, VaultQuota, VaultStorage,
     WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE,
@@ -60,6 +61,15 @@ struct RawSystem {
     #[serde(default)]
     spin: SpinPolicy,
     vault: Option<RawVaultStorage>,
+    keeper: Option<RawKeeper>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKeeper {
+    hang_ms: Option<Spanned<i64>>,
+    max: Option<Spanned<i64>>,
+    window_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -407,12 +417,17 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<System, SystemError> {
         Some(v) => Some(vault_storage(&cx, v)?),
         None => None,
     };
+    let keeper = match &raw.system.keeper {
+        Some(k) => Some(keeper_policy(&cx, k)?),
+        None => None,
+    };
 
     Ok(System {
         watchdog,
         groups,
         spin: raw.system.spin,
         vault,
+        keeper,
         name: raw.system.name.into_inner(),
         description: raw.system.description,
         path: path.to_path_buf(),
@@ -615,6 +630,23 @@ fn vault_storage(cx: &Ctx<'_>, raw: &RawVaultStorage) -> Result<VaultStorage, Sy
     Ok(VaultStorage {
         dir,
         fsync: raw.fsync,
+    })
+}
+
+/// `[system] keeper = { hang_ms, max, window_ms }`.
+fn keeper_policy(cx: &Ctx<'_>, raw: &RawKeeper) -> Result<KeeperPolicy, SystemError> {
+    let d = KeeperPolicy::default();
+    let ms = |field: &str, v: &Option<Spanned<i64>>, least: u64| {
+        cx.ranged("system", field, v, least..=86_400_000u64, "")
+            .map(|v| v.map(Duration::from_millis))
+    };
+    Ok(KeeperPolicy {
+        // Under 100 ms a loaded machine would be taken for a hang.
+        hang: ms("keeper.hang_ms", &raw.hang_ms, 100)?.unwrap_or(d.hang),
+        max: cx
+            .ranged("system", "keeper.max", &raw.max, 0..=u32::MAX, "")?
+            .unwrap_or(d.max),
+        window: ms("keeper.window_ms", &raw.window_ms, 1)?.unwrap_or(d.window),
     })
 }
 

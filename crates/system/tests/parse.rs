@@ -500,7 +500,7 @@ fn unknown_key() {
     let (msg, _) = err("[system]\nname = \"t\"\nversion = 2\n");
     assert_eq!(
         msg,
-        "sys.toml:3:1: unknown field `version`, expected one of `name`, `description`, `spin`, `vault`"
+        "sys.toml:3:1: unknown field `version`, expected one of `name`, `description`, `spin`, `vault`, `keeper`"
     );
 }
 
@@ -1046,4 +1046,32 @@ fn a_components_cpus_are_numbers_listed_once_or_refused_where_written() {
         msg,
         "sys.toml:7:8: component `a`: cpus = [] leaves it no CPU to run on (leave cpus out for any)"
     );
+}
+
+#[test]
+fn a_keeper_has_defaults_and_refuses_a_hang_bound_a_loaded_machine_would_trip() {
+    let comp = "[[component]]\nname = \"a\"\nbinary = \"a\"\n";
+    let text = |keeper: &str| format!("[system]\nname = \"t\"\nkeeper = {keeper}\n\n{comp}");
+    assert!(parse(Path::new("sys.toml"), DEMO).unwrap().keeper.is_none());
+    let k = parse(Path::new("sys.toml"), &text("{}")).unwrap().keeper;
+    assert_eq!(k, Some(kintsugi_system::KeeperPolicy::default()));
+    let k = parse(
+        Path::new("sys.toml"),
+        &text("{ hang_ms = 300, max = 5, window_ms = 2000 }"),
+    )
+    .unwrap()
+    .keeper
+    .unwrap();
+    assert_eq!(
+        (k.hang, k.max, k.window),
+        (Duration::from_millis(300), 5, Duration::from_secs(2))
+    );
+    let (msg, kind) = err(&text("{ hang_ms = 20 }"));
+    assert_eq!(kind, ErrorKind::OutOfRange);
+    assert_eq!(
+        msg,
+        "sys.toml:3:22: system: keeper.hang_ms 20 is out of range (100..=86400000)"
+    );
+    let (msg, _) = err(&text("{ restarts = 3 }"));
+    assert!(msg.starts_with("sys.toml:3:") && msg.contains("restarts"), "{msg}");
 }

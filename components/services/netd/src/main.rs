@@ -110,6 +110,15 @@ struct Config {
     tracking: bool,
     #[serde(default = "backlog")]
     backlog: i32,
+    /// Connections owed to the vault before a post (1..=64): 1 under a
+    /// supervisor's keeper, whose restart takes netd's own keeper with it
+    /// (README, "The keeper").
+    #[serde(default = "post_every")]
+    post_every: usize,
+}
+
+fn post_every() -> usize {
+    owed::FLUSH_AT
 }
 
 fn yes() -> bool {
@@ -877,6 +886,23 @@ fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table
     for id in parked {
         table.watch_or_ready(id, 0, false, &watch);
     }
+    // A first incarnation that finds connections held by workers restores
+    // a previous system's (a supervisor restarted by its keeper, README
+    // "The keeper"), whose clients all start anew: each is handed out as
+    // a dead client's, at the start of its unanswered request.
+    if rt.epoch() == 1 {
+        let clients: HashSet<u32> = table
+            .conns
+            .values()
+            .filter_map(|s| match s.kept.holder {
+                Holder::Worker { client, .. } => Some(client),
+                Holder::Parked { .. } => None,
+            })
+            .collect();
+        for client in clients {
+            table.client_died(client, &watch);
+        }
+    }
     Ok((listener, table, watch))
 }
 
@@ -926,7 +952,21 @@ fn main() {
                 owed::ARENA_BYTES
             );
         }
+        if !(1..=owed::SLOTS).contains(&config.post_every) {
+            anyhow::bail!(
+                "netd: post_every {} is out of range (1..={})",
+                config.post_every,
+                owed::SLOTS
+            );
+        }
         let (listener, table, watch) = restore(rt, &config)?;
+        // New ids above every restored one: an arena begun anew (a system
+        // restarted by the supervisor's keeper) would count from 0.
+        if let (Some(arena), Some(&max)) = (rt.arena(), table.conns.keys().max()) {
+            arena
+                .at::<AtomicU64>(ARENA_NEXT_ID)
+                .fetch_max(max, Ordering::SeqCst);
+        }
         let port = rustix::net::getsockname(&listener)
             .ok()
             .and_then(|a| std::net::SocketAddr::try_from(a).ok())
@@ -944,7 +984,7 @@ fn main() {
             wake: Condvar::new(),
             watch,
             pages: Pages::connect(rt)?,
-            owed: Mutex::new(Owed::default()),
+            owed: Mutex::new(Owed::posting_every(config.post_every)),
         });
         let reaper = Arc::downgrade(&netd);
         std::thread::Builder::new()

@@ -142,19 +142,27 @@ pub struct Owed {
     fresh: Vec<Fresh>,
     ended: Vec<u64>,
     free: Vec<usize>,
+    /// Records owed before a post (1: each posted as it comes).
+    flush_at: usize,
 }
 
 impl Default for Owed {
     fn default() -> Self {
-        Self {
-            fresh: Vec::new(),
-            ended: Vec::new(),
-            free: (0..SLOTS).rev().collect(),
-        }
+        Self::posting_every(FLUSH_AT)
     }
 }
 
 impl Owed {
+    /// Posts once `n` records (or deletions) are owed (`1..=SLOTS`).
+    pub fn posting_every(n: usize) -> Self {
+        Self {
+            fresh: Vec::new(),
+            ended: Vec::new(),
+            free: (0..SLOTS).rev().collect(),
+            flush_at: n,
+        }
+    }
+
     /// Owes the record of connection `id`, just accepted for a worker, and
     /// names it in the arena; false (nothing owed) if no slot is free, and
     /// the caller posts it itself.
@@ -191,7 +199,7 @@ impl Owed {
 
     /// Whether enough is owed for a post.
     pub fn full(&self) -> bool {
-        self.fresh.len() >= FLUSH_AT || self.ended.len() >= FLUSH_AT
+        self.fresh.len() >= self.flush_at || self.ended.len() >= self.flush_at
     }
 
     pub fn is_empty(&self) -> bool {

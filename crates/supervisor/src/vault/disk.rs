@@ -29,18 +29,28 @@
 //!
 //! Records whose descriptor the vault did not make (a socket, a memfd a
 //! component made) live in memory only: they describe what does not
-//! survive the system, and their key is logged as deleted.
+//! survive the system, and their key is logged as deleted. Under a keeper
+//! (`[system] keeper`, README "The keeper"), which shares the supervisor's
+//! descriptor table and so holds every such descriptor after the
+//! supervisor's death, they are logged with the descriptor's number and
+//! identity (`kept`: fd, device, inode); the supervisor the keeper starts
+//! next finds them in the table it inherits and takes each back only if
+//! the number still names the same file.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
+use std::collections::BTreeSet;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use kintsugi_system::{FsyncPolicy, VaultStorage};
+
+use crate::sockets::Inherited;
 
 const MAGIC: &[u8; 10] = b"ksgvault1\n";
 /// No frame is longer: a length past it is corruption.
@@ -58,10 +68,38 @@ pub(crate) enum LoggedOp {
         value: serde_json::Value,
         /// The vault's file it holds, if any.
         file: Option<u64>,
+        /// The descriptor it holds in the table the keeper shares, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kept: Option<KeptFd>,
     },
     Delete {
         key: String,
     },
+}
+
+/// A descriptor a record holds, as the keeper holds it: its number in the
+/// shared table and the file it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct KeptFd {
+    fd: RawFd,
+    dev: u64,
+    ino: u64,
+}
+
+impl KeptFd {
+    fn of(fd: &OwnedFd) -> Option<Self> {
+        let st = rustix::fs::fstat(fd).ok()?;
+        Some(Self {
+            fd: fd.as_raw_fd(),
+            dev: st.st_dev,
+            ino: st.st_ino,
+        })
+    }
+
+    /// Whether `fd` is the file this names.
+    fn names(&self, fd: &OwnedFd) -> bool {
+        rustix::fs::fstat(fd).is_ok_and(|st| (st.st_dev, st.st_ino) == (self.dev, self.ino))
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -78,13 +116,20 @@ pub(crate) enum Holds {
     File(u64),
     /// A descriptor that does not outlive the system.
     Transient,
+    /// A descriptor the keeper holds.
+    Kept(KeptFd),
 }
 
-/// A record read back: its value and, for a file record, the file.
+/// A record read back: its value and, for a file record, the file; for a
+/// record of a descriptor the keeper held, that descriptor.
 pub(crate) struct LoadedRecord {
     pub value: serde_json::Value,
     pub file: Option<(u64, OwnedFd)>,
+    pub kept: Option<OwnedFd>,
 }
+
+/// A record's state as the log leaves it: value, file, kept descriptor.
+type Logged = (serde_json::Value, Option<u64>, Option<KeptFd>);
 
 /// What [`Disk::open`] found.
 #[derive(Default)]
@@ -110,6 +155,9 @@ pub(crate) struct Disk {
     next_file: u64,
     log_len: u64,
     compacted_len: u64,
+    /// Whether a keeper holds the descriptors of records (their numbers
+    /// are logged).
+    keeps: bool,
 }
 
 fn io(what: impl std::fmt::Display, e: std::io::Error) -> String {
@@ -122,9 +170,15 @@ impl Disk {
     /// system describes (`known`); the records of others (a component
     /// removed or renamed since) go to the quarantine, files and all, so
     /// that they neither grow the log for ever nor come back unasked.
+    ///
+    /// Under a keeper (`inherited`), records of kept descriptors take them
+    /// from the inherited table; one whose descriptor is not there (or is
+    /// another file now) is quarantined, since a supervisor restarted by
+    /// its keeper should find every one.
     pub(crate) fn open(
         storage: &VaultStorage,
         known: &dyn Fn(&str) -> bool,
+        mut inherited: Option<&mut Inherited>,
     ) -> Result<(Disk, Loaded), String> {
         let dir = storage.dir.clone();
         for d in [dir.clone(), dir.join("files"), dir.join("quarantine")] {
@@ -133,21 +187,7 @@ impl Disk {
         let mut loaded = Loaded::default();
         let frames = read_log(&dir, &mut loaded.quarantined)?;
         loaded.frames = frames.len() as u64;
-        let mut states: BTreeMap<String, BTreeMap<String, (serde_json::Value, Option<u64>)>> =
-            BTreeMap::new();
-        for frame in frames {
-            let kept = states.entry(frame.component).or_default();
-            for op in frame.ops {
-                match op {
-                    LoggedOp::Put { key, value, file } => {
-                        kept.insert(key, (value, file));
-                    }
-                    LoggedOp::Delete { key } => {
-                        kept.remove(&key);
-                    }
-                }
-            }
-        }
+        let states = fold(frames);
         let present = file_ids(&dir)?;
         let mut disk = Disk {
             log: File::open("/dev/null").map_err(|e| io("/dev/null", e))?,
@@ -158,6 +198,7 @@ impl Disk {
             refs: HashMap::new(),
             log_len: 0,
             compacted_len: 0,
+            keeps: inherited.is_some(),
         };
         for (component, kept) in states {
             if !known(&component) {
@@ -168,18 +209,27 @@ impl Disk {
                 continue;
             }
             let out = loaded.records.entry(component.clone()).or_default();
-            for (key, (value, file)) in kept {
-                let file = match file.map(|id| disk.open_file(id).map(|fd| (id, fd))) {
-                    Some(Err(why)) => {
+            for (key, (value, file, kept)) in kept {
+                let taken = match kept {
+                    Some(k) => inherited
+                        .as_deref_mut()
+                        .filter(|i| i.restarted())
+                        .map(|i| take_kept(i, k)),
+                    None => Some(Ok(None)),
+                };
+                let file = file.map(|id| disk.open_file(id).map(|fd| (id, fd)));
+                let (file, kept) = match (file.transpose(), taken) {
+                    (Err(why), _) | (_, Some(Err(why))) => {
                         let line = format!("{component}/{key}: {why}");
                         disk.quarantine_record(&component, &key, &value, &why);
                         loaded.quarantined.push(line);
                         continue;
                     }
-                    Some(Ok(f)) => Some(f),
-                    None => None,
+                    // A descriptor of an earlier system, gone with it.
+                    (_, None) => continue,
+                    (Ok(file), Some(Ok(kept))) => (file, kept),
                 };
-                out.insert(key, LoadedRecord { value, file });
+                out.insert(key, LoadedRecord { value, file, kept });
             }
         }
         // Files no record holds: made, but the crash came before their
@@ -196,6 +246,7 @@ impl Disk {
                     key: key.clone(),
                     value: r.value.clone(),
                     file: r.file.as_ref().map(|f| f.0),
+                    kept: r.kept.as_ref().and_then(KeptFd::of),
                 })
                 .collect();
             (c.clone(), ops)
@@ -264,12 +315,16 @@ impl Disk {
         let Some(fd) = fd else {
             return Holds::Nothing;
         };
+        let transient = || match self.keeps.then(|| KeptFd::of(fd)).flatten() {
+            Some(k) => Holds::Kept(k),
+            None => Holds::Transient,
+        };
         match rustix::fs::fstat(fd) {
             Ok(st) => self
                 .ids
                 .get(&(st.st_dev, st.st_ino))
-                .map_or(Holds::Transient, |&id| Holds::File(id)),
-            Err(_) => Holds::Transient,
+                .map_or_else(transient, |&id| Holds::File(id)),
+            Err(_) => transient(),
         }
     }
 
@@ -375,12 +430,8 @@ impl Disk {
 
     /// Moves the records of a component the system does not describe,
     /// and their files, to the quarantine.
-    fn quarantine_orphan(
-        &self,
-        component: &str,
-        kept: BTreeMap<String, (serde_json::Value, Option<u64>)>,
-    ) {
-        for (key, (value, file)) in kept {
+    fn quarantine_orphan(&self, component: &str, kept: BTreeMap<String, Logged>) {
+        for (key, (value, file, _)) in kept {
             let why = "its component is not in the system description";
             self.quarantine_record(component, &key, &value, why);
             if let Some(id) = file {
@@ -455,6 +506,84 @@ fn frame_at(bytes: &[u8]) -> Option<(Frame, usize)> {
     Some((frame, 8 + len))
 }
 
+/// Each component's records as `frames` leave them.
+fn fold(frames: Vec<Frame>) -> BTreeMap<String, BTreeMap<String, Logged>> {
+    let mut states: BTreeMap<String, BTreeMap<String, Logged>> = BTreeMap::new();
+    for frame in frames {
+        let kept = states.entry(frame.component).or_default();
+        for op in frame.ops {
+            match op {
+                LoggedOp::Put {
+                    key,
+                    value,
+                    file,
+                    kept: k,
+                } => {
+                    kept.insert(key, (value, file, k));
+                }
+                LoggedOp::Delete { key } => {
+                    kept.remove(&key);
+                }
+            }
+        }
+    }
+    states
+}
+
+/// The inherited descriptor `k` names, if it is still that file.
+fn take_kept(inherited: &mut Inherited, k: KeptFd) -> Result<Option<OwnedFd>, String> {
+    match inherited.take(k.fd) {
+        Some(fd) if k.names(&fd) => Ok(Some(fd)),
+        Some(_) => Err(format!(
+            "its descriptor {} names another file than the one logged",
+            k.fd
+        )),
+        None => Err(format!(
+            "its descriptor {} is not among those the keeper held",
+            k.fd
+        )),
+    }
+}
+
+/// The descriptors the log in `dir` says its records hold in the keeper's
+/// table: what a supervisor restarted by its keeper keeps of the table it
+/// inherits (it closes the rest before it opens anything). Read without
+/// quarantining anything; [`Disk::open`] reads the log again and does.
+pub(crate) fn kept_descriptors(dir: &Path) -> BTreeSet<RawFd> {
+    let Ok(bytes) = std::fs::read(dir.join("log")) else {
+        return BTreeSet::new();
+    };
+    let frames = scan(&bytes).into_iter().filter_map(Result::ok).collect();
+    fold(frames)
+        .values()
+        .flat_map(|records| records.values().filter_map(|r| r.2.map(|k| k.fd)))
+        .collect()
+}
+
+/// The frames of a log's bytes in order, and where bytes that are not a
+/// whole frame with its checksum lie (`Err(start..end)`); nothing if the
+/// log does not start with [`MAGIC`].
+fn scan(bytes: &[u8]) -> Vec<Result<Frame, Range<usize>>> {
+    let mut out = Vec::new();
+    if !bytes.starts_with(MAGIC) {
+        return out;
+    }
+    let mut at = MAGIC.len();
+    while at < bytes.len() {
+        if let Some((frame, len)) = frame_at(&bytes[at..]) {
+            out.push(Ok(frame));
+            at += len;
+            continue;
+        }
+        let next = (at + 1..bytes.len())
+            .find(|&p| frame_at(&bytes[p..]).is_some())
+            .unwrap_or(bytes.len());
+        out.push(Err(at..next));
+        at = next;
+    }
+    out
+}
+
 /// The frames of `dir/log` that pass their checksums, in order; what lies
 /// between them is quarantined.
 fn read_log(dir: &Path, quarantined: &mut Vec<String>) -> Result<Vec<Frame>, String> {
@@ -474,16 +603,14 @@ fn read_log(dir: &Path, quarantined: &mut Vec<String>) -> Result<Vec<Frame>, Str
         return Ok(Vec::new());
     }
     let mut frames = Vec::new();
-    let mut at = MAGIC.len();
-    while at < bytes.len() {
-        if let Some((frame, len)) = frame_at(&bytes[at..]) {
-            frames.push(frame);
-            at += len;
-            continue;
-        }
-        let next = (at + 1..bytes.len())
-            .find(|&p| frame_at(&bytes[p..]).is_some())
-            .unwrap_or(bytes.len());
+    for scanned in scan(&bytes) {
+        let Range { start: at, end: next } = match scanned {
+            Ok(frame) => {
+                frames.push(frame);
+                continue;
+            }
+            Err(r) => r,
+        };
         quarantine_into(dir, &format!("{at}.frame"), &bytes[at..next]);
         quarantined.push(format!(
             "{}: bytes {at}..{next} are not a whole frame with its checksum{}",
@@ -494,7 +621,6 @@ fn read_log(dir: &Path, quarantined: &mut Vec<String>) -> Result<Vec<Frame>, Str
                 ""
             }
         ));
-        at = next;
     }
     Ok(frames)
 }

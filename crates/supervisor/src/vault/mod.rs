@@ -18,6 +18,9 @@ use crate::quota::{is_file, Changes, Entry, FdBudget, Records, Saved, VaultUsage
 
 mod disk;
 use disk::{Disk, Holds, LoggedOp};
+pub(crate) use disk::kept_descriptors;
+
+use crate::sockets::Inherited;
 #[cfg(test)]
 mod ahead_tests;
 use kintsugi_runtime::vault::{
@@ -78,8 +81,14 @@ impl Default for VaultStore {
 impl VaultStore {
     /// The vault kept in `storage`'s directory, with what it holds loaded;
     /// what a load quarantined is logged as an error.
-    pub fn open(storage: &VaultStorage, known: &dyn Fn(&str) -> bool) -> Result<Self, String> {
-        let (disk, loaded) = Disk::open(storage, known)?;
+    /// Under a keeper, `inherited` holds the descriptors a dead supervisor
+    /// left in the shared table: the records that name one take it.
+    pub fn open(
+        storage: &VaultStorage,
+        known: &dyn Fn(&str) -> bool,
+        inherited: Option<&mut Inherited>,
+    ) -> Result<Self, String> {
+        let (disk, loaded) = Disk::open(storage, known, inherited)?;
         for line in &loaded.quarantined {
             tracing::error!("vault: quarantined: {line}");
         }
@@ -94,7 +103,7 @@ impl VaultStore {
         for (component, records) in loaded.records {
             let into = kept.records.entry(component).or_default();
             for (key, r) in records {
-                into.insert(key, r.value, r.file.map(|f| f.1));
+                into.insert(key, r.value, r.file.map(|f| f.1).or(r.kept));
             }
         }
         kept.disk = Some(disk);
@@ -623,15 +632,17 @@ fn logged(disk: &Disk, key: &str, entry: Option<&Entry>) -> LoggedOp {
     let Some(e) = entry else {
         return delete();
     };
-    let file = match disk.holds(e.fd.as_ref()) {
+    let (file, kept) = match disk.holds(e.fd.as_ref()) {
         Holds::Transient => return delete(),
-        Holds::Nothing => None,
-        Holds::File(id) => Some(id),
+        Holds::Nothing => (None, None),
+        Holds::File(id) => (Some(id), None),
+        Holds::Kept(k) => (None, Some(k)),
     };
     LoggedOp::Put {
         key: key.to_string(),
         value: e.value.clone(),
         file,
+        kept,
     }
 }
 

@@ -177,8 +177,11 @@ pub fn keep(
     let made = match system.vault {
         Some(_) => None,
         None => {
-            let dir = crate::roster::private_dir()?
-                .join(format!("{}.vault-{}", system.name, me.as_raw_nonzero()));
+            let dir = crate::roster::private_dir()?.join(format!(
+                "{}.vault-{}",
+                system.name,
+                me.as_raw_nonzero()
+            ));
             system.vault = Some(VaultStorage {
                 dir: dir.clone(),
                 fsync: FsyncPolicy::Never,

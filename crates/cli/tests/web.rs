@@ -971,7 +971,10 @@ fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_keeps_it
                 rustix::process::kill_process(pid, sig).unwrap();
                 let deadline = at + Duration::from_secs(20);
                 while supervisor_of(keeper).is_none_or(|p| p == old) {
-                    assert!(Instant::now() < deadline, "no supervisor after {old} ({sig:?})");
+                    assert!(
+                        Instant::now() < deadline,
+                        "no supervisor after {old} ({sig:?})"
+                    );
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 let new = at.elapsed();
@@ -1014,7 +1017,11 @@ fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_keeps_it
             .map(|(s, n, d)| format!("{s:?} {:.1} {:.1}", n.as_secs_f64() * 1e3, d.as_secs_f64() * 1e3))
             .collect::<Vec<_>>()
     );
-    assert!(out.status.success(), "the keeper's exit: {:?}\n{stdout}\n{log}", out.status);
+    assert!(
+        out.status.success(),
+        "the keeper's exit: {:?}\n{stdout}\n{log}",
+        out.status
+    );
     assert!(
         served.failures.len() <= 6 * restarts.len() && last.failures.is_empty(),
         "failed: {:?} {:?}",

@@ -115,6 +115,16 @@ impl Inherited {
         })
     }
 
+    /// A restarted supervisor's inheritance, for tests: `fds` by the
+    /// numbers they are to be found at.
+    #[cfg(test)]
+    pub(crate) fn restarted_with(fds: impl IntoIterator<Item = (RawFd, OwnedFd)>) -> Self {
+        Self {
+            fds: fds.into_iter().collect(),
+            restarted: true,
+        }
+    }
+
     /// Whether this supervisor was started again by its keeper.
     pub fn restarted(&self) -> bool {
         self.restarted

@@ -279,7 +279,10 @@ impl<'a> Supervisor<'a> {
                 VaultStore::open(storage, &known, inherited).map_err(SupervisorError::Vault)?;
             // What no record took: the dead supervisor's leftovers.
             if let Some(left) = self.options.keeper.as_mut().filter(|k| !k.is_empty()) {
-                tracing::info!("{} inherited descriptors no record named, closed", left.len());
+                tracing::info!(
+                    "{} inherited descriptors no record named, closed",
+                    left.len()
+                );
                 *left = Inherited::first();
             }
         }

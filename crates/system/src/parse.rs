@@ -11,10 +11,9 @@ use toml::Spanned;
 
 use crate::{
     Backoff, Capability, CheckpointPolicy, ComponentSpec, ErrorKind, FsyncPolicy, GiveUpAction,
-    KeeperPolicy,
-    GroupStrategy, HangAction, Location, RebootMode, RecoveryMode, RestartGroup, RestartPolicy,
-    RestartType, SpinPolicy, Sysno, System, SystemError, Use, User, VaultQuota, VaultStorage,
-    WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE,
+    GroupStrategy, HangAction, KeeperPolicy, Location, RebootMode, RecoveryMode, RestartGroup,
+    RestartPolicy, RestartType, SpinPolicy, Sysno, System, SystemError, Use, User, VaultQuota,
+    VaultStorage, WatchdogSettings, CHECKPOINT_EVERY_MS_RANGE, CHECKPOINT_KEEP_RANGE,
     CHECKPOINT_READ_AHEAD_RANGE, CPU_RANGE, DEFAULT_JOURNAL_KIB, DEFAULT_READ_AHEAD_PAGES,
     DEFAULT_SLOTS, DURABLE_KIB_RANGE, JOURNAL_KIB_RANGE, MAX_WATCH_WINDOW, PRIORITY_RANGE,
     REALTIME_RANGE, SLOTS_RANGE,

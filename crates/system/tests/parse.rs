@@ -1073,5 +1073,8 @@ fn a_keeper_has_defaults_and_refuses_a_hang_bound_a_loaded_machine_would_trip() 
         "sys.toml:3:22: system: keeper.hang_ms 20 is out of range (100..=86400000)"
     );
     let (msg, _) = err(&text("{ restarts = 3 }"));
-    assert!(msg.starts_with("sys.toml:3:") && msg.contains("restarts"), "{msg}");
+    assert!(
+        msg.starts_with("sys.toml:3:") && msg.contains("restarts"),
+        "{msg}"
+    );
 }

@@ -37,13 +37,13 @@
 //! next finds them in the table it inherits and takes each back only if
 //! the number still names the same file.
 
+use std::collections::BTreeSet;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::collections::BTreeSet;
+use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -604,7 +604,10 @@ fn read_log(dir: &Path, quarantined: &mut Vec<String>) -> Result<Vec<Frame>, Str
     }
     let mut frames = Vec::new();
     for scanned in scan(&bytes) {
-        let Range { start: at, end: next } = match scanned {
+        let Range {
+            start: at,
+            end: next,
+        } = match scanned {
             Ok(frame) => {
                 frames.push(frame);
                 continue;
@@ -679,6 +682,7 @@ mod tests {
             key: format!("k{i}"),
             value: serde_json::json!(i),
             file: None,
+            kept: None,
         };
         let mut log = MAGIC.to_vec();
         for i in 0..40 {
@@ -721,6 +725,73 @@ mod tests {
                 );
             }
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn memfd(name: &str) -> OwnedFd {
+        rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC).unwrap()
+    }
+
+    /// Under a keeper a record's descriptor is logged by number and file;
+    /// a supervisor the keeper restarted takes it back only if that number
+    /// still names that file (else the record is quarantined), and a first
+    /// supervisor finds such records gone with the system that held them.
+    #[test]
+    fn a_kept_descriptor_comes_back_only_as_the_same_file_after_a_keepers_restart() {
+        let dir = std::env::temp_dir().join(format!("kintsugi-vault-kept-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let storage = VaultStorage {
+            dir: dir.clone(),
+            fsync: FsyncPolicy::Never,
+        };
+        let mut first = Inherited::first();
+        let (mut disk, _) = Disk::open(&storage, &|_| true, Some(&mut first)).unwrap();
+        let (a, b) = (memfd("a"), memfd("b"));
+        let put = |key: &str, fd: &OwnedFd, disk: &Disk| {
+            let Holds::Kept(k) = disk.holds(Some(fd)) else {
+                panic!("a memfd under a keeper is kept");
+            };
+            assert_eq!(k.fd, fd.as_raw_fd());
+            let kept = Some(k);
+            let value = serde_json::json!(key);
+            let key = key.to_string();
+            (
+                Holds::Nothing,
+                LoggedOp::Put {
+                    key,
+                    value,
+                    file: None,
+                    kept,
+                },
+            )
+        };
+        let ops = vec![put("a", &a, &disk), put("b", &b, &disk)];
+        disk.commit("c", ops).unwrap();
+        drop(disk);
+        let (a_fd, b_fd) = (a.as_raw_fd(), b.as_raw_fd());
+        let a_ino = rustix::fs::fstat(&a).unwrap().st_ino;
+        // `a` where it was; another file at `b`'s number.
+        let mut restarted = Inherited::restarted_with([(a_fd, a), (b_fd, memfd("other"))]);
+        let (_, loaded) = Disk::open(&storage, &|_| true, Some(&mut restarted)).unwrap();
+        let records = &loaded.records["c"];
+        let got = records["a"]
+            .kept
+            .as_ref()
+            .expect("a's descriptor taken back");
+        assert_eq!(rustix::fs::fstat(got).unwrap().st_ino, a_ino);
+        assert!(!records.contains_key("b"), "b names another file now");
+        assert_eq!(loaded.quarantined.len(), 1, "{:?}", loaded.quarantined);
+        assert!(
+            loaded.quarantined[0].contains("another file"),
+            "{:?}",
+            loaded.quarantined
+        );
+        assert!(restarted.is_empty(), "both taken");
+        // The log now names a's new number; a first supervisor (no restart)
+        // finds it gone with its system, and quarantines nothing.
+        let (_, loaded) = Disk::open(&storage, &|_| true, Some(&mut Inherited::first())).unwrap();
+        assert!(loaded.records.get("c").is_none_or(|r| r.is_empty()));
+        assert!(loaded.quarantined.is_empty(), "{:?}", loaded.quarantined);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -17,8 +17,8 @@ use kintsugi_system::{VaultQuota, VaultStorage};
 use crate::quota::{is_file, Changes, Entry, FdBudget, Records, Saved, VaultUsage};
 
 mod disk;
-use disk::{Disk, Holds, LoggedOp};
 pub(crate) use disk::kept_descriptors;
+use disk::{Disk, Holds, LoggedOp};
 
 use crate::sockets::Inherited;
 #[cfg(test)]
@@ -892,7 +892,7 @@ mod tests {
             dir: dir.to_path_buf(),
             fsync: kintsugi_system::FsyncPolicy::Always,
         };
-        let store = VaultStore::open(&storage, &|c| c == "c").unwrap();
+        let store = VaultStore::open(&storage, &|c| c == "c", None).unwrap();
         let vault = client(&store);
         (store, vault)
     }
@@ -936,7 +936,7 @@ mod tests {
             dir: dir.clone(),
             fsync: kintsugi_system::FsyncPolicy::Always,
         };
-        let store = VaultStore::open(&storage, &|c| c == "renamed").unwrap();
+        let store = VaultStore::open(&storage, &|c| c == "renamed", None).unwrap();
         assert_eq!(store.len("c"), 0, "not loaded");
         let names: Vec<String> = std::fs::read_dir(dir.join("quarantine"))
             .unwrap()
@@ -1131,7 +1131,7 @@ mod tests {
             dir: dir.clone(),
             fsync: kintsugi_system::FsyncPolicy::Never,
         };
-        let err = VaultStore::open(&storage, &|_| true)
+        let err = VaultStore::open(&storage, &|_| true, None)
             .err()
             .expect("refused");
         assert!(err.contains("mode 755"), "{err}");

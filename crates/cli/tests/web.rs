@@ -1022,6 +1022,7 @@ fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_keeps_it
         "the keeper's exit: {:?}\n{stdout}\n{log}",
         out.status
     );
+    std::fs::write("/tmp/keeper-fail.txt", served.failures.join("\n") + "\n" + &log).unwrap(); // DEBUG
     assert!(
         served.failures.len() <= 6 * restarts.len() && last.failures.is_empty(),
         "failed: {:?} {:?}",

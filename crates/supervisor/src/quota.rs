@@ -66,7 +66,7 @@ pub(crate) type Saved = (String, Option<(serde_json::Value, Option<OwnedFd>)>);
 /// Descriptors the supervisor lets every vault hold in all.
 #[derive(Debug)]
 pub(crate) struct FdBudget {
-    held: AtomicU64,
+    pub(crate) held: AtomicU64,
     ceiling: u64,
 }
 
@@ -107,6 +107,13 @@ impl FdBudget {
 
     fn give_back(&self, n: u64) {
         self.held.fetch_sub(n, Ordering::SeqCst);
+    }
+
+    /// Counts `n` descriptors held whatever the room: records put by the
+    /// supervisor itself (loaded from disk, passed by a service manager,
+    /// restored from an image), which a later delete gives back.
+    fn charge(&self, n: u64) {
+        self.held.fetch_add(n, Ordering::SeqCst);
     }
 }
 
@@ -190,6 +197,24 @@ impl Records {
         if let Some(old) = self.map.insert(key, entry) {
             self.bytes -= old.size;
             self.fds -= u64::from(old.fd.is_some());
+        }
+    }
+
+    /// [`Records::insert`] of a record the supervisor puts itself, its
+    /// descriptor counted in `budget` (and a replaced one's given back).
+    pub(crate) fn insert_counted(
+        &mut self,
+        key: String,
+        value: serde_json::Value,
+        fd: Option<OwnedFd>,
+        budget: &FdBudget,
+    ) {
+        let before = self.fds;
+        self.insert(key, value, fd);
+        match self.fds.cmp(&before) {
+            std::cmp::Ordering::Greater => budget.charge(self.fds - before),
+            std::cmp::Ordering::Less => budget.give_back(before - self.fds),
+            std::cmp::Ordering::Equal => {}
         }
     }
 

@@ -50,6 +50,7 @@
 mod conn;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
 mod keeper;
+mod marks;
 mod owed;
 mod pages;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)
@@ -71,6 +72,7 @@ use rustix::net::{RecvFlags, SendFlags, Shutdown};
 use serde::Deserialize;
 
 use conn::{Entry, Holder, Io, Kept, Slot, State};
+use marks::Marks;
 use owed::{Owed, Unposted};
 use pages::Pages;
 use table::Table;
@@ -141,6 +143,8 @@ struct Netd {
     pages: Option<Pages>,
     /// Records the vault is owed (`owed`): posted many to a message.
     owed: Mutex<Owed>,
+    /// Each connection's marks, kept for a successor of a dead system.
+    marks: Marks,
 }
 
 fn io_error(e: rustix::io::Errno) -> Error {
@@ -335,7 +339,14 @@ impl Netd {
 
     /// Reads the receive queue up to the client's `keep` (bytes of requests
     /// it has answered) and marks where its unanswered request begins.
-    fn discard_to(&self, e: &Entry, io: &mut Io, seen: u64, keep: u64) -> Result<(), Error> {
+    fn discard_to(
+        &self,
+        id: u64,
+        e: &Entry,
+        io: &mut Io,
+        seen: u64,
+        keep: u64,
+    ) -> Result<(), Error> {
         let want = io.rb + keep;
         if keep > seen || want < io.discarded {
             return Err(Error::Invalid);
@@ -354,6 +365,7 @@ impl Netd {
         }
         io.rx_mark = io.discarded;
         io.tx_mark = io.sent;
+        self.marks.set(id, io.rx_mark, io.tx_mark);
         Ok(())
     }
 
@@ -578,7 +590,7 @@ impl net::Server for Netd {
                 }
             };
         }
-        self.discard_to(&e, &mut io, seen, keep)?;
+        self.discard_to(c, &e, &mut io, seen, keep)?;
         // The client already has `skip` bytes of its unanswered request;
         // no more than a socket can queue (a faulty client must not make
         // netd allocate what it asks for).
@@ -667,7 +679,7 @@ impl net::Server for Netd {
             let mut io = e.io(deaths)?;
             self.rebase(c, &e, &mut io);
             if self.tracking {
-                self.discard_to(&e, &mut io, seen, keep)?;
+                self.discard_to(c, &e, &mut io, seen, keep)?;
             } else if seen != keep {
                 // The bytes it saw are gone from the kernel.
                 return Err(Error::Invalid);
@@ -751,6 +763,7 @@ fn keep_descriptors(
     table: &mut Table,
     watch: &Watch,
     port: u16,
+    marks: &Marks,
 ) -> anyhow::Result<()> {
     let arena = rt.arena().expect("checked at start");
     let slot = |at: usize| arena.at::<AtomicU64>(at);
@@ -768,7 +781,7 @@ fn keep_descriptors(
                 continue; // posted after all: the vault had it
             }
             if let Some(fd) = dying.get(u.fd, u.inode, port) {
-                restore_unposted(rt, table, u, fd);
+                restore_unposted(rt, table, u, fd, marks);
                 taken += 1;
             }
         }
@@ -805,7 +818,13 @@ fn keep_descriptors(
 
 /// A connection the previous incarnation accepted for a worker and had not
 /// posted, restored as one from the vault is (and posted now).
-fn restore_unposted(rt: &Arc<Runtime>, table: &mut Table, u: Unposted, fd: OwnedFd) {
+fn restore_unposted(
+    rt: &Arc<Runtime>,
+    table: &mut Table,
+    u: Unposted,
+    fd: OwnedFd,
+    marks: &Marks,
+) {
     let kept = Kept {
         holder: Holder::Worker {
             client: u.client,
@@ -817,7 +836,8 @@ fn restore_unposted(rt: &Arc<Runtime>, table: &mut Table, u: Unposted, fd: Owned
     if let Err(e) = rt.vault().post(vec![put(u.id, kept, true)], &[fd.as_fd()]) {
         tracing::warn!("vault: {e}");
     }
-    table.conns.insert(u.id, restored(fd, kept, Instant::now()));
+    let slot = restored(u.id, fd, kept, Instant::now(), marks);
+    table.conns.insert(u.id, slot);
 }
 
 /// A connection nobody has heard of, into the vault and the watch, for
@@ -850,8 +870,13 @@ fn adopt_kept(
 
 /// The listener and connections the vault kept, or a new listener, and the
 /// watch (with the parked connections in it, or ready).
-fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table, Watch)> {
+fn restore(
+    rt: &Arc<Runtime>,
+    config: &Config,
+) -> anyhow::Result<(OwnedFd, Table, Watch, Marks)> {
     let mut listener = None;
+    let mut marks = None;
+    let mut conns = Vec::new();
     let mut table = Table::default();
     let now = Instant::now();
     let mut parked = Vec::new();
@@ -859,14 +884,20 @@ fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table
         let Some(fd) = record.fd else { continue };
         if record.key == LISTENER {
             listener = Some(fd);
+        } else if record.key == marks::KEY {
+            marks = Some(fd);
         } else if let Some(hex) = record.key.strip_prefix(CONN) {
             let id = u64::from_str_radix(hex, 16)?;
             let kept: Kept = serde_json::from_value(record.value)?;
             if let Holder::Parked { .. } = kept.holder {
                 parked.push(id);
             }
-            table.conns.insert(id, restored(fd, kept, now));
+            conns.push((id, fd, kept));
         }
+    }
+    let marks = Marks::open(rt, marks)?;
+    for (id, fd, kept) in conns {
+        table.conns.insert(id, restored(id, fd, kept, now, &marks));
     }
     let listener = match listener {
         Some(l) => l,
@@ -903,21 +934,27 @@ fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table
             table.client_died(client, &watch);
         }
     }
-    Ok((listener, table, watch))
+    Ok((listener, table, watch, marks))
 }
 
 /// A connection a previous incarnation held, restored: its stream offsets
-/// from the kernel, its holder's where `kept` says they start.
-fn restored(fd: OwnedFd, kept: Kept, now: Instant) -> Slot {
+/// from the kernel, its holder's where `kept` says they start, and where
+/// the response to its unread request began as `marks` say (else: where
+/// the kernel's bytes end).
+fn restored(id: u64, fd: OwnedFd, kept: Kept, now: Instant, marks: &Marks) -> Slot {
     let o = sockinfo::offsets(fd.as_fd()).unwrap_or(sockinfo::Offsets {
         consumed: 0,
         written: 0,
     });
+    let tx_mark = marks
+        .sent_mark(id, o.consumed)
+        .filter(|&m| m <= o.written)
+        .unwrap_or(o.written);
     let io = Io {
         discarded: o.consumed,
         sent: o.written,
         rx_mark: o.consumed,
-        tx_mark: o.written,
+        tx_mark,
         rb: kept.rb,
         tb: kept.tb,
         wait_us: 0,
@@ -959,7 +996,7 @@ fn main() {
                 owed::SLOTS
             );
         }
-        let (listener, table, watch) = restore(rt, &config)?;
+        let (listener, table, watch, marks) = restore(rt, &config)?;
         // New ids above every restored one: an arena begun anew (a system
         // restarted by the supervisor's keeper) would count from 0.
         if let (Some(arena), Some(&max)) = (rt.arena(), table.conns.keys().max()) {
@@ -974,7 +1011,7 @@ fn main() {
         rt.counter("port")?.set(u64::from(port));
         rt.counter("restored")?.set(table.conns.len() as u64);
         let mut table = table;
-        keep_descriptors(rt, &listener, &mut table, &watch, port)?;
+        keep_descriptors(rt, &listener, &mut table, &watch, port, &marks)?;
         tracing::debug!(port, restored = table.conns.len(), "netd ready");
         let netd = Arc::new(Netd {
             rt: rt.clone(),
@@ -985,6 +1022,7 @@ fn main() {
             watch,
             pages: Pages::connect(rt)?,
             owed: Mutex::new(Owed::posting_every(config.post_every)),
+            marks,
         });
         let reaper = Arc::downgrade(&netd);
         std::thread::Builder::new()

@@ -75,6 +75,12 @@ pub(crate) enum LoggedOp {
     Delete {
         key: String,
     },
+    /// Under a keeper: the supervisor's end of the component's vault
+    /// socket, on which requests the component sent as the supervisor died
+    /// may still wait (the next supervisor drains it).
+    Socket {
+        kept: KeptFd,
+    },
 }
 
 /// A descriptor a record holds, as the keeper holds it: its number in the
@@ -131,6 +137,14 @@ pub(crate) struct LoadedRecord {
 /// A record's state as the log leaves it: value, file, kept descriptor.
 type Logged = (serde_json::Value, Option<u64>, Option<KeptFd>);
 
+/// What the log leaves: each component's records, and the vault socket
+/// logged last for it.
+#[derive(Default)]
+struct Folded {
+    records: BTreeMap<String, BTreeMap<String, Logged>>,
+    sockets: BTreeMap<String, KeptFd>,
+}
+
 /// What [`Disk::open`] found.
 #[derive(Default)]
 pub(crate) struct Loaded {
@@ -141,6 +155,9 @@ pub(crate) struct Loaded {
     /// Components the log names that the system description does not, and
     /// how many records of each were moved to the quarantine.
     pub orphans: Vec<(String, usize)>,
+    /// Under a keeper's restart: each component's vault socket of the dead
+    /// supervisor, with what its component sent and no one read.
+    pub sockets: Vec<(String, OwnedFd)>,
     pub frames: u64,
 }
 
@@ -158,6 +175,9 @@ pub(crate) struct Disk {
     /// Whether a keeper holds the descriptors of records (their numbers
     /// are logged).
     keeps: bool,
+    /// The vault sockets logged (`LoggedOp::Socket`), logged again by
+    /// every rewrite.
+    sockets: BTreeMap<String, KeptFd>,
 }
 
 fn io(what: impl std::fmt::Display, e: std::io::Error) -> String {
@@ -187,7 +207,10 @@ impl Disk {
         let mut loaded = Loaded::default();
         let frames = read_log(&dir, &mut loaded.quarantined)?;
         loaded.frames = frames.len() as u64;
-        let states = fold(frames);
+        let Folded {
+            records: states,
+            sockets,
+        } = fold(frames);
         let present = file_ids(&dir)?;
         let mut disk = Disk {
             log: File::open("/dev/null").map_err(|e| io("/dev/null", e))?,
@@ -199,7 +222,19 @@ impl Disk {
             log_len: 0,
             compacted_len: 0,
             keeps: inherited.is_some(),
+            sockets: BTreeMap::new(),
         };
+        if let Some(i) = inherited.as_deref_mut().filter(|i| i.restarted()) {
+            for (component, k) in sockets {
+                match take_kept(i, k) {
+                    Ok(Some(fd)) if known(&component) => loaded.sockets.push((component, fd)),
+                    Ok(_) => {}
+                    Err(why) => loaded
+                        .quarantined
+                        .push(format!("{component}'s vault socket: {why}")),
+                }
+            }
+        }
         for (component, kept) in states {
             if !known(&component) {
                 if !kept.is_empty() {
@@ -375,6 +410,15 @@ impl Disk {
         }
     }
 
+    /// Logs `sock` as `component`'s vault socket, under a keeper.
+    pub(crate) fn log_socket(&mut self, component: &str, sock: &OwnedFd) -> Result<(), String> {
+        let Some(k) = self.keeps.then(|| KeptFd::of(sock)).flatten() else {
+            return Ok(());
+        };
+        self.sockets.insert(component.to_string(), k);
+        self.commit(component, vec![(Holds::Nothing, LoggedOp::Socket { kept: k })])
+    }
+
     /// Whether the log has grown enough to be rewritten.
     pub(crate) fn wants_compaction(&self) -> bool {
         self.log_len > MIN_COMPACT && self.log_len > GROWTH * self.compacted_len
@@ -401,6 +445,9 @@ impl Disk {
             if !ops.is_empty() {
                 bytes.extend(encode(&component, ops)?);
             }
+        }
+        for (component, &kept) in &self.sockets {
+            bytes.extend(encode(component, vec![LoggedOp::Socket { kept }])?);
         }
         file.write_all(&bytes).map_err(|e| io(new.display(), e))?;
         file.sync_all().map_err(|e| io(new.display(), e))?;
@@ -507,10 +554,10 @@ fn frame_at(bytes: &[u8]) -> Option<(Frame, usize)> {
 }
 
 /// Each component's records as `frames` leave them.
-fn fold(frames: Vec<Frame>) -> BTreeMap<String, BTreeMap<String, Logged>> {
-    let mut states: BTreeMap<String, BTreeMap<String, Logged>> = BTreeMap::new();
+fn fold(frames: Vec<Frame>) -> Folded {
+    let mut folded = Folded::default();
     for frame in frames {
-        let kept = states.entry(frame.component).or_default();
+        let kept = folded.records.entry(frame.component.clone()).or_default();
         for op in frame.ops {
             match op {
                 LoggedOp::Put {
@@ -524,10 +571,13 @@ fn fold(frames: Vec<Frame>) -> BTreeMap<String, BTreeMap<String, Logged>> {
                 LoggedOp::Delete { key } => {
                     kept.remove(&key);
                 }
+                LoggedOp::Socket { kept: k } => {
+                    folded.sockets.insert(frame.component.clone(), k);
+                }
             }
         }
     }
-    states
+    folded
 }
 
 /// The inherited descriptor `k` names, if it is still that file.
@@ -554,9 +604,11 @@ pub(crate) fn kept_descriptors(dir: &Path) -> BTreeSet<RawFd> {
         return BTreeSet::new();
     };
     let frames = scan(&bytes).into_iter().filter_map(Result::ok).collect();
-    fold(frames)
-        .values()
-        .flat_map(|records| records.values().filter_map(|r| r.2.map(|k| k.fd)))
+    let folded = fold(frames);
+    let records = folded.records.values().flat_map(|r| r.values());
+    records
+        .filter_map(|r| r.2.map(|k| k.fd))
+        .chain(folded.sockets.values().map(|k| k.fd))
         .collect()
 }
 

@@ -67,6 +67,9 @@ pub struct VaultStore {
 struct Kept {
     records: BTreeMap<String, Records>,
     disk: Option<Disk>,
+    /// A dead supervisor's vault sockets (under a keeper), each drained
+    /// into the records as its component's vault is served again.
+    left: Vec<(String, OwnedFd)>,
 }
 
 impl Default for VaultStore {
@@ -103,10 +106,12 @@ impl VaultStore {
         for (component, records) in loaded.records {
             let into = kept.records.entry(component).or_default();
             for (key, r) in records {
-                into.insert(key, r.value, r.file.map(|f| f.1).or(r.kept));
+                let fd = r.file.map(|f| f.1).or(r.kept);
+                into.insert_counted(key, r.value, fd, &store.budget);
             }
         }
         kept.disk = Some(disk);
+        kept.left = loaded.sockets;
         tracing::info!(
             "vault: {} records of {} components loaded from {} ({} frames read)",
             kept.records.values().map(|r| r.map().len()).sum::<usize>(),
@@ -127,6 +132,7 @@ impl VaultStore {
         activity: Arc<VaultActivity>,
         limits: Limits,
     ) -> std::thread::JoinHandle<()> {
+        self.take_over(&component, &sock, &limits);
         let store = self.clone();
         std::thread::Builder::new()
             .name(format!("vault:{component}"))
@@ -164,6 +170,39 @@ impl VaultStore {
                 }
             })
             .expect("spawn vault thread")
+    }
+
+    /// Under a keeper: logs `sock` as `component`'s vault socket, and
+    /// applies what its component sent on the dead supervisor's socket and
+    /// nobody read (a connection netd posted as the supervisor died): the
+    /// component is dead too, so nobody hears the replies.
+    fn take_over(&self, component: &str, sock: &OwnedFd, limits: &Limits) {
+        let old = {
+            let mut kept = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(Err(e)) = kept.disk.as_mut().map(|d| d.log_socket(component, sock)) {
+                tracing::error!("vault of {component}: its socket not logged: {e}");
+            }
+            let at = kept.left.iter().position(|(c, _)| c == component);
+            at.map(|i| kept.left.swap_remove(i).1)
+        };
+        let Some(old) = old else { return };
+        if rustix::fs::fcntl_setfl(&old, rustix::fs::OFlags::NONBLOCK).is_err() {
+            return;
+        }
+        let mut buf = Vec::new();
+        let mut applied = 0;
+        while let Ok((n, fds)) = fdpass::recv_into(&old, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            let _ = self.handle(component, limits, &buf[..n], fds, Side::Main);
+            applied += 1;
+        }
+        if applied > 0 {
+            tracing::info!(
+                "vault of {component}: {applied} requests left unread by the dead supervisor applied"
+            );
+        }
     }
 
     /// Takes one message from `sock` and answers it.
@@ -375,9 +414,10 @@ impl VaultStore {
             made.push((r.key, value, fd));
         }
         let keys = made.iter().map(|m| m.0.clone()).collect();
+        let budget = &self.budget;
         kept.change(component, keys, |into| {
             for (key, value, fd) in made {
-                into.insert(key, value, fd);
+                into.insert_counted(key, value, fd, budget);
             }
             Ok(())
         })
@@ -387,8 +427,9 @@ impl VaultStore {
     /// its first incarnation: a socket passed by a service manager.
     pub(crate) fn put_socket(&self, component: &str, key: &str, fd: OwnedFd) {
         let mut kept = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let budget = &self.budget;
         let r = kept.change(component, vec![key.to_string()], |into| {
-            into.insert(key.to_string(), serde_json::Value::Null, Some(fd));
+            into.insert_counted(key.to_string(), serde_json::Value::Null, Some(fd), budget);
             Ok(())
         });
         if let Err(e) = r {
@@ -978,6 +1019,15 @@ mod tests {
         let files = std::fs::read_dir(dir.join("files")).unwrap().count();
         assert_eq!(files, 1, "the deleted record's file was removed");
         assert_eq!(quarantined(&dir), 0);
+        // The loaded file counts in the supervisor's descriptor budget, and
+        // deleting it gives it back (an uncounted load once made the count
+        // wrap below zero, and every later descriptor was refused).
+        assert_eq!(store.budget.held.load(Ordering::SeqCst), 1);
+        vault.delete("file").unwrap();
+        assert_eq!(store.budget.held.load(Ordering::SeqCst), 0);
+        vault
+            .put("again", serde_json::json!(0), Some(memfd_with(b"x").as_fd()))
+            .unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -920,12 +920,12 @@ fn supervisor_of(keeper: u32) -> Option<u32> {
 /// starts again under it, once. After every death: a keep-alive connection
 /// opened before the first and idle across all of them, and a new one,
 /// are answered byte for byte; one restart per death, each stop found as
-/// a hang. What is not kept: a request in flight at a death whose response
-/// netd had begun to write (where it began died with netd and httpd), so
-/// the clients' failures are at most one per client per death.
+/// a hang; and no request of the six clients fails, those in flight at a
+/// death included (netd's marks say where a response began; requests the
+/// components sent to the dead supervisor are applied by the next).
 /// `KINTSUGI_TEST_ROUNDS` sets the rounds of each kind (4).
 #[test]
-fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_keeps_its_connections() {
+fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_fails_no_request() {
     let _heavy = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
     let seed = seed("web-keeper");
     let dir = scratch("web-keeper");
@@ -1022,9 +1022,8 @@ fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_keeps_it
         "the keeper's exit: {:?}\n{stdout}\n{log}",
         out.status
     );
-    std::fs::write("/tmp/keeper-fail.txt", served.failures.join("\n") + "\n" + &log).unwrap(); // DEBUG
     assert!(
-        served.failures.len() <= 6 * restarts.len() && last.failures.is_empty(),
+        served.failures.is_empty() && last.failures.is_empty(),
         "failed: {:?} {:?}",
         &served.failures[..served.failures.len().min(5)],
         last.failures

@@ -818,13 +818,7 @@ fn keep_descriptors(
 
 /// A connection the previous incarnation accepted for a worker and had not
 /// posted, restored as one from the vault is (and posted now).
-fn restore_unposted(
-    rt: &Arc<Runtime>,
-    table: &mut Table,
-    u: Unposted,
-    fd: OwnedFd,
-    marks: &Marks,
-) {
+fn restore_unposted(rt: &Arc<Runtime>, table: &mut Table, u: Unposted, fd: OwnedFd, marks: &Marks) {
     let kept = Kept {
         holder: Holder::Worker {
             client: u.client,
@@ -870,10 +864,7 @@ fn adopt_kept(
 
 /// The listener and connections the vault kept, or a new listener, and the
 /// watch (with the parked connections in it, or ready).
-fn restore(
-    rt: &Arc<Runtime>,
-    config: &Config,
-) -> anyhow::Result<(OwnedFd, Table, Watch, Marks)> {
+fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table, Watch, Marks)> {
     let mut listener = None;
     let mut marks = None;
     let mut conns = Vec::new();

@@ -158,6 +158,9 @@ pub(crate) struct Loaded {
     /// Under a keeper's restart: each component's vault socket of the dead
     /// supervisor, with what its component sent and no one read.
     pub sockets: Vec<(String, OwnedFd)>,
+    /// Records whose kept descriptor was not in the inherited table: being
+    /// deleted or replaced as the supervisor died.
+    pub gone: usize,
     pub frames: u64,
 }
 
@@ -226,12 +229,8 @@ impl Disk {
         };
         if let Some(i) = inherited.as_deref_mut().filter(|i| i.restarted()) {
             for (component, k) in sockets {
-                match take_kept(i, k) {
-                    Ok(Some(fd)) if known(&component) => loaded.sockets.push((component, fd)),
-                    Ok(_) => {}
-                    Err(why) => loaded
-                        .quarantined
-                        .push(format!("{component}'s vault socket: {why}")),
+                if let Some(fd) = take_kept(i, k).filter(|_| known(&component)) {
+                    loaded.sockets.push((component, fd));
                 }
             }
         }
@@ -245,24 +244,31 @@ impl Disk {
             }
             let out = loaded.records.entry(component.clone()).or_default();
             for (key, (value, file, kept)) in kept {
-                let taken = match kept {
-                    Some(k) => inherited
-                        .as_deref_mut()
-                        .filter(|i| i.restarted())
-                        .map(|i| take_kept(i, k)),
-                    None => Some(Ok(None)),
+                let kept = match kept {
+                    None => None,
+                    Some(k) => {
+                        let restarted = inherited.as_deref_mut().filter(|i| i.restarted());
+                        match restarted.map(|i| take_kept(i, k)) {
+                            Some(Some(fd)) => Some(fd),
+                            // Deleted or replaced as the supervisor died
+                            // (a change is applied, then logged).
+                            Some(None) => {
+                                loaded.gone += 1;
+                                continue;
+                            }
+                            // A descriptor of an earlier system, gone with it.
+                            None => continue,
+                        }
+                    }
                 };
-                let file = file.map(|id| disk.open_file(id).map(|fd| (id, fd)));
-                let (file, kept) = match (file.transpose(), taken) {
-                    (Err(why), _) | (_, Some(Err(why))) => {
+                let file = match file.map(|id| disk.open_file(id).map(|fd| (id, fd))) {
+                    Some(Err(why)) => {
                         let line = format!("{component}/{key}: {why}");
                         disk.quarantine_record(&component, &key, &value, &why);
                         loaded.quarantined.push(line);
                         continue;
                     }
-                    // A descriptor of an earlier system, gone with it.
-                    (_, None) => continue,
-                    (Ok(file), Some(Ok(kept))) => (file, kept),
+                    file => file.transpose().expect("an error went on above"),
                 };
                 out.insert(key, LoadedRecord { value, file, kept });
             }
@@ -416,7 +422,10 @@ impl Disk {
             return Ok(());
         };
         self.sockets.insert(component.to_string(), k);
-        self.commit(component, vec![(Holds::Nothing, LoggedOp::Socket { kept: k })])
+        self.commit(
+            component,
+            vec![(Holds::Nothing, LoggedOp::Socket { kept: k })],
+        )
     }
 
     /// Whether the log has grown enough to be rewritten.
@@ -580,19 +589,12 @@ fn fold(frames: Vec<Frame>) -> Folded {
     folded
 }
 
-/// The inherited descriptor `k` names, if it is still that file.
-fn take_kept(inherited: &mut Inherited, k: KeptFd) -> Result<Option<OwnedFd>, String> {
-    match inherited.take(k.fd) {
-        Some(fd) if k.names(&fd) => Ok(Some(fd)),
-        Some(_) => Err(format!(
-            "its descriptor {} names another file than the one logged",
-            k.fd
-        )),
-        None => Err(format!(
-            "its descriptor {} is not among those the keeper held",
-            k.fd
-        )),
-    }
+/// The inherited descriptor `k` names, if it is there and still that file.
+/// A record logged with a descriptor that is not (gone, or another file at
+/// its number) was being deleted or replaced as the supervisor died: each
+/// change is applied, closing the old descriptor, before it is logged.
+fn take_kept(inherited: &mut Inherited, k: KeptFd) -> Option<OwnedFd> {
+    inherited.take(k.fd).filter(|fd| k.names(fd))
 }
 
 /// The descriptors the log in `dir` says its records hold in the keeper's
@@ -786,8 +788,9 @@ mod tests {
 
     /// Under a keeper a record's descriptor is logged by number and file;
     /// a supervisor the keeper restarted takes it back only if that number
-    /// still names that file (else the record is quarantined), and a first
-    /// supervisor finds such records gone with the system that held them.
+    /// still names that file (else the record was being deleted or replaced
+    /// as the supervisor died, and is gone), and a first supervisor finds
+    /// such records gone with the system that held them.
     #[test]
     fn a_kept_descriptor_comes_back_only_as_the_same_file_after_a_keepers_restart() {
         let dir = std::env::temp_dir().join(format!("kintsugi-vault-kept-{}", std::process::id()));
@@ -832,12 +835,8 @@ mod tests {
             .expect("a's descriptor taken back");
         assert_eq!(rustix::fs::fstat(got).unwrap().st_ino, a_ino);
         assert!(!records.contains_key("b"), "b names another file now");
-        assert_eq!(loaded.quarantined.len(), 1, "{:?}", loaded.quarantined);
-        assert!(
-            loaded.quarantined[0].contains("another file"),
-            "{:?}",
-            loaded.quarantined
-        );
+        assert_eq!(loaded.gone, 1);
+        assert!(loaded.quarantined.is_empty(), "{:?}", loaded.quarantined);
         assert!(restarted.is_empty(), "both taken");
         // The log now names a's new number; a first supervisor (no restart)
         // finds it gone with its system, and quarantines nothing.

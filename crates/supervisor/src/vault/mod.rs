@@ -95,6 +95,12 @@ impl VaultStore {
         for line in &loaded.quarantined {
             tracing::error!("vault: quarantined: {line}");
         }
+        if loaded.gone > 0 {
+            tracing::info!(
+                "vault: {} records were being deleted or replaced as the last supervisor died: gone",
+                loaded.gone
+            );
+        }
         for (component, n) in &loaded.orphans {
             tracing::warn!(
                 "vault: {n} records of {component}, which the system description does not name, moved to {}",
@@ -1026,7 +1032,11 @@ mod tests {
         vault.delete("file").unwrap();
         assert_eq!(store.budget.held.load(Ordering::SeqCst), 0);
         vault
-            .put("again", serde_json::json!(0), Some(memfd_with(b"x").as_fd()))
+            .put(
+                "again",
+                serde_json::json!(0),
+                Some(memfd_with(b"x").as_fd()),
+            )
             .unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }

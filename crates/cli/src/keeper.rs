@@ -52,6 +52,10 @@ const FIRST_SIGN: Duration = Duration::from_secs(10);
 /// A panic in the supervisor's main thread exits with this code.
 const PANICKED: i32 = 101;
 
+/// A supervisor that returned an error exits with this code (as
+/// `kintsugi` does).
+const ERROR: i32 = 2;
+
 /// The page the supervisor's loop count is copied to, shared with the
 /// keeper (mapped before the fork; no descriptor of it stays open).
 #[derive(Clone)]
@@ -146,10 +150,17 @@ enum Ended {
 }
 
 impl Ended {
-    /// Whether the keeper starts another: a crash or a hang, not an exit
-    /// the supervisor chose (a stop, a system given up, a bad description).
-    fn restarts(self) -> bool {
-        !matches!(self, Ended::Exited(code) if code != PANICKED)
+    /// Whether the keeper starts another: after a crash or a hang; not
+    /// after an exit the supervisor chose (a stop, a system given up), nor
+    /// after an error of the first (a bad description, a binary missing),
+    /// but after an error of a later one, whose system started before (a
+    /// start the dead one's leftovers upset).
+    fn restarts(self, generation: u32) -> bool {
+        match self {
+            Ended::Exited(code) if code == ERROR => generation > 0,
+            Ended::Exited(code) => code == PANICKED,
+            Ended::Killed(_) | Ended::Hung => true,
+        }
     }
 }
 
@@ -160,6 +171,24 @@ impl std::fmt::Display for Ended {
             Ended::Killed(sig) => write!(f, "was killed by signal {sig}"),
             Ended::Hung => write!(f, "hung (its loop did not turn) and was killed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Ended, ERROR, PANICKED};
+
+    #[test]
+    fn a_crash_or_a_hang_restarts_a_chosen_exit_does_not_and_a_later_error_does() {
+        for g in [0, 3] {
+            assert!(Ended::Killed(9).restarts(g));
+            assert!(Ended::Hung.restarts(g));
+            assert!(Ended::Exited(PANICKED).restarts(g));
+            assert!(!Ended::Exited(0).restarts(g), "a stop");
+            assert!(!Ended::Exited(1).restarts(g), "a system given up");
+        }
+        assert!(!Ended::Exited(ERROR).restarts(0), "a bad description");
+        assert!(Ended::Exited(ERROR).restarts(1));
     }
 }
 
@@ -214,7 +243,7 @@ pub fn keep(
                 Ok(false) => 1,
                 Err(e) => {
                     eprintln!("error: {e:#}");
-                    2
+                    ERROR
                 }
             };
             std::process::exit(code);
@@ -224,7 +253,7 @@ pub fn keep(
         let ended = watch(pid, &beat, policy.hang, &stop);
         let started = Instant::now();
         reap_orphans();
-        if !ended.restarts() || stop.load(Ordering::Relaxed) {
+        if !ended.restarts(generation) || stop.load(Ordering::Relaxed) {
             return Ok(ended == Ended::Exited(0));
         }
         let now = Instant::now();

@@ -936,8 +936,19 @@ fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_fails_no
     // netd's own keeper dies with the supervisor: each connection goes to
     // the vault as it is accepted.
     let each = ["--set".to_string(), "netd.post_every=1".to_string()];
-    let child = start_system(&tag, &system, &dir.join("www"), port, &each);
+    let mut child = start_system(&tag, &system, &dir.join("www"), port, &each);
     let keeper = child.id();
+    // Read as it comes: a hundred restarts print more than a pipe holds.
+    let drain = |from: Option<Box<dyn Read + Send>>| {
+        let mut from = from.expect("piped");
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = from.read_to_string(&mut text);
+            text
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|o| Box::new(o) as _));
+    let stderr = drain(child.stderr.take().map(|e| Box::new(e) as _));
     let rounds: usize = std::env::var("KINTSUGI_TEST_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
@@ -958,9 +969,7 @@ fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_fails_no
     let (page, body) = files[3].clone();
     let mut idle = connect(port).unwrap();
     fetch(&mut idle, &page, &body, true).unwrap();
-    let done = Arc::new(AtomicBool::new(false));
     let killer = {
-        let done = done.clone();
         std::thread::spawn(move || {
             let mut restarts = Vec::new();
             for (sig, after) in plan {
@@ -985,27 +994,29 @@ fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_fails_no
                     .unwrap_or_else(|e| panic!("the idle connection after {sig:?}: {e}"));
                 restarts.push((sig, new, at.elapsed()));
             }
-            done.store(true, Ordering::SeqCst);
             restarts
         })
     };
     let mut served = Served::default();
     let mut turn = 0;
-    while !done.load(Ordering::SeqCst) {
+    while !killer.is_finished() {
         let more = clients(port, &files, 6, Duration::from_millis(500), seed ^ turn);
         served.requests += more.requests;
         served.failures.extend(more.failures);
         served.retried.extend(more.retried);
         turn += 1;
     }
-    let restarts = killer.join().unwrap();
+    let restarts = killer.join();
     let last = clients(port, &files, 2, Duration::from_millis(300), seed);
     let _ = rustix::process::kill_process(
         rustix::process::Pid::from_child(&child),
         rustix::process::Signal::TERM,
     );
-    let out = child.wait_with_output().unwrap();
-    let (stdout, log) = text(&out);
+    let status = child.wait().unwrap();
+    let (stdout, log) = (stdout.join().unwrap(), stderr.join().unwrap());
+    let Ok(restarts) = restarts else {
+        panic!("the killer failed (above); the system's log:\n{stdout}\n{log}");
+    };
     eprintln!(
         "{} supervisor deaths: {} requests verified, {} failed, {} retried on a new connection; (signal, new supervisor ms, serving again ms): {:?}",
         restarts.len(),
@@ -1018,9 +1029,8 @@ fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_fails_no
             .collect::<Vec<_>>()
     );
     assert!(
-        out.status.success(),
-        "the keeper's exit: {:?}\n{stdout}\n{log}",
-        out.status
+        status.success(),
+        "the keeper's exit: {status:?}\n{stdout}\n{log}"
     );
     assert!(
         served.failures.is_empty() && last.failures.is_empty(),

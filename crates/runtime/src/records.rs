@@ -208,7 +208,10 @@ impl RecordStore for MemoryStore {
 /// keys starting with `desc/`; values are the record's bytes in hex.
 pub struct VaultRecords(pub Arc<Vault>);
 
-const VAULT_PREFIX: &str = "desc/";
+/// The prefix of the keys of descriptors' creation records in a vault:
+/// what a server's clients made through it (a supervisor restarted by its
+/// keeper drops them, their clients being gone).
+pub const VAULT_PREFIX: &str = "desc/";
 
 fn vault_error(e: crate::vault::VaultError) -> RecordError {
     RecordError::Unavailable(e.to_string())

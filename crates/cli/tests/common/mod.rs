@@ -9,8 +9,10 @@ use std::process::{Command, Output};
 
 pub fn kintsugi(tag: &str) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kintsugi"));
-    cmd.env("KINTSUGI_TEST_TAG", tag)
-        .env("KINTSUGI_LOG", "warn");
+    cmd.env("KINTSUGI_TEST_TAG", tag).env(
+        "KINTSUGI_LOG",
+        std::env::var("KINTSUGI_TEST_LOG").unwrap_or("warn".into()),
+    );
     cmd
 }
 

@@ -161,6 +161,9 @@ pub(crate) struct Loaded {
     /// Records whose kept descriptor was not in the inherited table: being
     /// deleted or replaced as the supervisor died.
     pub gone: usize,
+    /// Under a keeper's restart: records of what the dead system's clients
+    /// held (descriptors' creation records, pages lent), dropped.
+    pub stale: usize,
     pub frames: u64,
 }
 
@@ -227,6 +230,7 @@ impl Disk {
             keeps: inherited.is_some(),
             sockets: BTreeMap::new(),
         };
+        let restarted = inherited.as_deref().is_some_and(Inherited::restarted);
         if let Some(i) = inherited.as_deref_mut().filter(|i| i.restarted()) {
             for (component, k) in sockets {
                 if let Some(fd) = take_kept(i, k).filter(|_| known(&component)) {
@@ -244,6 +248,10 @@ impl Disk {
             }
             let out = loaded.records.entry(component.clone()).or_default();
             for (key, (value, file, kept)) in kept {
+                if restarted && held_for_clients(&key) {
+                    loaded.stale += 1;
+                    continue;
+                }
                 let kept = match kept {
                     None => None,
                     Some(k) => {
@@ -587,6 +595,17 @@ fn fold(frames: Vec<Frame>) -> Folded {
         }
     }
     folded
+}
+
+/// Whether record `key` stands for something a client of the component
+/// holds: a descriptor's creation record (`desc/`), a page lent to a
+/// holder (`lent/`). When the keeper restarts the supervisor every
+/// component starts anew, its clients with it, and such records would
+/// bring back what no client holds (mm's pages granted to an httpd that is
+/// gone, for ever).
+fn held_for_clients(key: &str) -> bool {
+    key.starts_with(kintsugi_runtime::records::VAULT_PREFIX)
+        || key.starts_with(kintsugi_runtime::vault::LENT)
 }
 
 /// The inherited descriptor `k` names, if it is there and still that file.

@@ -95,6 +95,12 @@ impl VaultStore {
         for line in &loaded.quarantined {
             tracing::error!("vault: quarantined: {line}");
         }
+        if loaded.stale > 0 {
+            tracing::info!(
+                "vault: {} records of what the last system's clients held (descriptors' creation records, lent pages) dropped",
+                loaded.stale
+            );
+        }
         if loaded.gone > 0 {
             tracing::info!(
                 "vault: {} records were being deleted or replaced as the last supervisor died: gone",

@@ -174,24 +174,6 @@ impl std::fmt::Display for Ended {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::{Ended, ERROR, PANICKED};
-
-    #[test]
-    fn a_crash_or_a_hang_restarts_a_chosen_exit_does_not_and_a_later_error_does() {
-        for g in [0, 3] {
-            assert!(Ended::Killed(9).restarts(g));
-            assert!(Ended::Hung.restarts(g));
-            assert!(Ended::Exited(PANICKED).restarts(g));
-            assert!(!Ended::Exited(0).restarts(g), "a stop");
-            assert!(!Ended::Exited(1).restarts(g), "a system given up");
-        }
-        assert!(!Ended::Exited(ERROR).restarts(0), "a bad description");
-        assert!(Ended::Exited(ERROR).restarts(1));
-    }
-}
-
 /// Runs `supervise` (a whole supervisor: start the system, run it, stop
 /// it) in a child process sharing this one's descriptors, again each time
 /// it dies or hangs, as `policy` allows; the result is the last one's. The
@@ -391,5 +373,23 @@ struct RemoveOnDrop(PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Ended, ERROR, PANICKED};
+
+    #[test]
+    fn a_crash_or_a_hang_restarts_a_chosen_exit_does_not_and_a_later_error_does() {
+        for g in [0, 3] {
+            assert!(Ended::Killed(9).restarts(g));
+            assert!(Ended::Hung.restarts(g));
+            assert!(Ended::Exited(PANICKED).restarts(g));
+            assert!(!Ended::Exited(0).restarts(g), "a stop");
+            assert!(!Ended::Exited(1).restarts(g), "a system given up");
+        }
+        assert!(!Ended::Exited(ERROR).restarts(0), "a bad description");
+        assert!(Ended::Exited(ERROR).restarts(1));
     }
 }

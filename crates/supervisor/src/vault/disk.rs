@@ -199,8 +199,9 @@ impl Disk {
     ///
     /// Under a keeper (`inherited`), records of kept descriptors take them
     /// from the inherited table; one whose descriptor is not there (or is
-    /// another file now) is quarantined, since a supervisor restarted by
-    /// its keeper should find every one.
+    /// another file now) was being deleted or replaced as the supervisor
+    /// died, and is gone. A restarted supervisor also drops the records of
+    /// what the dead system's clients held ([`held_for_clients`]).
     pub(crate) fn open(
         storage: &VaultStorage,
         known: &dyn Fn(&str) -> bool,
@@ -255,8 +256,8 @@ impl Disk {
                 let kept = match kept {
                     None => None,
                     Some(k) => {
-                        let restarted = inherited.as_deref_mut().filter(|i| i.restarted());
-                        match restarted.map(|i| take_kept(i, k)) {
+                        let from = inherited.as_deref_mut().filter(|i| i.restarted());
+                        match from.map(|i| take_kept(i, k)) {
                             Some(Some(fd)) => Some(fd),
                             // Deleted or replaced as the supervisor died
                             // (a change is applied, then logged).
@@ -862,6 +863,43 @@ mod tests {
         let (_, loaded) = Disk::open(&storage, &|_| true, Some(&mut Inherited::first())).unwrap();
         assert!(loaded.records.get("c").is_none_or(|r| r.is_empty()));
         assert!(loaded.quarantined.is_empty(), "{:?}", loaded.quarantined);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A supervisor its keeper restarted starts every component anew, and
+    /// their clients with them: the records of what those clients held
+    /// (creation records of their descriptors, pages lent to them) are
+    /// dropped; a start without a keeper keeps them, as before.
+    #[test]
+    fn a_keepers_restart_drops_what_the_dead_systems_clients_held() {
+        let dir = std::env::temp_dir().join(format!("kintsugi-vault-stale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let storage = VaultStorage {
+            dir: dir.clone(),
+            fsync: FsyncPolicy::Never,
+        };
+        let (mut disk, _) = Disk::open(&storage, &|_| true, None).unwrap();
+        let plain = |key: &str| {
+            let (key, value) = (key.to_string(), serde_json::json!(1));
+            let op = LoggedOp::Put {
+                key,
+                value,
+                file: None,
+                kept: None,
+            };
+            (Holds::Nothing, op)
+        };
+        let ops = vec![plain("desc/7"), plain("lent/3/page/0x10"), plain("tree")];
+        disk.commit("c", ops).unwrap();
+        drop(disk);
+        let (_, loaded) = Disk::open(&storage, &|_| true, None).unwrap();
+        assert_eq!(loaded.records["c"].len(), 3);
+        assert_eq!(loaded.stale, 0);
+        let mut restarted = Inherited::restarted_with([]);
+        let (_, loaded) = Disk::open(&storage, &|_| true, Some(&mut restarted)).unwrap();
+        let keys: Vec<&String> = loaded.records["c"].keys().collect();
+        assert_eq!(keys, ["tree"]);
+        assert_eq!(loaded.stale, 2);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -431,7 +431,12 @@ fn supervise(
         duration: args.duration.map(Duration::from_secs_f64),
         interfaces: interfaces(),
         lifelines: !args.no_lifelines,
-        restores: args.restores.clone(),
+        // An image is taken once: a supervisor its keeper restarted finds
+        // what it became in the vault.
+        restores: match &kept {
+            Some(k) if k.generation > 0 => Vec::new(),
+            _ => args.restores.clone(),
+        },
         sockets: kintsugi_supervisor::Activated::claim()?,
         ..Options::default()
     };

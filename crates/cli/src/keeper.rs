@@ -211,24 +211,7 @@ pub fn keep(
     let mut deaths: VecDeque<Instant> = VecDeque::new();
     for generation in 0.. {
         let Some(pid) = kintsugi_runtime::process::fork_sharing_descriptors()? else {
-            // A fault signal kills it, however it came (Rust's handler
-            // would let a SIGSEGV sent by `kill` pass): the keeper is there.
-            kintsugi_runtime::process::default_fault_signals()?;
-            let kept = Kept {
-                inherited: inherit(system, generation)?,
-                beat: beat.clone(),
-                heartbeat,
-                generation,
-            };
-            let code = match supervise(system, kept) {
-                Ok(true) => 0,
-                Ok(false) => 1,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    ERROR
-                }
-            };
-            std::process::exit(code);
+            supervisor(system, generation, beat.clone(), heartbeat, &supervise);
         };
         let pid = Pid::from_raw(pid as i32).context("fork returned pid 0")?;
         beat.clear();
@@ -261,6 +244,40 @@ pub fn keep(
         );
     }
     unreachable!("generations are unbounded")
+}
+
+/// The supervisor just forked, of `generation`: takes what it inherits,
+/// runs `supervise`, and exits with its result as `kintsugi` would.
+fn supervisor(
+    system: &System,
+    generation: u32,
+    beat: Beat,
+    heartbeat: Duration,
+    supervise: &impl Fn(&System, Kept) -> anyhow::Result<bool>,
+) -> ! {
+    // A fault signal kills it, however it came (Rust's handler would let
+    // a SIGSEGV sent by `kill` pass): the keeper is there.
+    let result = kintsugi_runtime::process::default_fault_signals()
+        .map_err(anyhow::Error::from)
+        .and_then(|()| inherit(system, generation))
+        .and_then(|inherited| {
+            let kept = Kept {
+                inherited,
+                beat,
+                heartbeat,
+                generation,
+            };
+            supervise(system, kept)
+        });
+    let code = match result {
+        Ok(true) => 0,
+        Ok(false) => 1,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ERROR
+        }
+    };
+    std::process::exit(code);
 }
 
 /// In a supervisor just forked: what it inherits. The first takes nothing

@@ -900,18 +900,6 @@ fn kept_system(dir: &Path, hang_ms: u64) -> PathBuf {
     write(dir, "web.toml", &text)
 }
 
-/// The supervisor among `keeper`'s children (its other children are
-/// processes of a dead supervisor, about to be reaped).
-fn supervisor_of(keeper: u32) -> Option<u32> {
-    std::fs::read_to_string(format!("/proc/{keeper}/task/{keeper}/children"))
-        .ok()?
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .find(|p: &u32| {
-            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "kintsugi")
-        })
-}
-
 /// Issue 17: the supervisor SIGKILLed, SIGSEGVed and stopped for good (a
 /// hang) again and again while six clients fetch files and check every
 /// byte. Its keeper starts another each time, which takes back from the

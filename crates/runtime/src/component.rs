@@ -554,6 +554,10 @@ impl Boot {
             gate.recovery.close();
         }
         let stop = Arc::new(AtomicBool::new(false));
+        // Caught from here, so that a stop asked while it initializes is
+        // not lost: a SIGTERM right after a reboot used to kill a component
+        // with a main before its handler was there, and it never reported.
+        let caught = signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone());
         let used = info
             .uses
             .iter()
@@ -585,6 +589,18 @@ impl Boot {
             main,
             serve_after_main,
         } = incarnation;
+        if main.is_none() || serve_after_main {
+            // A server stops by SIGTERM's default action, as it always did.
+            if let Err(e) = process::default_stop_signal() {
+                tracing::warn!("SIGTERM keeps its handler: {e}");
+            }
+            if let Ok(id) = caught {
+                signal_hook::low_level::unregister(id);
+            }
+            if stop.load(Ordering::SeqCst) {
+                std::process::exit(0); // asked to stop while it initialized
+            }
+        }
         if let Some(journal) = &journal {
             journal.set_served(served(&runtime.boot, &provided, &services));
         }
@@ -601,9 +617,6 @@ impl Boot {
             runtime.recover_eagerly(&gate.recovery, ctl);
         }
         if let Some(main) = main {
-            if !serve_after_main {
-                let _ = signal_hook::flag::register(signal_hook::consts::SIGTERM, stop);
-            }
             match main() {
                 Ok(()) if !serve_after_main => {
                     // Its lifelines will fire, but this is no crash.

@@ -186,3 +186,15 @@ pub fn run_system(tag: &str, system: &Path) -> Command {
     cmd.arg("run").arg(system).args(["--events", "json"]);
     cmd
 }
+
+/// The supervisor among `keeper`'s children (its other children are
+/// processes of a dead supervisor, about to be reaped).
+pub fn supervisor_of(keeper: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{keeper}/task/{keeper}/children"))
+        .ok()?
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .find(|p: &u32| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "kintsugi")
+        })
+}

@@ -590,10 +590,13 @@ impl Boot {
             serve_after_main,
         } = incarnation;
         if main.is_none() || serve_after_main {
-            // A server stops by SIGTERM's default action, as it always did.
-            if let Err(e) = process::default_stop_signal() {
-                tracing::warn!("SIGTERM keeps its handler: {e}");
-            }
+            // A server stops by SIGTERM's default action, as it always did,
+            // after any action of its own (netd kills its keeper first).
+            let always = Arc::new(AtomicBool::new(true));
+            let _ = signal_hook::flag::register_conditional_default(
+                signal_hook::consts::SIGTERM,
+                always,
+            );
             if let Ok(id) = caught {
                 signal_hook::low_level::unregister(id);
             }

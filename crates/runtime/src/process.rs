@@ -267,17 +267,7 @@ pub fn disable_core_dumps() -> std::io::Result<()> {
 /// swallows one such signal when it was sent rather than caused by a fault;
 /// a component must die of it, so that the supervisor reboots it.
 pub fn default_fault_signals() -> std::io::Result<()> {
-    default_action(&[libc::SIGSEGV, libc::SIGBUS])
-}
-
-/// Gives SIGTERM its default action again (a server stops by it), after a
-/// handler caught it while the component's kind was not yet known.
-pub fn default_stop_signal() -> std::io::Result<()> {
-    default_action(&[libc::SIGTERM])
-}
-
-fn default_action(signals: &[libc::c_int]) -> std::io::Result<()> {
-    for &sig in signals {
+    for sig in [libc::SIGSEGV, libc::SIGBUS] {
         // SAFETY: installing SIG_DFL runs no code of ours in signal context.
         if unsafe { libc::signal(sig, libc::SIG_DFL) } == libc::SIG_ERR {
             return Err(std::io::Error::last_os_error());

@@ -886,7 +886,7 @@ fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table
             conns.push((id, fd, kept));
         }
     }
-    let marks = Marks::open(rt, marks)?;
+    let marks = Marks::open(rt, marks, config.tracking)?;
     for (id, fd, kept) in conns {
         table.conns.insert(id, restored(id, fd, kept, now, &marks));
     }

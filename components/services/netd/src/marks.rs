@@ -28,14 +28,17 @@ const BYTES: usize = SLOTS * WORDS * 8;
 pub struct Marks(Mapping);
 
 impl Marks {
-    /// The marks the vault kept (`kept`), or new ones put in the vault.
-    pub fn open(rt: &Runtime, kept: Option<OwnedFd>) -> anyhow::Result<Self> {
+    /// The marks the vault kept (`kept`), or new ones, put in the vault if
+    /// netd keeps anything there (`tracking`).
+    pub fn open(rt: &Runtime, kept: Option<OwnedFd>, tracking: bool) -> anyhow::Result<Self> {
         if let Some(fd) = kept {
             return Ok(Self(Mapping::of_sealed(fd.as_fd(), BYTES)?));
         }
         let region = Region::create("netd-marks", BYTES)?;
-        rt.vault()
-            .put(KEY, serde_json::Value::Null, Some(region.fd()))?;
+        if tracking {
+            rt.vault()
+                .put(KEY, serde_json::Value::Null, Some(region.fd()))?;
+        }
         Ok(Self(region.map_range(0, BYTES)?))
     }
 

@@ -205,7 +205,7 @@ impl Disk {
     pub(crate) fn open(
         storage: &VaultStorage,
         known: &dyn Fn(&str) -> bool,
-        mut inherited: Option<&mut Inherited>,
+        inherited: Option<&mut Inherited>,
     ) -> Result<(Disk, Loaded), String> {
         let dir = storage.dir.clone();
         for d in [dir.clone(), dir.join("files"), dir.join("quarantine")] {
@@ -231,8 +231,10 @@ impl Disk {
             keeps: inherited.is_some(),
             sockets: BTreeMap::new(),
         };
-        let restarted = inherited.as_deref().is_some_and(Inherited::restarted);
-        if let Some(i) = inherited.as_deref_mut().filter(|i| i.restarted()) {
+        // What the dead supervisor left, if this one was restarted.
+        let mut left = inherited.filter(|i| i.restarted());
+        let restarted = left.is_some();
+        if let Some(i) = left.as_deref_mut() {
             for (component, k) in sockets {
                 if let Some(fd) = take_kept(i, k).filter(|_| known(&component)) {
                     loaded.sockets.push((component, fd));
@@ -256,8 +258,7 @@ impl Disk {
                 let kept = match kept {
                     None => None,
                     Some(k) => {
-                        let from = inherited.as_deref_mut().filter(|i| i.restarted());
-                        match from.map(|i| take_kept(i, k)) {
+                        match left.as_deref_mut().map(|i| take_kept(i, k)) {
                             Some(Some(fd)) => Some(fd),
                             // Deleted or replaced as the supervisor died
                             // (a change is applied, then logged).
@@ -802,6 +803,18 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// An empty directory for a vault, and the vault kept there.
+    fn fresh_storage(name: &str) -> (PathBuf, VaultStorage) {
+        let dir =
+            std::env::temp_dir().join(format!("kintsugi-vault-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let storage = VaultStorage {
+            dir: dir.clone(),
+            fsync: FsyncPolicy::Never,
+        };
+        (dir, storage)
+    }
+
     fn memfd(name: &str) -> OwnedFd {
         rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC).unwrap()
     }
@@ -813,12 +826,7 @@ mod tests {
     /// such records gone with the system that held them.
     #[test]
     fn a_kept_descriptor_comes_back_only_as_the_same_file_after_a_keepers_restart() {
-        let dir = std::env::temp_dir().join(format!("kintsugi-vault-kept-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let storage = VaultStorage {
-            dir: dir.clone(),
-            fsync: FsyncPolicy::Never,
-        };
+        let (dir, storage) = fresh_storage("kept");
         let mut first = Inherited::first();
         let (mut disk, _) = Disk::open(&storage, &|_| true, Some(&mut first)).unwrap();
         let (a, b) = (memfd("a"), memfd("b"));
@@ -872,12 +880,7 @@ mod tests {
     /// dropped; a start without a keeper keeps them, as before.
     #[test]
     fn a_keepers_restart_drops_what_the_dead_systems_clients_held() {
-        let dir = std::env::temp_dir().join(format!("kintsugi-vault-stale-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let storage = VaultStorage {
-            dir: dir.clone(),
-            fsync: FsyncPolicy::Never,
-        };
+        let (dir, storage) = fresh_storage("stale");
         let (mut disk, _) = Disk::open(&storage, &|_| true, None).unwrap();
         let plain = |key: &str| {
             let (key, value) = (key.to_string(), serde_json::json!(1));

@@ -1,6 +1,8 @@
 //! `kintsugi inject`: puts faults into a system that `kintsugi run` runs,
 //! found through the roster file it publishes, into the pids its
-//! supervisor confirms (see [`crate::roster::Verified`]).
+//! supervisor confirms (see [`crate::roster::Verified`]); or into that
+//! supervisor itself (`--component supervisor`), which a keeper restarts
+//! (issue 17: the supervisor flipped like any component).
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +19,8 @@ pub struct InjectArgs {
     /// system file, or a published roster file.
     #[arg(long)]
     pub system: String,
-    /// The component to inject into, or `random` (one providing an interface).
+    /// The component to inject into, `random` (one providing an
+    /// interface), or `supervisor` (the system's supervisor process).
     #[arg(long, default_value = "random")]
     pub component: String,
     #[command(flatten)]
@@ -62,45 +65,29 @@ pub fn inject(args: InjectArgs) -> anyhow::Result<bool> {
         path.display()
     );
     let (mut done, mut failed) = (0u32, 0u32);
+    let mut answered: Option<Instant> = None;
     while done < count {
-        let roster = Verified::ask(&path)?;
-        let candidates: Vec<&PublishedMember> = roster
-            .members
-            .iter()
-            .filter(|m| match args.component.as_str() {
-                "random" => !m.provides.is_empty(),
-                name => m.name == name,
-            })
-            .collect();
-        anyhow::ensure!(
-            !candidates.is_empty(),
-            "`{}` is not a component of system `{}`",
-            args.component,
-            roster.system
-        );
-        let target = candidates[injector.rng().gen_range(0..candidates.len())];
-        let Some(pid) = target.pid else {
-            std::thread::sleep(Duration::from_millis(10));
-            continue;
-        };
-        if !roster.owns(pid) {
-            // Gone since the supervisor answered (a crash, a reboot): ask again.
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                std::thread::sleep(Duration::from_millis(1));
+        let roster = match Verified::ask(&path) {
+            Ok(r) => r,
+            // A supervisor restarted by its keeper answers again soon.
+            Err(_) if answered.is_some_and(|a| a.elapsed() < REASK) => {
+                std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
-            anyhow::bail!(
-                "{}: pid {pid} is not a process of supervisor {}; refusing to inject",
-                target.name,
-                roster.supervisor_pid
-            );
-        }
+            Err(e) => return Err(e),
+        };
+        answered = Some(Instant::now());
+        let Some(target) = Target::choose(&roster, &args.component, injector.rng())? else {
+            // Gone since the supervisor answered (a crash, a reboot): ask again.
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        };
+        let (pid, name) = (target.pid, target.name.as_str());
         let started = Instant::now();
         match injector.inject(pid, &fault) {
             Ok(Injection::Hang(mut held)) => {
                 println!(
-                    "{}: pid {pid} epoch {}: thread {} held stopped",
-                    target.name,
+                    "{name}: pid {pid}{}: thread {} held stopped",
                     target.epoch,
                     held.tid()
                 );
@@ -109,8 +96,7 @@ pub fn inject(args: InjectArgs) -> anyhow::Result<bool> {
                     if until.is_some_and(|u| Instant::now() >= u) {
                         held.release()?;
                         println!(
-                            "{}: released after {} ms",
-                            target.name,
+                            "{name}: released after {} ms",
                             started.elapsed().as_millis()
                         );
                         break;
@@ -120,12 +106,12 @@ pub fn inject(args: InjectArgs) -> anyhow::Result<bool> {
                 done += 1;
             }
             Ok(i) => {
-                println!("{}: pid {pid} epoch {}: {i}", target.name, target.epoch);
+                println!("{name}: pid {pid}{}: {i}", target.epoch);
                 done += 1;
             }
             Err(kintsugi_inject::InjectError::Gone(_)) => continue,
             Err(e) => {
-                eprintln!("{}: pid {pid}: {e}", target.name);
+                eprintln!("{name}: pid {pid}: {e}");
                 failed += 1;
                 anyhow::ensure!(
                     failed < 10 + count,
@@ -146,4 +132,69 @@ pub fn inject(args: InjectArgs) -> anyhow::Result<bool> {
         }
     }
     Ok(true)
+}
+
+/// How long a supervisor that stopped answering (restarted by its
+/// keeper) is asked again before `inject` gives up.
+const REASK: Duration = Duration::from_secs(30);
+
+/// The process to inject into, as its supervisor confirmed it.
+struct Target {
+    name: String,
+    pid: u32,
+    /// `epoch N` of a component; empty for the supervisor.
+    epoch: String,
+}
+
+impl Target {
+    /// `component` of `roster` (or a random one providing an interface,
+    /// or the supervisor); `None` if it has no live process that the
+    /// supervisor still owns (it died meanwhile); an error if there is
+    /// no such component or its pid is not the supervisor's.
+    fn choose(
+        roster: &Verified,
+        component: &str,
+        rng: &mut impl Rng,
+    ) -> anyhow::Result<Option<Self>> {
+        if component == "supervisor" {
+            // Confirmed by the control socket's peer: the supervisor itself.
+            return Ok(Some(Self {
+                name: "supervisor".to_string(),
+                pid: roster.supervisor_pid,
+                epoch: String::new(),
+            }));
+        }
+        let candidates: Vec<&PublishedMember> = roster
+            .members
+            .iter()
+            .filter(|m| match component {
+                "random" => !m.provides.is_empty(),
+                name => m.name == name,
+            })
+            .collect();
+        anyhow::ensure!(
+            !candidates.is_empty(),
+            "`{component}` is not a component of system `{}`",
+            roster.system
+        );
+        let member = candidates[rng.gen_range(0..candidates.len())];
+        let Some(pid) = member.pid else {
+            return Ok(None);
+        };
+        if !roster.owns(pid) {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return Ok(None);
+            }
+            anyhow::bail!(
+                "{}: pid {pid} is not a process of supervisor {}; refusing to inject",
+                member.name,
+                roster.supervisor_pid
+            );
+        }
+        Ok(Some(Self {
+            name: member.name.clone(),
+            pid,
+            epoch: format!(" epoch {}", member.epoch),
+        }))
+    }
 }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kintsugi_runtime::abi::shm::{Mapping, Region};
-use kintsugi_supervisor::{Inherited, Roster};
+use kintsugi_supervisor::{Inherited, Roster, Stalls};
 use kintsugi_system::{FsyncPolicy, KeeperPolicy, System, VaultStorage};
 use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
 
@@ -91,27 +91,45 @@ impl Beat {
 }
 
 /// In the supervisor: copies its event loop's turn count into the beat
-/// page every `period` (a stalled loop stops the count; so does a
-/// stopped process).
+/// page twice per `heartbeat` (a stalled loop stops the count; so does a
+/// stopped process), unless one of its other serving threads (a vault
+/// thread, the output relay: each turns at least once per `heartbeat`)
+/// has not turned for two heartbeats: then it stops copying, so that the
+/// keeper finds the supervisor hung.
 pub struct Pinger {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Pinger {
-    pub fn start(beat: Beat, roster: Arc<Roster>, period: Duration) -> Self {
+    pub fn start(beat: Beat, roster: Arc<Roster>, heartbeat: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("keeper-beat".into())
             .spawn(move || {
+                let mut stalls = Stalls::default();
+                let mut told = false;
                 while !flag.load(Ordering::Relaxed) {
                     let turns = roster.loop_turns();
-                    beat.turns().store(turns, Ordering::Relaxed);
-                    if turns == 0 {
-                        beat.starting().fetch_add(1, Ordering::Relaxed);
+                    match stalls.look(roster.thread_turn_counts(), heartbeat * 2) {
+                        Some((thread, for_)) => {
+                            if !std::mem::replace(&mut told, true) {
+                                tracing::error!(
+                                    "supervisor: its thread {thread} has not turned for {} ms; the beat stops",
+                                    for_.as_millis()
+                                );
+                            }
+                        }
+                        None => {
+                            told = false;
+                            beat.turns().store(turns, Ordering::Relaxed);
+                            if turns == 0 {
+                                beat.starting().fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
                     }
-                    std::thread::sleep(period);
+                    std::thread::sleep(heartbeat / 2);
                 }
             })
             .ok();
@@ -152,12 +170,14 @@ enum Ended {
 impl Ended {
     /// Whether the keeper starts another: after a crash or a hang; not
     /// after an exit the supervisor chose (a stop, a system given up), nor
-    /// after an error of the first (a bad description, a binary missing),
-    /// but after an error of a later one, whose system started before (a
-    /// start the dead one's leftovers upset).
-    fn restarts(self, generation: u32) -> bool {
+    /// after an error of a system that never started (a bad description,
+    /// a binary missing), but after an error once it had (`started`: this
+    /// supervisor's loop turned, or an earlier one's did): a start the
+    /// dead one's leftovers upset, or a fault (a flipped bit) that made a
+    /// call fail.
+    fn restarts(self, started: bool) -> bool {
         match self {
-            Ended::Exited(code) if code == ERROR => generation > 0,
+            Ended::Exited(code) if code == ERROR => started,
             Ended::Exited(code) => code == PANICKED,
             Ended::Killed(_) | Ended::Hung => true,
         }
@@ -217,8 +237,10 @@ pub fn keep(
         beat.clear();
         let ended = watch(pid, &beat, policy.hang, &stop);
         let started = Instant::now();
+        // Its loop turned: its system had started.
+        let turned = beat.read().0 > 0;
         reap_orphans();
-        if !ended.restarts(generation) || stop.load(Ordering::Relaxed) {
+        if !ended.restarts(generation > 0 || turned) || stop.load(Ordering::Relaxed) {
             return Ok(ended == Ended::Exited(0));
         }
         let now = Instant::now();
@@ -256,7 +278,14 @@ fn supervisor(
     supervise: &impl Fn(&System, Kept) -> anyhow::Result<bool>,
 ) -> ! {
     // A fault signal kills it, however it came (Rust's handler would let
-    // a SIGSEGV sent by `kill` pass): the keeper is there.
+    // a SIGSEGV sent by `kill` pass): the keeper is there. So does a panic
+    // in any thread: a supervisor missing a thread (a vault's) would go on
+    // and fail its components.
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::abort();
+    }));
     let result = kintsugi_runtime::process::default_fault_signals()
         .map_err(anyhow::Error::from)
         .and_then(|()| inherit(system, generation))
@@ -398,15 +427,15 @@ mod tests {
     use super::{Ended, ERROR, PANICKED};
 
     #[test]
-    fn a_crash_or_a_hang_restarts_a_chosen_exit_does_not_and_a_later_error_does() {
-        for g in [0, 3] {
-            assert!(Ended::Killed(9).restarts(g));
-            assert!(Ended::Hung.restarts(g));
-            assert!(Ended::Exited(PANICKED).restarts(g));
-            assert!(!Ended::Exited(0).restarts(g), "a stop");
-            assert!(!Ended::Exited(1).restarts(g), "a system given up");
+    fn a_crash_or_a_hang_restarts_a_chosen_exit_does_not_and_an_error_after_a_start_does() {
+        for started in [false, true] {
+            assert!(Ended::Killed(9).restarts(started));
+            assert!(Ended::Hung.restarts(started));
+            assert!(Ended::Exited(PANICKED).restarts(started));
+            assert!(!Ended::Exited(0).restarts(started), "a stop");
+            assert!(!Ended::Exited(1).restarts(started), "a system given up");
         }
-        assert!(!Ended::Exited(ERROR).restarts(0), "a bad description");
-        assert!(Ended::Exited(ERROR).restarts(1));
+        assert!(!Ended::Exited(ERROR).restarts(false), "a bad description");
+        assert!(Ended::Exited(ERROR).restarts(true));
     }
 }

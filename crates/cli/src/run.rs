@@ -344,7 +344,7 @@ fn execute(
                     k.inherited.len()
                 );
             }
-            let pinger = Pinger::start(k.beat, roster.clone(), k.heartbeat / 2);
+            let pinger = Pinger::start(k.beat, roster.clone(), k.heartbeat);
             (Some(k.inherited), Some(pinger))
         }
         None => (None, None),

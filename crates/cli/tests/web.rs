@@ -889,15 +889,123 @@ fn the_supervisor_stopped_again_and_again_fails_no_request_and_reboots_nothing()
     assert!(leftovers(&tag).is_empty());
 }
 
-/// The web system under a keeper (`[system] keeper`), in `dir`.
-fn kept_system(dir: &Path, hang_ms: u64) -> PathBuf {
-    let text = std::fs::read_to_string(system()).unwrap();
-    let text = text.replacen(
-        "[system]\n",
-        &format!("[system]\nkeeper = {{ hang_ms = {hang_ms} }}\n"),
-        1,
-    );
-    write(dir, "web.toml", &text)
+/// The web system under a keeper (`[system] keeper = { hang_ms = 300 }`)
+/// in `dir`, posting each connection to the vault as it is accepted
+/// (netd's own keeper dies with the supervisor); its output read as it
+/// comes (a hundred restarts print more than a pipe holds).
+struct KeptWeb {
+    child: Child,
+    stdout: std::thread::JoinHandle<String>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl KeptWeb {
+    fn start(tag: &str, dir: &Path, port: u16) -> Self {
+        let text = std::fs::read_to_string(system()).unwrap();
+        let text = text.replacen("[system]\n", "[system]\nkeeper = { hang_ms = 300 }\n", 1);
+        let system = write(dir, "web.toml", &text);
+        let each = ["--set".to_string(), "netd.post_every=1".to_string()];
+        let mut child = start_system(tag, &system, &dir.join("www"), port, &each);
+        let drain = |from: Option<Box<dyn Read + Send>>| {
+            let mut from = from.expect("piped");
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = from.read_to_string(&mut text);
+                text
+            })
+        };
+        let stdout = drain(child.stdout.take().map(|o| Box::new(o) as _));
+        let stderr = drain(child.stderr.take().map(|e| Box::new(e) as _));
+        Self {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    fn keeper(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops it as a service manager would (SIGTERM to the keeper): its
+    /// exit, stdout and stderr.
+    fn stop(mut self) -> (std::process::ExitStatus, String, String) {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        );
+        let status = self.child.wait().unwrap();
+        (
+            status,
+            self.stdout.join().unwrap(),
+            self.stderr.join().unwrap(),
+        )
+    }
+}
+
+/// Six checking clients, in turns of 500 ms, for as long as `driver`
+/// runs; then two more for 300 ms (the last turn: something is served
+/// after the driver's last fault). What they served, the last turn's
+/// apart, and what the driver returned.
+fn serve_while<T>(
+    port: u16,
+    files: &[(String, Vec<u8>)],
+    seed: u64,
+    driver: std::thread::JoinHandle<T>,
+) -> (Served, Served, std::thread::Result<T>) {
+    let mut served = Served::default();
+    let mut turn = 0;
+    while !driver.is_finished() {
+        let more = clients(port, files, 6, Duration::from_millis(500), seed ^ turn);
+        served.requests += more.requests;
+        served.failures.extend(more.failures);
+        served.retried.extend(more.retried);
+        turn += 1;
+    }
+    let driven = driver.join();
+    let last = clients(port, files, 2, Duration::from_millis(300), seed);
+    (served, last, driven)
+}
+
+/// `KINTSUGI_TEST_ROUNDS`, else `default`.
+fn rounds(default: usize) -> usize {
+    std::env::var("KINTSUGI_TEST_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(default)
+}
+
+/// After a fault into the supervisor: waits for another supervisor if
+/// `old` is dead, then checks that a new connection and `idle` (a
+/// keep-alive connection opened before the first fault) are answered byte
+/// for byte. Whether the supervisor was replaced.
+fn serving_after(
+    keeper: u32,
+    old: u32,
+    port: u16,
+    idle: &mut TcpStream,
+    (page, body): (&str, &[u8]),
+    what: &str,
+) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while dead(old) && supervisor_of(keeper).is_none_or(|p| p == old) {
+        assert!(Instant::now() < deadline, "no supervisor after {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut fresh = connect(port).unwrap();
+    fetch(&mut fresh, page, body, false)
+        .unwrap_or_else(|e| panic!("a new connection after {what}: {e}"));
+    fetch(idle, page, body, true)
+        .unwrap_or_else(|e| panic!("the idle connection after {what}: {e}"));
+    supervisor_of(keeper) != Some(old)
+}
+
+/// Whether process `pid` is gone or a zombie.
+fn dead(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| Some(s.rsplit(')').next()?.trim_start().starts_with(['Z', 'X'])))
+        .unwrap_or(true)
 }
 
 /// Issue 17: the supervisor SIGKILLed, SIGSEGVed and stopped for good (a
@@ -920,27 +1028,9 @@ fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_fails_no
     let files = docroot(&dir.join("www"), seed);
     let tag = unique_tag("web-keeper");
     let port = free_port();
-    let system = kept_system(&dir, 300);
-    // netd's own keeper dies with the supervisor: each connection goes to
-    // the vault as it is accepted.
-    let each = ["--set".to_string(), "netd.post_every=1".to_string()];
-    let mut child = start_system(&tag, &system, &dir.join("www"), port, &each);
-    let keeper = child.id();
-    // Read as it comes: a hundred restarts print more than a pipe holds.
-    let drain = |from: Option<Box<dyn Read + Send>>| {
-        let mut from = from.expect("piped");
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = from.read_to_string(&mut text);
-            text
-        })
-    };
-    let stdout = drain(child.stdout.take().map(|o| Box::new(o) as _));
-    let stderr = drain(child.stderr.take().map(|e| Box::new(e) as _));
-    let rounds: usize = std::env::var("KINTSUGI_TEST_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(4);
+    let web = KeptWeb::start(&tag, &dir, port);
+    let keeper = web.keeper();
+    let rounds = rounds(4);
     let mut rng = Rng(seed | 1);
     let mut plan: Vec<(rustix::process::Signal, u64)> = [
         rustix::process::Signal::KILL,
@@ -957,51 +1047,37 @@ fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_fails_no
     let (page, body) = files[3].clone();
     let mut idle = connect(port).unwrap();
     fetch(&mut idle, &page, &body, true).unwrap();
-    let killer = {
-        std::thread::spawn(move || {
-            let mut restarts = Vec::new();
-            for (sig, after) in plan {
-                std::thread::sleep(Duration::from_millis(after));
-                let old = supervisor_of(keeper).expect("a supervisor runs");
-                let at = Instant::now();
-                let pid = rustix::process::Pid::from_raw(old as i32).unwrap();
-                rustix::process::kill_process(pid, sig).unwrap();
-                let deadline = at + Duration::from_secs(20);
-                while supervisor_of(keeper).is_none_or(|p| p == old) {
-                    assert!(
-                        Instant::now() < deadline,
-                        "no supervisor after {old} ({sig:?})"
-                    );
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                let new = at.elapsed();
-                let mut fresh = connect(port).unwrap();
-                fetch(&mut fresh, &page, &body, false)
-                    .unwrap_or_else(|e| panic!("a new connection after {sig:?}: {e}"));
-                fetch(&mut idle, &page, &body, true)
-                    .unwrap_or_else(|e| panic!("the idle connection after {sig:?}: {e}"));
-                restarts.push((sig, new, at.elapsed()));
+    let killer = std::thread::spawn(move || {
+        let mut restarts = Vec::new();
+        for (sig, after) in plan {
+            std::thread::sleep(Duration::from_millis(after));
+            let old = supervisor_of(keeper).expect("a supervisor runs");
+            let at = Instant::now();
+            let pid = rustix::process::Pid::from_raw(old as i32).unwrap();
+            rustix::process::kill_process(pid, sig).unwrap();
+            let deadline = at + Duration::from_secs(20);
+            while supervisor_of(keeper).is_none_or(|p| p == old) {
+                assert!(
+                    Instant::now() < deadline,
+                    "no supervisor after {old} ({sig:?})"
+                );
+                std::thread::sleep(Duration::from_millis(1));
             }
-            restarts
-        })
-    };
-    let mut served = Served::default();
-    let mut turn = 0;
-    while !killer.is_finished() {
-        let more = clients(port, &files, 6, Duration::from_millis(500), seed ^ turn);
-        served.requests += more.requests;
-        served.failures.extend(more.failures);
-        served.retried.extend(more.retried);
-        turn += 1;
-    }
-    let restarts = killer.join();
-    let last = clients(port, &files, 2, Duration::from_millis(300), seed);
-    let _ = rustix::process::kill_process(
-        rustix::process::Pid::from_child(&child),
-        rustix::process::Signal::TERM,
-    );
-    let status = child.wait().unwrap();
-    let (stdout, log) = (stdout.join().unwrap(), stderr.join().unwrap());
+            let new = at.elapsed();
+            serving_after(
+                keeper,
+                old,
+                port,
+                &mut idle,
+                (&page, &body),
+                &format!("{sig:?}"),
+            );
+            restarts.push((sig, new, at.elapsed()));
+        }
+        restarts
+    });
+    let (served, last, restarts) = serve_while(port, &files, seed, killer);
+    let (status, stdout, log) = web.stop();
     let Ok(restarts) = restarts else {
         panic!("the killer failed (above); the system's log:\n{stdout}\n{log}");
     };
@@ -1035,6 +1111,98 @@ fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_fails_no
         "each stop found as a hang:\n{log}"
     );
     assert!(!log.contains("quarantined"), "{log}");
+    assert!(leftovers(&tag).is_empty(), "{:?}", leftovers(&tag));
+}
+
+/// Issue 17: register bit flips into the supervisor itself (C3's and
+/// SuperGlue's fault, `kintsugi inject --component supervisor`: one bit of
+/// one register of a thread caught executing user code) under its keeper,
+/// while six clients fetch files and check every byte. A flip the
+/// supervisor does not survive kills it (SIGSEGV, SIGBUS, an abort, a
+/// panic) or stops one of its serving threads (a vault thread, the output
+/// relay, the event loop), which its keeper finds as a hang; either way
+/// the keeper starts another. After every flip the system serves: a new
+/// connection and an idle keep-alive one are answered byte for byte (no
+/// system lost). No request of the six clients is answered wrong; a flip
+/// can lose one connection, counted and bounded here: one whose post the
+/// vault thread was handling when the flip hit it (read, not yet logged,
+/// or logged as a frame the flip corrupted, which the next supervisor
+/// quarantines), which the next supervisor closes (measured: 1 in about
+/// 60 flips). `KINTSUGI_TEST_ROUNDS` sets the flips (30).
+#[test]
+fn register_flips_into_the_supervisor_lose_no_system_and_fail_no_request() {
+    let _heavy = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
+    let seed = seed("web-supervisor-flips");
+    let dir = scratch("web-supervisor-flips");
+    let files = docroot(&dir.join("www"), seed);
+    let tag = unique_tag("web-supervisor-flips");
+    let port = free_port();
+    let web = KeptWeb::start(&tag, &dir, port);
+    let keeper = web.keeper();
+    let flips = rounds(30);
+    let (page, body) = files[3].clone();
+    let mut idle = connect(port).unwrap();
+    fetch(&mut idle, &page, &body, true).unwrap();
+    let (inject_tag, roster_dir) = (tag.clone(), dir.clone());
+    let injector = std::thread::spawn(move || {
+        let mut rng = Rng(seed | 1);
+        let (mut injected, mut replaced, mut missed) = (Vec::new(), 0, 0);
+        while injected.len() < flips {
+            let old = supervisor_of(keeper).expect("a supervisor runs");
+            let out = kintsugi(&inject_tag)
+                .env("XDG_RUNTIME_DIR", &roster_dir)
+                .args(["inject", "--system", "web", "--component", "supervisor"])
+                .args(["--kind", "register", "--patience-ms", "2000", "--seed"])
+                .arg((seed + injected.len() as u64 + missed).to_string())
+                .output()
+                .unwrap();
+            let (stdout, stderr) = text(&out);
+            if !out.status.success() {
+                // No thread of the supervisor ran user code within the
+                // patience: nothing was injected.
+                assert!(stderr.contains("executing user code"), "{stdout}{stderr}");
+                missed += 1;
+                continue;
+            }
+            std::thread::sleep(Duration::from_millis(100 + rng.next() % 200));
+            let what = format!("flip {} ({})", injected.len(), stdout.trim());
+            if serving_after(keeper, old, port, &mut idle, (&page, &body), &what) {
+                replaced += 1;
+            }
+            injected.push(stdout.lines().last().unwrap_or_default().to_string());
+        }
+        (injected, replaced, missed)
+    });
+    let (served, last, injected) = serve_while(port, &files, seed, injector);
+    let (status, stdout, log) = web.stop();
+    let Ok((injected, replaced, missed)) = injected else {
+        panic!("the injector failed (above); the system's log:\n{stdout}\n{log}");
+    };
+    let generations = log.matches("started by its keeper").count();
+    let hangs = log.matches("hung (its loop did not turn)").count();
+    let quarantined = log.matches("quarantined").count();
+    let failures: Vec<&String> = served.failures.iter().chain(&last.failures).collect();
+    eprintln!(
+        "{} flips into the supervisor ({missed} tries found no thread in user code): {replaced} replaced it ({generations} restarts, {hangs} found as hangs); {quarantined} log frames quarantined; {} requests verified, {} failed: {failures:?}, {} retried on a new connection",
+        injected.len(),
+        served.requests + last.requests,
+        failures.len(),
+        served.retried.len(),
+    );
+    assert!(
+        status.success(),
+        "the keeper's exit: {status:?}\n{stdout}\n{log}"
+    );
+    assert!(
+        failures.iter().all(|f| !f.contains("differ")),
+        "a wrong answer: {failures:?}\n{log}"
+    );
+    assert!(
+        failures.len() <= flips / 10,
+        "{} failed requests in {flips} flips: {failures:?}\n{log}",
+        failures.len()
+    );
+    assert!(last.requests > 0, "nothing served after the last flip");
     assert!(leftovers(&tag).is_empty(), "{:?}", leftovers(&tag));
 }
 

@@ -22,6 +22,7 @@ use rustix::pipe::{pipe_with, PipeFlags};
 
 use crate::journald::{self, Journal};
 use crate::roster::Roster;
+use crate::turns::Turns;
 
 /// The longest line relayed whole; longer ones are cut there.
 const MAX_LINE: usize = 16 * 1024;
@@ -67,10 +68,13 @@ pub(crate) struct Relay {
 const STOP: u64 = u64::MAX;
 
 impl Relay {
+    /// Starts the relay thread, which counts a turn at least every
+    /// `turns.timeout()`.
     pub fn start(
         roster: Arc<Roster>,
         journal: Option<Arc<Journal>>,
         stdout_to: ComponentStdout,
+        turns: Turns,
     ) -> std::io::Result<Self> {
         let epoll = Arc::new(epoll::create(epoll::CreateFlags::CLOEXEC)?);
         let (stop_r, stop) = pipe_with(PipeFlags::CLOEXEC)?;
@@ -91,7 +95,7 @@ impl Relay {
                         journal: journal.as_deref(),
                         stdout_to,
                     };
-                    relay(&epoll, &readers, out, stop_r)
+                    relay(&epoll, &readers, out, stop_r, turns)
                 })?
         };
         Ok(Self {
@@ -157,10 +161,19 @@ struct Out<'a> {
 }
 
 /// The relay thread: lines as they come, then, once stopped, what is left.
-fn relay(epoll: &OwnedFd, readers: &Mutex<Vec<Reader>>, out: Out<'_>, _stop: OwnedFd) {
+fn relay(
+    epoll: &OwnedFd,
+    readers: &Mutex<Vec<Reader>>,
+    out: Out<'_>,
+    _stop: OwnedFd,
+    turns: Turns,
+) {
     let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 16];
+    let timeout = turns.timeout();
     loop {
-        let Ok((events, _)) = epoll::wait(epoll, &mut buf, None) else {
+        let waited = epoll::wait(epoll, &mut buf, timeout.as_ref());
+        turns.turned();
+        let Ok((events, _)) = waited else {
             continue; // EINTR
         };
         let mut readers = readers.lock().unwrap_or_else(|p| p.into_inner());

@@ -7,6 +7,7 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kintsugi_runtime::abi::boot::ControlBlock;
 use kintsugi_runtime::abi::channel::Edge;
@@ -19,6 +20,7 @@ use crate::health::{component_of, Health};
 use crate::mailbox::Mailbox;
 use crate::output::Tails;
 use crate::quota::{VaultUsage, VaultUse};
+use crate::turns::{Threads, Turns};
 
 /// One component as the roster sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +87,8 @@ pub struct Roster {
     checkpoints: Mutex<Option<Arc<Mailbox<Command>>>>,
     /// Turns of the supervisor's event loop.
     turns: AtomicU64,
+    /// Turns of its other serving threads.
+    threads: Arc<Threads>,
     /// Each component's last stderr lines (`output.rs`).
     tails: Mutex<Tails>,
 }
@@ -182,6 +186,18 @@ impl Roster {
 
     pub(crate) fn turned(&self) {
         self.turns.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The turn count of serving thread `name`, which wakes at least
+    /// `every` (watched only if given: see `Options::heartbeat`).
+    pub(crate) fn thread_turns(&self, name: &str, every: Option<Duration>) -> Turns {
+        self.threads.register(name, every)
+    }
+
+    /// Each watched serving thread's name and turn count (the event loop's
+    /// is [`Roster::loop_turns`]); read them with [`crate::Stalls`].
+    pub fn thread_turn_counts(&self) -> Vec<(String, u64)> {
+        self.threads.snapshot()
     }
 
     pub(crate) fn stop_requested(&self) -> bool {

@@ -215,6 +215,7 @@ impl<'a> Supervisor<'a> {
             roster.clone(),
             options.journal.clone(),
             options.component_stdout,
+            roster.thread_turns("output", options.heartbeat),
         )?;
         let checkpoint_commands = Arc::new(Mailbox::new());
         roster.set_checkpoints(Some(checkpoint_commands.clone()));
@@ -462,8 +463,11 @@ impl<'a> Supervisor<'a> {
         ));
         let usage = limits.usage.clone();
         let ceiling = limits.ceiling;
+        let turns = self
+            .roster
+            .thread_turns(&format!("vault:{}", spec.name), self.options.heartbeat);
         self.vault
-            .serve(spec.name.clone(), vault_sock, activity, limits);
+            .serve(spec.name.clone(), vault_sock, activity, limits, turns);
         let wiring = Wiring {
             control,
             zygote_peer,

@@ -15,6 +15,7 @@ use kintsugi_runtime::priority::Priority;
 use kintsugi_system::{VaultQuota, VaultStorage};
 
 use crate::quota::{is_file, Changes, Entry, FdBudget, Records, Saved, VaultUsage};
+use crate::turns::Turns;
 
 mod disk;
 pub(crate) use disk::kept_descriptors;
@@ -136,13 +137,15 @@ impl VaultStore {
     }
 
     /// Serves one component's socket for as long as the system runs (the
-    /// supervisor holds the other end for every incarnation to come).
+    /// supervisor holds the other end for every incarnation to come),
+    /// counting a turn at least every `turns.timeout()`.
     pub fn serve(
         &self,
         component: String,
         sock: OwnedFd,
         activity: Arc<VaultActivity>,
         limits: Limits,
+        turns: Turns,
     ) -> std::thread::JoinHandle<()> {
         self.take_over(&component, &sock, &limits);
         let store = self.clone();
@@ -153,7 +156,8 @@ impl VaultStore {
                 // Standbys' private sockets, on which only reads are served.
                 let mut readers: Vec<OwnedFd> = Vec::new();
                 loop {
-                    let (main, ready) = wait_readable(&sock, &readers);
+                    let (main, ready) = wait_readable(&sock, &readers, turns.timeout());
+                    turns.turned();
                     if main {
                         activity.taking.fetch_add(1, Ordering::SeqCst);
                         let _finished = Finished(&activity.done);
@@ -812,14 +816,19 @@ enum Outcome {
 }
 
 /// Blocks until the component's socket or a reader's has a message (or
-/// is closed): whether the component's has, and which readers have.
-fn wait_readable(sock: &OwnedFd, readers: &[OwnedFd]) -> (bool, Vec<usize>) {
+/// is closed), or for `at_most`: whether the component's has, and which
+/// readers have.
+fn wait_readable(
+    sock: &OwnedFd,
+    readers: &[OwnedFd],
+    at_most: Option<rustix::event::Timespec>,
+) -> (bool, Vec<usize>) {
     use rustix::event::{PollFd, PollFlags};
     let mut fds: Vec<PollFd<'_>> = std::iter::once(sock)
         .chain(readers)
         .map(|fd| PollFd::new(fd, PollFlags::IN))
         .collect();
-    while let Err(rustix::io::Errno::INTR) = rustix::event::poll(&mut fds, None) {}
+    while let Err(rustix::io::Errno::INTR) = rustix::event::poll(&mut fds, at_most.as_ref()) {}
     let ready = |fd: &PollFd<'_>| !fd.revents().is_empty();
     let readers = (1..fds.len()).filter(|&i| ready(&fds[i])).map(|i| i - 1);
     (ready(&fds[0]), readers.collect())
@@ -935,7 +944,7 @@ mod tests {
         )
         .unwrap();
         let activity = Arc::new(VaultActivity::default());
-        store.serve(name.into(), b, activity.clone(), limits);
+        store.serve(name.into(), b, activity.clone(), limits, Turns::unwatched());
         (a, activity)
     }
 

@@ -20,7 +20,11 @@
 //! supervisor's event loop counts its turns, a thread copies the count to
 //! a page shared with the keeper, and the loop turns at least four times
 //! per `hang_ms`; a count that has not moved for `hang_ms` gets the
-//! supervisor SIGKILLed and restarted. While the supervisor starts its
+//! supervisor SIGKILLed and restarted. The thread stops copying when
+//! another serving thread (a vault thread, the output relay) has not
+//! turned for half of `hang_ms` (a bit flipped in its loop: its
+//! components would wait on it for ever while the loop turns); a panic in
+//! any thread aborts the supervisor. While the supervisor starts its
 //! system (before its loop first turns) the thread ticks a second count
 //! instead: a stopped process is found then too, but a start stuck in
 //! itself only by the start's own ready timeouts.

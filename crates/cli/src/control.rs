@@ -67,7 +67,13 @@ fn socket_path(name: &str, pid: u32) -> anyhow::Result<PathBuf> {
 }
 
 impl Control {
-    pub fn start(system: &str, roster: Arc<Roster>) -> anyhow::Result<Self> {
+    /// Listens on the control socket; its accepting thread turns at least
+    /// every `heartbeat`.
+    pub fn start(
+        system: &str,
+        roster: Arc<Roster>,
+        heartbeat: Option<std::time::Duration>,
+    ) -> anyhow::Result<Self> {
         let started = std::time::Instant::now();
         let name = system.to_string();
         let path = socket_path(system, std::process::id())?;
@@ -78,6 +84,7 @@ impl Control {
         let server = Server::start(
             "control",
             listener,
+            roster.thread_turns("control", heartbeat),
             move |conn| serve(conn, &name, &roster, started),
             |conn| {
                 let busy = format!("busy: {MAX_SERVED} requests are being served; try again");

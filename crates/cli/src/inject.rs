@@ -65,18 +65,25 @@ pub fn inject(args: InjectArgs) -> anyhow::Result<bool> {
         path.display()
     );
     let (mut done, mut failed) = (0u32, 0u32);
-    let mut answered: Option<Instant> = None;
+    let mut answered = Instant::now();
+    let mut told = false;
     while done < count {
         let roster = match Verified::ask(&path) {
             Ok(r) => r,
             // A supervisor restarted by its keeper answers again soon.
-            Err(_) if answered.is_some_and(|a| a.elapsed() < REASK) => {
+            Err(e) if path.exists() && answered.elapsed() < REASK => {
+                if !std::mem::replace(&mut told, true) {
+                    eprintln!(
+                        "{e:#}; asking again for {} s (a keeper restarting it?)",
+                        REASK.as_secs()
+                    );
+                }
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
             Err(e) => return Err(e),
         };
-        answered = Some(Instant::now());
+        (answered, told) = (Instant::now(), false);
         let Some(target) = Target::choose(&roster, &args.component, injector.rng())? else {
             // Gone since the supervisor answered (a crash, a reboot): ask again.
             std::thread::sleep(Duration::from_millis(1));
@@ -134,8 +141,9 @@ pub fn inject(args: InjectArgs) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// How long a supervisor that stopped answering (restarted by its
-/// keeper) is asked again before `inject` gives up.
+/// How long a supervisor that does not answer while its roster is
+/// published (restarted by its keeper) is asked again before `inject`
+/// gives up.
 const REASK: Duration = Duration::from_secs(30);
 
 /// The process to inject into, as its supervisor confirmed it.

@@ -214,7 +214,11 @@ pub struct Metrics {
 impl Metrics {
     /// Serves `GET /metrics` on `addr` (a loopback address: it is refused
     /// otherwise, for the endpoint has no authentication).
-    pub fn start(addr: SocketAddr, roster: Arc<Roster>) -> anyhow::Result<Self> {
+    pub fn start(
+        addr: SocketAddr,
+        roster: Arc<Roster>,
+        heartbeat: Option<std::time::Duration>,
+    ) -> anyhow::Result<Self> {
         anyhow::ensure!(
             addr.ip().is_loopback(),
             "--metrics {addr}: only a loopback address is served (the endpoint has no authentication)"
@@ -226,6 +230,7 @@ impl Metrics {
         let server = Server::start(
             "metrics",
             listener,
+            roster.thread_turns("metrics", heartbeat),
             move |conn| {
                 let _ = answer(conn, &s, &roster);
             },

@@ -321,13 +321,6 @@ fn execute(
     };
     let publisher = crate::roster::Publisher::start(system, roster.clone())?;
     tracing::info!("roster published at {}", publisher.path().display());
-    let control = crate::control::Control::start(&system.name, roster.clone())
-        .inspect_err(|e| tracing::warn!("no checkpoint control socket: {e:#}"))
-        .ok();
-    let metrics = metrics
-        .map(|addr| crate::metrics::Metrics::start(addr, roster.clone()))
-        .transpose()?;
-    let mut notifier = crate::notify::Notifier::start(system.components.len(), roster.clone());
     let heartbeat = [
         crate::notify::Notifier::heartbeat(),
         kept.as_ref().map(|k| k.heartbeat),
@@ -335,6 +328,13 @@ fn execute(
     .into_iter()
     .flatten()
     .min();
+    let control = crate::control::Control::start(&system.name, roster.clone(), heartbeat)
+        .inspect_err(|e| tracing::warn!("no checkpoint control socket: {e:#}"))
+        .ok();
+    let metrics = metrics
+        .map(|addr| crate::metrics::Metrics::start(addr, roster.clone(), heartbeat))
+        .transpose()?;
+    let mut notifier = crate::notify::Notifier::start(system.components.len(), roster.clone());
     let (keeper, _pinger) = match kept {
         Some(k) => {
             if k.generation > 0 {

@@ -3,7 +3,8 @@
 //! a thread of its own, at most [`MAX_SERVED`] at once (a connection
 //! beyond them is turned away at once), so that a client slow to send, or
 //! one that sends nothing until its read timeout, holds no one else's
-//! request. The accepting thread ends when the [`Server`] is dropped.
+//! request. The accepting thread ends when the [`Server`] is dropped; it
+//! counts its turns for the keeper's heartbeat (`kintsugi_supervisor::Turns`).
 
 use std::io;
 use std::os::fd::AsFd;
@@ -12,11 +13,18 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use kintsugi_supervisor::Turns;
+
 /// Connections served at once.
 pub const MAX_SERVED: usize = 16;
 
 /// How often the accepting thread looks at its stop flag.
 const POLL: Duration = Duration::from_millis(100);
+
+const POLL_TS: rustix::time::Timespec = rustix::time::Timespec {
+    tv_sec: 0,
+    tv_nsec: POLL.as_nanos() as i64,
+};
 
 /// A listening socket whose accepted connections are served in blocking mode.
 pub trait Listen: AsFd + Send + 'static {
@@ -52,9 +60,11 @@ pub struct Server {
 impl Server {
     /// Serves `listener`'s connections with `serve`, each on a thread
     /// named `{name}-request`; `busy` answers one beyond [`MAX_SERVED`].
+    /// The accepting thread counts a turn at least every `turns.timeout()`.
     pub fn start<L: Listen>(
         name: &str,
         listener: L,
+        turns: Turns,
         serve: impl Fn(L::Conn) + Send + Sync + 'static,
         busy: impl Fn(L::Conn) + Send + 'static,
     ) -> io::Result<Self> {
@@ -67,7 +77,13 @@ impl Server {
             .name(name.into())
             .spawn(move || {
                 let serving = Arc::new(AtomicUsize::new(0));
+                // Its stop flag at least every POLL; a turn at least as often as asked.
+                let ts = turns
+                    .timeout()
+                    .filter(|t| t.tv_sec == 0 && t.tv_nsec < POLL_TS.tv_nsec)
+                    .unwrap_or(POLL_TS);
                 while !stopping.load(Ordering::SeqCst) {
+                    turns.turned();
                     match listener.next() {
                         Ok(conn) => {
                             if serving.fetch_add(1, Ordering::SeqCst) >= MAX_SERVED {
@@ -91,10 +107,6 @@ impl Server {
                                 &listener,
                                 rustix::event::PollFlags::IN,
                             )];
-                            let ts = rustix::time::Timespec {
-                                tv_sec: 0,
-                                tv_nsec: POLL.as_nanos() as i64,
-                            };
                             let _ = rustix::event::poll(&mut fds, Some(&ts));
                         }
                         Err(_) => std::thread::sleep(POLL),

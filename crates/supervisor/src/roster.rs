@@ -190,7 +190,7 @@ impl Roster {
 
     /// The turn count of serving thread `name`, which wakes at least
     /// `every` (watched only if given: see `Options::heartbeat`).
-    pub(crate) fn thread_turns(&self, name: &str, every: Option<Duration>) -> Turns {
+    pub fn thread_turns(&self, name: &str, every: Option<Duration>) -> Turns {
         self.threads.register(name, every)
     }
 

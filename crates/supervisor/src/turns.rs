@@ -68,14 +68,14 @@ impl Turns {
 
     /// How long the thread may wait for work before it must turn, as a
     /// `poll`/`epoll_wait` timeout (none: for ever).
-    pub(crate) fn timeout(&self) -> Option<rustix::event::Timespec> {
+    pub fn timeout(&self) -> Option<rustix::event::Timespec> {
         self.every.map(|d| rustix::event::Timespec {
             tv_sec: d.as_secs() as i64,
             tv_nsec: d.subsec_nanos() as i64,
         })
     }
 
-    pub(crate) fn turned(&self) {
+    pub fn turned(&self) {
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 }

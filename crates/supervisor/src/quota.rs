@@ -9,7 +9,7 @@
 //! nothing; the other components' vaults are untouched.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::OwnedFd;
+use std::os::fd::{IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kintsugi_runtime::vault::{listed_bytes, VaultOp, MAX_RECORD};
@@ -180,6 +180,16 @@ fn key_of(op: &VaultOp) -> &str {
 impl Records {
     pub(crate) fn map(&self) -> &BTreeMap<String, Entry> {
         &self.map
+    }
+
+    /// Gives up every descriptor held without closing it (a supervisor
+    /// under a keeper failing: see `vault::Kept`'s `Drop`).
+    pub(crate) fn leave_descriptors_open(&mut self) {
+        for entry in self.map.values_mut() {
+            if let Some(fd) = entry.fd.take() {
+                let _open = fd.into_raw_fd();
+            }
+        }
     }
 
     /// Puts a record back as exported (not checked against a quota: it was

@@ -878,12 +878,30 @@ fn restore(rt: &Arc<Runtime>, config: &Config) -> anyhow::Result<(OwnedFd, Table
         } else if record.key == marks::KEY {
             marks = Some(fd);
         } else if let Some(hex) = record.key.strip_prefix(CONN) {
-            let id = u64::from_str_radix(hex, 16)?;
-            let kept: Kept = serde_json::from_value(record.value)?;
-            if let Holder::Parked { .. } = kept.holder {
-                parked.push(id);
+            let read = u64::from_str_radix(hex, 16)
+                .map_err(|e| e.to_string())
+                .and_then(|id| {
+                    serde_json::from_value::<Kept>(record.value)
+                        .map(|kept| (id, kept))
+                        .map_err(|e| e.to_string())
+                });
+            match read {
+                Ok((id, kept)) => {
+                    if let Holder::Parked { .. } = kept.holder {
+                        parked.push(id);
+                    }
+                    conns.push((id, fd, kept));
+                }
+                // A record that does not read (a bit flipped in the vault
+                // as it was kept) costs its connection, not netd's start.
+                Err(e) => {
+                    tracing::error!(
+                        key = record.key,
+                        "a connection's record does not read ({e}): closed"
+                    );
+                    rt.vault().delete(&record.key)?;
+                }
             }
-            conns.push((id, fd, kept));
         }
     }
     let marks = Marks::open(rt, marks, config.tracking)?;

@@ -3,7 +3,7 @@
 //! socket; requests are applied whole under one lock.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -71,6 +71,28 @@ struct Kept {
     /// A dead supervisor's vault sockets (under a keeper), each drained
     /// into the records as its component's vault is served again.
     left: Vec<(String, OwnedFd)>,
+    /// Under a keeper: the descriptors stay open when the store goes (see
+    /// the `Drop`).
+    shared: bool,
+}
+
+/// Under a keeper the descriptor table is the keeper's too: a supervisor
+/// that fails (its start refused, an error after it) and unwinds must not
+/// close what its records hold, or the next one inherits nothing (netd's
+/// listener and connections closed). They stay in the table, where the
+/// next supervisor takes them back by the log; a clean stop ends the
+/// keeper, which closes them.
+impl Drop for Kept {
+    fn drop(&mut self) {
+        if self.shared {
+            self.records
+                .values_mut()
+                .for_each(Records::leave_descriptors_open);
+            for (_, fd) in self.left.drain(..) {
+                let _open = fd.into_raw_fd();
+            }
+        }
+    }
 }
 
 impl Default for VaultStore {
@@ -92,6 +114,7 @@ impl VaultStore {
         known: &dyn Fn(&str) -> bool,
         inherited: Option<&mut Inherited>,
     ) -> Result<Self, String> {
+        let shared = inherited.is_some();
         let (disk, loaded) = Disk::open(storage, known, inherited)?;
         for line in &loaded.quarantined {
             tracing::error!("vault: quarantined: {line}");
@@ -125,6 +148,7 @@ impl VaultStore {
         }
         kept.disk = Some(disk);
         kept.left = loaded.sockets;
+        kept.shared = shared;
         tracing::info!(
             "vault: {} records of {} components loaded from {} ({} frames read)",
             kept.records.values().map(|r| r.map().len()).sum::<usize>(),
@@ -986,6 +1010,49 @@ mod tests {
         vault
             .put("plain", serde_json::json!({"n": 2}), None)
             .unwrap();
+    }
+
+    #[test]
+    fn a_store_under_a_keeper_leaves_its_descriptors_open_when_it_goes() {
+        for keeper in [false, true] {
+            let dir = scratch(&format!("shared-{keeper}"));
+            let storage = VaultStorage {
+                dir: dir.clone(),
+                fsync: kintsugi_system::FsyncPolicy::Never,
+            };
+            let mut first = Inherited::first();
+            let store =
+                VaultStore::open(&storage, &|c| c == "c", keeper.then_some(&mut first)).unwrap();
+            let vault = client(&store);
+            let m = memfd_with(b"held");
+            vault
+                .put("held", serde_json::json!(1), Some(m.as_fd()))
+                .unwrap();
+            let held = store.inner.lock().unwrap().records["c"].map()["held"]
+                .fd
+                .as_ref()
+                .map(|fd| fd.as_raw_fd())
+                .unwrap();
+            drop(vault);
+            // Its thread ends with the client's socket, and lets go of it.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while Arc::strong_count(&store.inner) > 1 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the vault thread did not end"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            drop(store);
+            // The same file (inode) behind the number still, or not.
+            let ino = |fd: i32| {
+                use std::os::unix::fs::MetadataExt;
+                std::fs::metadata(format!("/proc/self/fd/{fd}")).map(|m| (m.dev(), m.ino()))
+            };
+            let same = |fd: i32| ino(fd).ok() == ino(m.as_raw_fd()).ok();
+            assert_eq!(same(held), keeper, "keeper {keeper}: its descriptor open");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 
     #[test]

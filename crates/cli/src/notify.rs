@@ -2,14 +2,15 @@
 //! 18), when `kintsugi run` runs under systemd (`Type=notify`, see
 //! `packaging/kintsugi@.service`): `READY=1` once every component serves,
 //! `STATUS=` lines as components crash and come back, `WATCHDOG=1` while
-//! the supervisor's event loop turns (when the unit sets `WatchdogSec=`),
-//! and `STOPPING=1`. Without `NOTIFY_SOCKET` it does nothing.
+//! the supervisor's event loop and its other serving threads turn (when
+//! the unit sets `WatchdogSec=`), and `STOPPING=1`. Without
+//! `NOTIFY_SOCKET` it does nothing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kintsugi_supervisor::{Event, Roster};
+use kintsugi_supervisor::{Event, Roster, Stalls};
 use sd_notify::NotifyState;
 
 pub struct Notifier {
@@ -38,15 +39,28 @@ impl Notifier {
             let stop = stop.clone();
             std::thread::spawn(move || {
                 let mut seen = roster.loop_turns();
+                let mut stalls = Stalls::default();
+                let mut told = false;
                 while !stop.load(Ordering::SeqCst) {
                     std::thread::sleep(half);
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
                     let now = roster.loop_turns();
-                    // A loop that has not turned is hung: no ping, and the
+                    // A loop that has not turned is hung, and so is a
+                    // serving thread (a vault's, the output relay, the
+                    // control socket's) that has not turned for a whole
+                    // period (four of its heartbeats): no ping, and the
                     // service manager restarts the supervisor.
-                    if now != seen {
+                    let stalled = stalls.look(roster.thread_turn_counts(), period);
+                    if let (Some((thread, for_)), false) = (&stalled, told) {
+                        tracing::error!(
+                            "supervisor: its thread {thread} has not turned for {} ms; no watchdog ping",
+                            for_.as_millis()
+                        );
+                    }
+                    told = stalled.is_some();
+                    if now != seen && stalled.is_none() {
                         send(&[NotifyState::Watchdog]);
                     }
                     seen = now;

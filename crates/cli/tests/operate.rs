@@ -454,6 +454,88 @@ fn the_service_manager_is_told_ready_status_watchdog_and_stopping() {
     assert!(leftovers(&tag).is_empty());
 }
 
+/// The watchdog pings stop while one serving thread of the supervisor (a
+/// vault's) is held in a ptrace-stop, its event loop still turning, and
+/// come back once it runs again: a thread stuck for good would get the
+/// supervisor restarted by the service manager.
+#[test]
+fn a_stalled_vault_thread_stops_the_watchdog_pings() {
+    use std::os::unix::net::UnixDatagram;
+    let tag = unique_tag("notify-stall");
+    let dir = scratch("notify-stall");
+    let socket_path = dir.join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let system = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../systems/demo.toml");
+    let mut child = kintsugi(&tag)
+        .env("XDG_RUNTIME_DIR", &dir)
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "200000")
+        .args(["run", "--quiet", "--duration", "6"])
+        .arg(&system)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let began = Instant::now();
+    let mut buf = [0u8; 4096];
+    // Each message and when it was read.
+    let mut messages: Vec<(Instant, String)> = Vec::new();
+    let mut read = |messages: &mut Vec<(Instant, String)>| {
+        if let Ok(n) = socket.recv(&mut buf) {
+            let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+            messages.push((Instant::now(), m));
+        }
+    };
+    while !messages.iter().any(|(_, m)| m.contains("READY=1")) {
+        assert!(began.elapsed() < Duration::from_secs(30), "never ready");
+        read(&mut messages);
+    }
+    let pid = child.id();
+    let named = |tid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+            .is_ok_and(|c| c.starts_with("vault:"))
+    };
+    let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(named)
+        .expect("no vault thread in the supervisor");
+    let held = kintsugi_inject::Stopped::seize(pid, tid, Duration::from_secs(5)).unwrap();
+    let stopped = Instant::now();
+    while stopped.elapsed() < Duration::from_secs(2) {
+        read(&mut messages);
+    }
+    drop(held);
+    let released = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "the run never ended"
+        );
+        read(&mut messages);
+    }
+    while socket.recv(&mut buf).is_ok() {}
+    assert!(child.wait().unwrap().success());
+    let pings = |from: Instant, to: Instant| {
+        messages
+            .iter()
+            .filter(|(t, m)| *t >= from && *t < to && m.contains("WATCHDOG=1"))
+            .count()
+    };
+    // About 20 pings in 2 s otherwise; the stall is seen within a period
+    // (200 ms) and a look (100 ms), so a few may come first.
+    let during = pings(stopped, released);
+    assert!(
+        during <= 4,
+        "{during} pings while a vault thread was stopped for 2 s"
+    );
+    let after = pings(released, Instant::now());
+    assert!(after >= 1, "no ping after the thread ran again");
+    assert!(leftovers(&tag).is_empty());
+}
+
 #[test]
 fn completions_and_the_man_page_cover_every_command() {
     let tag = unique_tag("completions");

@@ -1195,6 +1195,7 @@ fn register_flips_into_the_supervisor_lose_no_system_and_fail_no_request() {
     let generations = log.matches("started by its keeper").count();
     let hangs = log.matches("hung (its loop did not turn)").count();
     let quarantined = log.matches("quarantined").count();
+    let unread = log.matches("record does not read").count();
     let failures: Vec<&String> = served
         .failures
         .iter()
@@ -1202,7 +1203,7 @@ fn register_flips_into_the_supervisor_lose_no_system_and_fail_no_request() {
         .chain(&checks)
         .collect();
     eprintln!(
-        "{} flips into the supervisor ({missed} tries found no thread in user code): {replaced} replaced it ({generations} restarts, {hangs} found as hangs); {quarantined} log frames quarantined; {} requests verified, {} failed: {failures:?}, {} retried on a new connection",
+        "{} flips into the supervisor ({missed} tries found no thread in user code): {replaced} replaced it ({generations} restarts, {hangs} found as hangs); {quarantined} log frames quarantined, {unread} connection records that did not read closed; {} requests verified, {} failed: {failures:?}, {} retried on a new connection",
         injected.len(),
         served.requests + last.requests,
         failures.len(),

@@ -354,36 +354,52 @@ fn the_metrics_endpoint_serves_the_prometheus_format() {
     );
 }
 
-#[test]
-fn the_service_manager_is_told_ready_status_watchdog_and_stopping() {
-    use std::os::unix::net::UnixDatagram;
-    let tag = unique_tag("notify");
-    let dir = scratch("notify");
+/// `kintsugi run` of the demo system (for `seconds`, with `extra`
+/// arguments) as under systemd with `WatchdogSec=200ms`, and the socket
+/// it notifies, read with `timeout`.
+fn notified_demo(
+    tag: &str,
+    dir: &Path,
+    seconds: &str,
+    extra: &[&str],
+    timeout: Duration,
+) -> (std::os::unix::net::UnixDatagram, std::process::Child) {
     let socket_path = dir.join("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .unwrap();
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).unwrap();
+    socket.set_read_timeout(Some(timeout)).unwrap();
     let system = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../systems/demo.toml");
-    let mut child = kintsugi(&tag)
-        .env("XDG_RUNTIME_DIR", &dir)
+    let child = kintsugi(tag)
+        .env("XDG_RUNTIME_DIR", dir)
         .env("NOTIFY_SOCKET", &socket_path)
         .env("WATCHDOG_USEC", "200000")
-        .args(["run", "--quiet", "--duration", "2"])
-        .args([
-            "--kill",
-            "ramfs",
-            "--kills",
-            "2",
-            "--kill-every",
-            "300..400",
-            "--seed",
-            "3",
-        ])
+        .args(["run", "--quiet", "--duration", seconds])
+        .args(extra)
         .arg(&system)
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    (socket, child)
+}
+
+#[test]
+fn the_service_manager_is_told_ready_status_watchdog_and_stopping() {
+    let tag = unique_tag("notify");
+    let dir = scratch("notify");
+    let kills = [
+        "--kill",
+        "ramfs",
+        "--kills",
+        "2",
+        "--kill-every",
+        "300..400",
+    ];
+    let (socket, mut child) = notified_demo(
+        &tag,
+        &dir,
+        "2",
+        &[&kills[..], &["--seed", "3"]].concat(),
+        Duration::from_millis(200),
+    );
     let mut messages: Vec<String> = Vec::new();
     // When each message was read, in ms from the start.
     let mut arrived: Vec<u128> = Vec::new();
@@ -460,24 +476,9 @@ fn the_service_manager_is_told_ready_status_watchdog_and_stopping() {
 /// supervisor restarted by the service manager.
 #[test]
 fn a_stalled_vault_thread_stops_the_watchdog_pings() {
-    use std::os::unix::net::UnixDatagram;
     let tag = unique_tag("notify-stall");
     let dir = scratch("notify-stall");
-    let socket_path = dir.join("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_millis(50)))
-        .unwrap();
-    let system = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../systems/demo.toml");
-    let mut child = kintsugi(&tag)
-        .env("XDG_RUNTIME_DIR", &dir)
-        .env("NOTIFY_SOCKET", &socket_path)
-        .env("WATCHDOG_USEC", "200000")
-        .args(["run", "--quiet", "--duration", "6"])
-        .arg(&system)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (socket, mut child) = notified_demo(&tag, &dir, "6", &[], Duration::from_millis(50));
     let began = Instant::now();
     let mut buf = [0u8; 4096];
     // Each message and when it was read.

@@ -894,18 +894,32 @@ fn the_supervisor_stopped_again_and_again_fails_no_request_and_reboots_nothing()
 /// (netd's own keeper dies with the supervisor); its output read as it
 /// comes (a hundred restarts print more than a pipe holds).
 struct KeptWeb {
+    seed: u64,
+    /// Its directory (the roster's too), the files it serves and their
+    /// bytes, its processes' tag and its port.
+    dir: PathBuf,
+    files: Vec<(String, Vec<u8>)>,
+    tag: String,
+    port: u16,
     child: Child,
     stdout: std::thread::JoinHandle<String>,
     stderr: std::thread::JoinHandle<String>,
 }
 
 impl KeptWeb {
-    fn start(tag: &str, dir: &Path, port: u16) -> Self {
+    /// The web system under a keeper, serving a new document root, its
+    /// scratch names taken from `name`.
+    fn start(name: &str) -> Self {
+        let seed = seed(name);
+        let dir = scratch(name);
+        let files = docroot(&dir.join("www"), seed);
+        let tag = unique_tag(name);
+        let port = free_port();
         let text = std::fs::read_to_string(system()).unwrap();
         let text = text.replacen("[system]\n", "[system]\nkeeper = { hang_ms = 300 }\n", 1);
-        let system = write(dir, "web.toml", &text);
+        let system = write(&dir, "web.toml", &text);
         let each = ["--set".to_string(), "netd.post_every=1".to_string()];
-        let mut child = start_system(tag, &system, &dir.join("www"), port, &each);
+        let mut child = start_system(&tag, &system, &dir.join("www"), port, &each);
         let drain = |from: Option<Box<dyn Read + Send>>| {
             let mut from = from.expect("piped");
             std::thread::spawn(move || {
@@ -917,6 +931,11 @@ impl KeptWeb {
         let stdout = drain(child.stdout.take().map(|o| Box::new(o) as _));
         let stderr = drain(child.stderr.take().map(|e| Box::new(e) as _));
         Self {
+            seed,
+            dir,
+            files,
+            tag,
+            port,
             child,
             stdout,
             stderr,
@@ -1032,13 +1051,9 @@ fn dead(pid: u32) -> bool {
 #[test]
 fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_fails_no_request() {
     let _heavy = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
-    let seed = seed("web-keeper");
-    let dir = scratch("web-keeper");
-    let files = docroot(&dir.join("www"), seed);
-    let tag = unique_tag("web-keeper");
-    let port = free_port();
-    let web = KeptWeb::start(&tag, &dir, port);
-    let keeper = web.keeper();
+    let web = KeptWeb::start("web-keeper");
+    let (seed, port, keeper, files) = (web.seed, web.port, web.keeper(), web.files.clone());
+    let tag = web.tag.clone();
     let rounds = rounds(4);
     let mut rng = Rng(seed | 1);
     let mut plan: Vec<(rustix::process::Signal, u64)> = [
@@ -1108,7 +1123,7 @@ fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_fails_no
     );
     assert!(
         served.failures.is_empty() && last.failures.is_empty(),
-        "failed: {:?} {:?}",
+        "failed: {:?} {:?}\n{log}",
         &served.failures[..served.failures.len().min(5)],
         last.failures
     );
@@ -1139,19 +1154,17 @@ fn the_supervisor_killed_again_and_again_is_restarted_by_its_keeper_and_fails_no
 /// or logged as a frame the flip corrupted, which the next supervisor
 /// quarantines), which the next supervisor closes; or one whose
 /// descriptor a flipped thread closed by mistake (the supervisor's
-/// threads share one descriptor table). `KINTSUGI_TEST_ROUNDS` sets the
-/// flips (12: a run of 1,000 lost the system once, at flip 452, a loss
-/// this test does not yet survive; docs/reliability.md).
+/// threads share one descriptor table). Such losses come at about 3 per
+/// 100 flips (31 in a run of 1,000, docs/reliability.md), sometimes two at
+/// one flip: the bound is a tenth of the flips plus 3, so that 12 flips
+/// fail it only for a rate far above that. `KINTSUGI_TEST_ROUNDS` sets
+/// the flips (12).
 #[test]
-fn register_flips_into_the_supervisor_lose_no_system_and_fail_no_request() {
+fn register_flips_into_the_supervisor_lose_no_system_and_lose_few_requests() {
     let _heavy = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
-    let seed = seed("web-supervisor-flips");
-    let dir = scratch("web-supervisor-flips");
-    let files = docroot(&dir.join("www"), seed);
-    let tag = unique_tag("web-supervisor-flips");
-    let port = free_port();
-    let web = KeptWeb::start(&tag, &dir, port);
-    let keeper = web.keeper();
+    let web = KeptWeb::start("web-supervisor-flips");
+    let (seed, port, keeper, files) = (web.seed, web.port, web.keeper(), web.files.clone());
+    let (tag, dir) = (web.tag.clone(), web.dir.clone());
     let flips = rounds(12);
     let (page, body) = files[3].clone();
     let mut idle = connect(port).unwrap();
@@ -1218,7 +1231,7 @@ fn register_flips_into_the_supervisor_lose_no_system_and_fail_no_request() {
         "a wrong answer: {failures:?}\n{log}"
     );
     assert!(
-        failures.len() <= flips / 10,
+        failures.len() <= flips / 10 + 3,
         "{} failed requests in {flips} flips: {failures:?}\n{log}",
         failures.len()
     );

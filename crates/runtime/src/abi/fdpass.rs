@@ -57,6 +57,50 @@ pub fn recv(sock: impl AsFd) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
 /// 0.1–0.5 ms of a new incarnation's first vault request on the VMs
 /// measured (`docs/benchmarks.md`), where a small reply writes one.
 pub fn recv_into(sock: impl AsFd, buf: &mut Vec<u8>) -> std::io::Result<(usize, Vec<OwnedFd>)> {
+    receive(sock, buf, RecvFlags::CMSG_CLOEXEC)
+}
+
+/// [`recv_into`], leaving the message queued (`MSG_PEEK`: the descriptors
+/// returned are duplicates of those it carries): a reader that may die
+/// before it has made the message's effect last takes it off the queue
+/// with [`discard`] only once it has, and a successor reading the same
+/// socket finds it. A message too large is refused as by [`recv_into`],
+/// and stays queued too.
+pub fn peek_into(sock: impl AsFd, buf: &mut Vec<u8>) -> std::io::Result<(usize, Vec<OwnedFd>)> {
+    receive(sock, buf, RecvFlags::CMSG_CLOEXEC | RecvFlags::PEEK)
+}
+
+/// Takes the next message off the queue unread, closing the descriptors
+/// it carries.
+pub fn discard(sock: impl AsFd) -> std::io::Result<()> {
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    let _taken = loop {
+        match recvmsg(
+            &sock,
+            &mut [IoSliceMut::new(&mut byte)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC | RecvFlags::TRUNC,
+        ) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => break r?,
+        }
+    };
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = m {
+            // Owned, so closed here.
+            fds.for_each(drop);
+        }
+    }
+    Ok(())
+}
+
+fn receive(
+    sock: impl AsFd,
+    buf: &mut Vec<u8>,
+    flags: RecvFlags,
+) -> std::io::Result<(usize, Vec<OwnedFd>)> {
     if buf.len() < MAX_MESSAGE {
         *buf = vec![0; MAX_MESSAGE];
     }
@@ -67,7 +111,7 @@ pub fn recv_into(sock: impl AsFd, buf: &mut Vec<u8>) -> std::io::Result<(usize, 
             &sock,
             &mut [IoSliceMut::new(buf)],
             &mut control,
-            RecvFlags::CMSG_CLOEXEC,
+            flags,
         ) {
             Err(rustix::io::Errno::INTR) => continue,
             r => break r?,
@@ -118,6 +162,26 @@ mod tests {
         let mut s = String::new();
         g.read_to_string(&mut s).unwrap();
         assert_eq!(s, "kept");
+    }
+
+    #[test]
+    fn a_peeked_message_stays_queued_with_its_descriptor_until_discarded() {
+        let (a, b) = seqpacket_pair();
+        let memfd = rustix::fs::memfd_create("p", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        send(&a, b"first", &[memfd.as_fd()]).unwrap();
+        send(&a, b"second", &[]).unwrap();
+        let mut buf = Vec::new();
+        for _ in 0..2 {
+            let (n, fds) = peek_into(&b, &mut buf).unwrap();
+            assert_eq!(&buf[..n], b"first");
+            assert_eq!(fds.len(), 1, "a duplicate of its descriptor each time");
+        }
+        discard(&b).unwrap();
+        let (n, fds) = peek_into(&b, &mut buf).unwrap();
+        assert_eq!((&buf[..n], fds.len()), (&b"second"[..], 0));
+        discard(&b).unwrap();
+        rustix::net::shutdown(&a, rustix::net::Shutdown::Write).unwrap();
+        assert_eq!(recv(&b).unwrap().0, b"", "nothing left");
     }
 
     #[test]

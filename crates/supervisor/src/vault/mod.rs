@@ -231,12 +231,15 @@ impl VaultStore {
         }
         let mut buf = Vec::new();
         let mut applied = 0;
-        while let Ok((n, fds)) = fdpass::recv_into(&old, &mut buf) {
+        while let Ok((n, fds)) = fdpass::peek_into(&old, &mut buf) {
             if n == 0 {
                 break;
             }
             let _ = self.handle(component, limits, &buf[..n], fds, Side::Main);
             applied += 1;
+            if fdpass::discard(&old).is_err() {
+                break;
+            }
         }
         if applied > 0 {
             tracing::info!(
@@ -257,9 +260,30 @@ impl VaultStore {
         // Whatever a faulty incarnation sends (an empty record, a
         // message cut short) costs that message only: the vault
         // must outlive every incarnation of its component.
-        let (bytes, fds) = match fdpass::recv_into(sock, buf) {
+        //
+        // The component's requests are peeked, and taken off the queue
+        // only once applied and logged (before the reply): a supervisor
+        // that dies in between leaves the request to the next, which
+        // applies it again (`take_over`; puts and deletes applied twice
+        // in the order sent end as applied once). A request read and
+        // lost with the supervisor would lose a connection netd posted.
+        let main = side == Side::Main;
+        let taken = |sock: &OwnedFd| {
+            if main {
+                if let Err(e) = fdpass::discard(sock) {
+                    tracing::warn!("vault socket of {component}: {e}");
+                }
+            }
+        };
+        let read = if main {
+            fdpass::peek_into(sock, buf)
+        } else {
+            fdpass::recv_into(sock, buf)
+        };
+        let (bytes, fds) = match read {
             Ok((n, fds)) => (&buf[..n], fds),
             Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                taken(sock);
                 // Unread (too large): answered as unreadable.
                 let why = format!("malformed request: {e}");
                 let reply =
@@ -281,10 +305,13 @@ impl VaultStore {
             if side == Side::Reader || peer_closed(sock) {
                 return Step::Closed;
             }
+            taken(sock);
             tracing::warn!("vault socket of {component}: an empty message, ignored");
             return Step::Served;
         }
-        let (reply, out_fds) = match self.handle(component, limits, bytes, fds, side) {
+        let outcome = self.handle(component, limits, bytes, fds, side);
+        taken(sock);
+        let (reply, out_fds) = match outcome {
             Outcome::Reply(reply, fds) => (reply, fds),
             Outcome::Posted => return Step::Served,
             Outcome::Reader(fd) => return Step::Reader(fd),

@@ -107,12 +107,7 @@ fn receive(
     let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let msg = loop {
-        match recvmsg(
-            &sock,
-            &mut [IoSliceMut::new(buf)],
-            &mut control,
-            flags,
-        ) {
+        match recvmsg(&sock, &mut [IoSliceMut::new(buf)], &mut control, flags) {
             Err(rustix::io::Errno::INTR) => continue,
             r => break r?,
         }

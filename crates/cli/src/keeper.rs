@@ -113,24 +113,13 @@ impl Pinger {
             .name("keeper-beat".into())
             .spawn(move || {
                 let mut stalls = Stalls::default();
-                let mut told = false;
                 while !flag.load(Ordering::Relaxed) {
                     let turns = roster.loop_turns();
-                    match stalls.look(roster.thread_turn_counts(), heartbeat * 2) {
-                        Some((thread, for_)) => {
-                            if !std::mem::replace(&mut told, true) {
-                                tracing::error!(
-                                    "supervisor: its thread {thread} has not turned for {} ms; the beat stops",
-                                    for_.as_millis()
-                                );
-                            }
-                        }
-                        None => {
-                            told = false;
-                            beat.turns().store(turns, Ordering::Relaxed);
-                            if turns == 0 {
-                                beat.starting().fetch_add(1, Ordering::Relaxed);
-                            }
+                    let counts = roster.thread_turn_counts();
+                    if !stalls.stalled(counts, heartbeat * 2, "the beat stops") {
+                        beat.turns().store(turns, Ordering::Relaxed);
+                        if turns == 0 {
+                            beat.starting().fetch_add(1, Ordering::Relaxed);
                         }
                     }
                     std::thread::sleep(heartbeat / 2);

@@ -40,7 +40,6 @@ impl Notifier {
             std::thread::spawn(move || {
                 let mut seen = roster.loop_turns();
                 let mut stalls = Stalls::default();
-                let mut told = false;
                 while !stop.load(Ordering::SeqCst) {
                     std::thread::sleep(half);
                     if stop.load(Ordering::SeqCst) {
@@ -52,15 +51,9 @@ impl Notifier {
                     // control socket's) that has not turned for a whole
                     // period (four of its heartbeats): no ping, and the
                     // service manager restarts the supervisor.
-                    let stalled = stalls.look(roster.thread_turn_counts(), period);
-                    if let (Some((thread, for_)), false) = (&stalled, told) {
-                        tracing::error!(
-                            "supervisor: its thread {thread} has not turned for {} ms; no watchdog ping",
-                            for_.as_millis()
-                        );
-                    }
-                    told = stalled.is_some();
-                    if now != seen && stalled.is_none() {
+                    let stalled =
+                        stalls.stalled(roster.thread_turn_counts(), period, "no watchdog ping");
+                    if now != seen && !stalled {
                         send(&[NotifyState::Watchdog]);
                     }
                     seen = now;

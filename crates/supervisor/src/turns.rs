@@ -92,9 +92,31 @@ impl Drop for Turns {
 #[derive(Default)]
 pub struct Stalls {
     seen: HashMap<String, (u64, Instant)>,
+    /// A stall was logged and has not ended since.
+    told: bool,
 }
 
 impl Stalls {
+    /// Whether a thread's count in `counts` has not moved for `bound`
+    /// ([`Stalls::look`]); a stall is logged as an error once, saying
+    /// its `consequence`, until it ends.
+    pub fn stalled(
+        &mut self,
+        counts: Vec<(String, u64)>,
+        bound: Duration,
+        consequence: &str,
+    ) -> bool {
+        let stalled = self.look(counts, bound);
+        if let (Some((thread, for_)), false) = (&stalled, self.told) {
+            tracing::error!(
+                "supervisor: its thread {thread} has not turned for {} ms; {consequence}",
+                for_.as_millis()
+            );
+        }
+        self.told = stalled.is_some();
+        self.told
+    }
+
     /// Takes the current `counts`; returns a thread whose count has not
     /// moved for `bound` or more, and for how long.
     pub fn look(

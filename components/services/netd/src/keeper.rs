@@ -11,9 +11,16 @@
 //! one's keeper the sockets of its port that the vault does not know
 //! (`pidfd_getfd`), then kills it and forks its own.
 //!
-//! The keeper does nothing but wait for the supervisor's exit (then it
-//! exits too); netd's SIGTERM (a clean stop) kills it first, and the next
-//! incarnation kills the keeper of a crashed one. A keeper is named by its
+//! The keeper does nothing but wait for the supervisor's exit; netd's
+//! SIGTERM (a clean stop) kills it first, and the next incarnation kills
+//! the keeper of a crashed one. When the supervisor dies, netd dies with
+//! it (its parent-death signal), and so would what only netd's table
+//! holds: once netd is gone, the keeper posts the connections the arena
+//! names as not yet posted to netd's vault socket, as netd would have
+//! (`post_unposted`), then exits. Under the supervisor's keeper the other
+//! end of that socket outlives the supervisor, and the next supervisor
+//! applies what waits on it, so those connections reach the next netd
+//! with the vault's others. A keeper is named by its
 //! pid and start time, so a reused pid is never taken for it. Taking a
 //! descriptor from another process needs ptrace access to it (root, or
 //! `CAP_SYS_PTRACE` where Yama restricts ptrace).
@@ -21,7 +28,13 @@
 use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
+use std::time::{Duration, Instant};
+
+use kintsugi_runtime::abi::shm::Region;
+use kintsugi_runtime::vault::Vault;
 use rustix::process::{Pid, PidfdFlags, PidfdGetfdFlags, Signal};
+
+use crate::conn::{Holder, Kept};
 
 /// The keeper's pid, for netd's SIGTERM handler (0: none).
 static KEEPER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
@@ -61,19 +74,23 @@ fn start_time(pid: Pid) -> Option<u64> {
         .map(|s| s.starttime)
 }
 
-/// Forks a keeper sharing this process's descriptor table.
-pub fn spawn(supervisor: Pid) -> std::io::Result<Keeper> {
+/// Forks a keeper sharing this process's descriptor table, which says
+/// `last_words` as the supervisor dies (once this process is dead too),
+/// then exits. `last_words` runs in a child forked from a threaded
+/// process: it must not allocate or take a lock.
+pub fn spawn(supervisor: Pid, last_words: impl FnOnce()) -> std::io::Result<Keeper> {
     let watched = rustix::process::pidfd_open(supervisor, PidfdFlags::empty())?;
     let flags = (libc::CLONE_FILES | libc::SIGCHLD) as libc::c_ulong;
     // SAFETY: a raw clone without CLONE_VM behaves like fork(2): the child
     // gets a copy of the address space and continues on a copy of this
     // stack, with only this thread. It calls nothing but async-signal-safe
-    // system calls (poll, _exit) before it exits, so no lock another thread
-    // held at the fork is ever taken in it.
+    // system calls (poll, getppid, nanosleep, _exit) and `last_words`,
+    // which allocates nothing and takes no lock, before it exits, so no
+    // lock another thread held at the fork is ever taken in it.
     let ret = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
     match ret {
         -1 => Err(std::io::Error::last_os_error()),
-        0 => keep(watched.as_raw_fd()),
+        0 => keep(watched.as_raw_fd(), last_words),
         pid => {
             // The child needs the pidfd open; in the shared table it is.
             std::mem::forget(watched);
@@ -87,21 +104,71 @@ pub fn spawn(supervisor: Pid) -> std::io::Result<Keeper> {
     }
 }
 
-/// The keeper's life: until the supervisor exits, or it is killed.
-fn keep(supervisor: libc::c_int) -> ! {
+/// How long the keeper waits for its netd to die after the supervisor
+/// (of its parent-death signal: at once, unless the machine is loaded).
+const NETD_DIES: Duration = Duration::from_secs(1);
+
+/// The keeper's life: until the supervisor exits (then, once its netd is
+/// dead, `last_words`), or it is killed.
+fn keep(supervisor: libc::c_int, last_words: impl FnOnce()) -> ! {
     let mut fds = [libc::pollfd {
         fd: supervisor,
         events: libc::POLLIN,
         revents: 0,
     }];
+    let netd = rustix::process::getppid();
     loop {
         // SAFETY: `fds` is a valid array of one pollfd for the call's duration.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, -1) };
         if n > 0 {
-            // SAFETY: _exit ends the keeper without running netd's atexit
-            // handlers or flushing buffers that belong to netd.
-            unsafe { libc::_exit(0) }
+            break;
         }
+    }
+    // Reparented once netd is dead: nothing of it writes the arena or the
+    // descriptor table any more.
+    let since = Instant::now();
+    while rustix::process::getppid() == netd && since.elapsed() < NETD_DIES {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    last_words();
+    // SAFETY: _exit ends the keeper without running netd's atexit
+    // handlers or flushing buffers that belong to netd.
+    unsafe { libc::_exit(0) }
+}
+
+/// A keeper's last words (see [`spawn`]): the connections its netd had
+/// accepted and not posted, named in `arena` (`owed`), and the one it was
+/// accepting if the kernel had given it (`just_accepted`), posted to
+/// netd's vault socket as netd would have posted them. Under the supervisor's
+/// keeper the other end of that socket outlives the supervisor, and the
+/// next supervisor applies what waits on it (`take_over`): the next netd
+/// restores them with every other connection of the previous system's.
+/// Without one the post fails, as there is nobody to keep them. Allocates
+/// nothing; what fails is not told (telling allocates).
+pub fn post_unposted(vault: &Vault, arena: &Region, port: u16) {
+    let mut buf = [0u8; 1024];
+    let mut key = [0u8; crate::CONN_KEY_LEN];
+    for u in crate::owed::named(arena).chain(crate::just_accepted(arena)) {
+        // SAFETY: netd is dead and the table is this process's alone:
+        // nothing closes the number while it is borrowed here. A number
+        // that names nothing, or another socket, fails the checks below
+        // (the one being accepted has no inode yet: its number was stored
+        // as the kernel gave it, and nothing closed it since).
+        let fd = unsafe { BorrowedFd::borrow_raw(u.fd) };
+        let same = u.inode == 0 || inode(fd) == Some(u.inode);
+        if !same || !accepted_on(fd, port) {
+            continue;
+        }
+        let kept = Kept {
+            holder: Holder::Worker {
+                client: u.client,
+                worker: u.worker,
+            },
+            rb: 0,
+            tb: 0,
+        };
+        let key = crate::conn_key_in(u.id, &mut key);
+        let _ = vault.post_put_unallocated(&mut buf, key, &kept, fd);
     }
 }
 
@@ -222,7 +289,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let me = rustix::process::getpid();
-        let keeper = spawn(me).unwrap();
+        let keeper = spawn(me, || {}).unwrap();
         let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let (server, _) = listener.accept().unwrap();
         let ino = inode(server.as_fd()).unwrap();
@@ -249,5 +316,91 @@ mod tests {
                 .unwrap()
                 .unwrap();
         assert_eq!(status.1.terminating_signal(), Some(libc::SIGKILL));
+    }
+
+    /// The supervisor dies with a connection accepted and not posted, and
+    /// another just accepted (its number stored, no slot yet): the keeper
+    /// posts both to the vault's socket with their sockets, as netd would
+    /// have, and exits.
+    #[test]
+    fn as_the_supervisor_dies_the_keeper_posts_what_netd_had_not() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut supervisor = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let (ours, theirs) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let vault = Vault::new(ours);
+        let arena = Region::create("netd-keeper-test", crate::owed::ARENA_BYTES).unwrap();
+        let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let entry = crate::conn::Entry::new(OwnedFd::from(server), Default::default(), 0);
+        let kept = Kept {
+            holder: Holder::Worker {
+                client: 4,
+                worker: 9,
+            },
+            rb: 0,
+            tb: 0,
+        };
+        let mut owed = crate::owed::Owed::default();
+        assert!(owed.accepted(&arena, 0x2a, kept, &entry));
+        let _second = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (accepting, _) = listener.accept().unwrap();
+        for (at, word) in [
+            (crate::ARENA_ACCEPTING, 1),
+            (crate::ARENA_ACCEPT_ID, 0x2b),
+            (crate::ARENA_ACCEPT_CLIENT, 4),
+            (crate::ARENA_ACCEPT_WORKER, 10),
+            (crate::ARENA_ACCEPTED_FD, accepting.as_raw_fd() as u64 + 1),
+        ] {
+            arena
+                .at::<std::sync::atomic::AtomicU64>(at)
+                .store(word, std::sync::atomic::Ordering::SeqCst);
+        }
+        let pid = Pid::from_raw(supervisor.id() as i32).unwrap();
+        let keeper = spawn(pid, || post_unposted(&vault, &arena, port)).unwrap();
+        supervisor.kill().unwrap();
+        supervisor.wait().unwrap();
+        // This test's process (the keeper's "netd") lives on: the keeper
+        // waits for it a while, then speaks.
+        let status =
+            rustix::process::waitpid(Some(keeper.pid), rustix::process::WaitOptions::empty())
+                .unwrap()
+                .unwrap();
+        assert_eq!(status.1.exit_status(), Some(0));
+        let second = Kept {
+            holder: Holder::Worker {
+                client: 4,
+                worker: 10,
+            },
+            ..kept
+        };
+        for (id, kept, socket) in [
+            (0x2a, kept, entry.fd.as_fd()),
+            (0x2b, second, accepting.as_fd()),
+        ] {
+            let (bytes, fds) = kintsugi_runtime::abi::fdpass::recv(&theirs).unwrap();
+            let message: kintsugi_runtime::vault::VaultMessage =
+                serde_json::from_slice(&bytes).unwrap();
+            let kintsugi_runtime::vault::VaultRequest::Post { ops } = message.request else {
+                panic!("not a post: {:?}", message.request);
+            };
+            assert_eq!(ops, [crate::put(id, kept, true)]);
+            assert_eq!(fds.len(), 1);
+            assert_eq!(inode(fds[0].as_fd()), inode(socket));
+        }
+        rustix::fs::fcntl_setfl(&theirs, rustix::fs::OFlags::NONBLOCK).unwrap();
+        assert!(
+            kintsugi_runtime::abi::fdpass::recv(&theirs).is_err(),
+            "two posts"
+        );
     }
 }

@@ -59,7 +59,7 @@ mod table;
 mod watch;
 
 use std::collections::HashSet;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -80,12 +80,17 @@ use watch::{Event, Watch};
 
 /// Offsets in netd's arena: the connection id counter; the flag set while
 /// an accepted connection may not be in the vault yet, and the client it
-/// is for; the keeper of the incarnation (`keeper.rs`: pid, start time).
+/// is for; the keeper of the incarnation (`keeper.rs`: pid, start time);
+/// the connection being accepted: its id, worker, and descriptor number
+/// plus one once the kernel has given it (see [`just_accepted`]).
 const ARENA_NEXT_ID: usize = 0;
 const ARENA_ACCEPTING: usize = 8;
 const ARENA_ACCEPT_CLIENT: usize = 16;
 const ARENA_KEEPER_PID: usize = 24;
 const ARENA_KEEPER_START: usize = 32;
+const ARENA_ACCEPT_ID: usize = 40;
+const ARENA_ACCEPT_WORKER: usize = 48;
+const ARENA_ACCEPTED_FD: usize = 56;
 /// Vault key of the listening socket.
 const LISTENER: &str = "listen";
 /// Vault key prefix of connections.
@@ -112,9 +117,8 @@ struct Config {
     tracking: bool,
     #[serde(default = "backlog")]
     backlog: i32,
-    /// Connections owed to the vault before a post (1..=64): 1 under a
-    /// supervisor's keeper, whose restart takes netd's own keeper with it
-    /// (README, "The keeper").
+    /// Connections owed to the vault before a post (1..=64); those owed
+    /// are held by netd's keeper meanwhile (`keeper.rs`).
     #[serde(default = "post_every")]
     post_every: usize,
 }
@@ -234,19 +238,25 @@ impl Netd {
             + 1
     }
 
-    /// Set while a connection for `client` may be accepted and not yet be
-    /// in the vault; an incarnation that finds it set takes the connection
-    /// from its predecessor's keeper.
-    fn accepting(&self, for_client: Option<u32>) {
-        let arena = self.arena();
-        if let Some(client) = for_client {
-            arena
-                .at::<AtomicU64>(ARENA_ACCEPT_CLIENT)
-                .store(u64::from(client), Ordering::SeqCst);
+    /// Set while connection `id` for `worker` of `client` may be accepted
+    /// and not yet be in the vault; an incarnation that finds it set takes
+    /// the connection from its predecessor's keeper, and a keeper that
+    /// finds it set as the supervisor dies posts it ([`just_accepted`]).
+    fn accepting(&self, accept: Option<(u64, u32, u32)>) {
+        let word = |at: usize| self.arena().at::<AtomicU64>(at);
+        match accept {
+            Some((id, client, worker)) => {
+                word(ARENA_ACCEPTED_FD).store(0, Ordering::SeqCst);
+                word(ARENA_ACCEPT_ID).store(id, Ordering::SeqCst);
+                word(ARENA_ACCEPT_CLIENT).store(u64::from(client), Ordering::SeqCst);
+                word(ARENA_ACCEPT_WORKER).store(u64::from(worker), Ordering::SeqCst);
+                word(ARENA_ACCEPTING).store(1, Ordering::SeqCst);
+            }
+            None => {
+                word(ARENA_ACCEPTING).store(0, Ordering::SeqCst);
+                word(ARENA_ACCEPTED_FD).store(0, Ordering::SeqCst);
+            }
         }
-        arena
-            .at::<AtomicU64>(ARENA_ACCEPTING)
-            .store(u64::from(for_client.is_some()), Ordering::SeqCst);
     }
 
     /// A connection, and how many deaths of the caller's component netd
@@ -363,8 +373,14 @@ impl Netd {
                 Err(err) => return Err(io_error(err)),
             }
         }
-        io.rx_mark = io.discarded;
-        io.tx_mark = io.sent;
+        // Requests taken off the stream were answered whole: the next
+        // response begins at what was sent. When none was (the first call
+        // on a connection, or on one restored mid-response, where `sent`
+        // holds part of the response being sent again), the marks stay.
+        if io.discarded > io.rx_mark {
+            io.rx_mark = io.discarded;
+            io.tx_mark = io.sent;
+        }
         self.marks.set(id, io.rx_mark, io.tx_mark);
         Ok(())
     }
@@ -425,10 +441,17 @@ impl Netd {
             tb: 0,
         };
         // Between the kernel's accept and the arena's slot, a crash leaves
-        // the socket in the keeper with only this flag to tell of it.
-        self.accepting(Some(client));
+        // the socket in the keeper with only this flag, and its number once
+        // stored, to tell of it.
+        self.accepting(Some((id, client, worker)));
         let fd = match rustix::net::accept_with(&self.listener, rustix::net::SocketFlags::CLOEXEC) {
-            Ok(fd) => fd,
+            Ok(fd) => {
+                let number = fd.as_raw_fd() as u64 + 1;
+                self.arena()
+                    .at::<AtomicU64>(ARENA_ACCEPTED_FD)
+                    .store(number, Ordering::SeqCst);
+                fd
+            }
             Err(e) => {
                 self.accepting(None);
                 if !matches!(e, rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) {
@@ -493,7 +516,17 @@ fn drained(fd: &OwnedFd) -> bool {
 }
 
 fn conn_key(id: u64) -> String {
-    format!("{CONN}{id:016x}")
+    conn_key_in(id, &mut [0; CONN_KEY_LEN]).to_string()
+}
+
+/// A connection's key's length: [`CONN`] and 16 hex digits.
+const CONN_KEY_LEN: usize = CONN.len() + 16;
+
+/// [`conn_key`] written into `buf`, allocating nothing (netd's keeper).
+fn conn_key_in(id: u64, buf: &mut [u8; CONN_KEY_LEN]) -> &str {
+    use std::io::Write;
+    write!(&mut buf[..], "{CONN}{id:016x}").expect("fits its length");
+    std::str::from_utf8(buf).expect("ASCII")
 }
 
 /// The vault operation that records connection `id`.
@@ -810,10 +843,37 @@ fn keep_descriptors(
     }
     keeper::die_with_stop()?;
     let supervisor = rustix::process::getppid().context("netd has no parent")?;
-    let (pid, start) = keeper::spawn(supervisor)?.pack();
+    let last_words = {
+        let rt = rt.clone();
+        move || keeper::post_unposted(rt.vault(), rt.arena().expect("checked at start"), port)
+    };
+    let (pid, start) = keeper::spawn(supervisor, last_words)?.pack();
     slot(ARENA_KEEPER_START).store(start, Ordering::SeqCst);
     slot(ARENA_KEEPER_PID).store(pid, Ordering::SeqCst);
     Ok(())
+}
+
+/// The connection the arena names as being accepted, once the kernel has
+/// given its descriptor and before its slot in the arena (`owed`) names
+/// it: what a keeper posts, with the slots' connections, as the supervisor
+/// dies. Allocates nothing.
+fn just_accepted(arena: &kintsugi_runtime::abi::shm::Region) -> Option<Unposted> {
+    let word = |at: usize| arena.at::<AtomicU64>(at).load(Ordering::SeqCst);
+    if word(ARENA_ACCEPTING) == 0 {
+        return None;
+    }
+    let fd = i32::try_from(word(ARENA_ACCEPTED_FD).checked_sub(1)?).ok()?;
+    let id = word(ARENA_ACCEPT_ID);
+    if id == 0 || owed::named(arena).any(|u| u.id == id) {
+        return None; // none accepted, or named by its slot already
+    }
+    Some(Unposted {
+        id,
+        client: u32::try_from(word(ARENA_ACCEPT_CLIENT)).ok()?,
+        worker: u32::try_from(word(ARENA_ACCEPT_WORKER)).ok()?,
+        fd,
+        inode: 0,
+    })
 }
 
 /// A connection the previous incarnation accepted for a worker and had not

@@ -90,34 +90,30 @@ pub struct Unposted {
 /// trusted further than a descriptor number to look at and an inode it
 /// must have.
 pub fn left_behind(arena: &Region) -> Vec<Unposted> {
-    let mut left = Vec::new();
+    let left = named(arena).collect();
     for i in 0..SLOTS {
-        let s = Slot::new(arena, i);
-        let id = s.id().swap(0, Ordering::SeqCst);
-        if id == 0 {
-            continue; // free: its other words are stale
-        }
-        let (client, worker, fd) = (
-            s.client().load(Ordering::SeqCst),
-            s.worker().load(Ordering::SeqCst),
-            s.fd().load(Ordering::SeqCst),
-        );
-        let (Ok(client), Ok(worker), Ok(fd)) = (
-            u32::try_from(client),
-            u32::try_from(worker),
-            i32::try_from(fd),
-        ) else {
-            continue;
-        };
-        left.push(Unposted {
-            id,
-            client,
-            worker,
-            fd,
-            inode: s.inode().load(Ordering::SeqCst),
-        });
+        Slot::new(arena, i).id().store(0, Ordering::SeqCst);
     }
     left
+}
+
+/// The connections the arena names, read in place and left named;
+/// allocates nothing (netd's keeper reads them as the supervisor dies).
+pub fn named(arena: &Region) -> impl Iterator<Item = Unposted> + '_ {
+    (0..SLOTS).filter_map(|i| {
+        let s = Slot::new(arena, i);
+        let id = s.id().load(Ordering::SeqCst);
+        if id == 0 {
+            return None; // free: its other words are stale
+        }
+        Some(Unposted {
+            id,
+            client: u32::try_from(s.client().load(Ordering::SeqCst)).ok()?,
+            worker: u32::try_from(s.worker().load(Ordering::SeqCst)).ok()?,
+            fd: i32::try_from(s.fd().load(Ordering::SeqCst)).ok()?,
+            inode: s.inode().load(Ordering::SeqCst),
+        })
+    })
 }
 
 /// An accepted connection not yet posted.

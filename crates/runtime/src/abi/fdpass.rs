@@ -15,10 +15,12 @@ pub const MAX_FDS: usize = 200;
 /// Largest message.
 pub const MAX_MESSAGE: usize = 128 * 1024;
 
-/// Sends one message with `fds` attached.
+/// Sends one message with `fds` attached. It allocates nothing (the
+/// control buffer is on the stack), so a process that must not allocate
+/// may call it: netd's keeper, a child forked from a threaded process.
 pub fn send(sock: impl AsFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
     assert!(fds.len() <= MAX_FDS);
-    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(std::io::Error::other(

@@ -297,6 +297,39 @@ impl Vault {
         self.send_only(VaultRequest::Post { ops }, fds)
     }
 
+    /// [`Vault::post`] of one `Put` with its descriptor, allocating
+    /// nothing: the message is encoded into `buf` (1 KiB holds a short key
+    /// and a small value) and sent with the descriptor from the stack, at
+    /// no priority. For a process that must not allocate: netd's keeper, a
+    /// child forked from a threaded process, which posts the connections
+    /// its dead netd had not as the supervisor dies. Only an error (a
+    /// `buf` too small, a closed socket) allocates.
+    pub fn post_put_unallocated(
+        &self,
+        buf: &mut [u8],
+        key: &str,
+        value: &impl Serialize,
+        fd: BorrowedFd<'_>,
+    ) -> Result<(), VaultError> {
+        let message = unallocated::Message {
+            priority: 0,
+            request: unallocated::Request::Post {
+                ops: [unallocated::Op::Put {
+                    key,
+                    value,
+                    fd: true,
+                }],
+            },
+        };
+        let room = buf.len();
+        let mut rest = &mut buf[..];
+        serde_json::to_writer(&mut rest, &message)
+            .map_err(|e| VaultError::Protocol(e.to_string()))?;
+        let n = room - rest.len();
+        fdpass::send(self.sock.as_fd(), &buf[..n], &[fd])?;
+        Ok(())
+    }
+
     /// Sends a request that has no reply.
     fn send_only(&self, request: VaultRequest, fds: &[BorrowedFd<'_>]) -> Result<(), VaultError> {
         let message = VaultMessage {
@@ -505,6 +538,33 @@ struct Page {
 }
 
 /// `message` as sent, refused here if the vault could not read it whole.
+/// Borrowing twins of [`VaultMessage`], [`VaultRequest`] and [`VaultOp`]
+/// for one post of one `Put`, which serialize to what the owned ones do
+/// (checked by a test) without a `String` or a `Value` to allocate.
+mod unallocated {
+    use serde::Serialize;
+
+    #[derive(Serialize)]
+    pub struct Message<'a, V> {
+        pub priority: u32,
+        pub request: Request<'a, V>,
+    }
+
+    #[derive(Serialize)]
+    pub enum Request<'a, V> {
+        Post { ops: [Op<'a, V>; 1] },
+    }
+
+    #[derive(Serialize)]
+    pub enum Op<'a, V> {
+        Put {
+            key: &'a str,
+            value: &'a V,
+            fd: bool,
+        },
+    }
+}
+
 fn encoded(message: &VaultMessage) -> Result<Vec<u8>, VaultError> {
     let bytes = serde_json::to_vec(message).map_err(|e| VaultError::Protocol(e.to_string()))?;
     if bytes.len() > fdpass::MAX_MESSAGE {
@@ -555,4 +615,61 @@ fn records(headers: Vec<RecordHeader>, fds: Vec<OwnedFd>) -> Result<Vec<VaultRec
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Serialize)]
+    struct Conn {
+        holder: (u32, u32),
+        rb: u64,
+    }
+
+    #[test]
+    fn a_post_sent_unallocated_reads_as_the_owned_post() {
+        let (ours, vault) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let client = Vault::new(ours);
+        let value = Conn {
+            holder: (3, 7),
+            rb: 12,
+        };
+        let (kept, _other) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut buf = [0u8; 1024];
+        client
+            .post_put_unallocated(&mut buf, "c/00000000000000ff", &value, kept.as_fd())
+            .unwrap();
+        let (bytes, fds) = fdpass::recv(&vault).unwrap();
+        let message: VaultMessage = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(message.priority, 0);
+        let VaultRequest::Post { ops } = message.request else {
+            panic!("not a post: {:?}", message.request);
+        };
+        assert_eq!(
+            ops,
+            [VaultOp::Put {
+                key: "c/00000000000000ff".into(),
+                value: serde_json::to_value(&value).unwrap(),
+                fd: true,
+            }]
+        );
+        assert_eq!(fds.len(), 1);
+        let inode = |fd: BorrowedFd<'_>| rustix::fs::fstat(fd).unwrap().st_ino;
+        assert_eq!(inode(fds[0].as_fd()), inode(kept.as_fd()));
+
+        // Too small a buffer: refused, nothing sent.
+        let mut small = [0u8; 16];
+        let refused = client.post_put_unallocated(&mut small, "k", &value, kept.as_fd());
+        assert!(
+            matches!(refused, Err(VaultError::Protocol(_))),
+            "{refused:?}"
+        );
+    }
 }

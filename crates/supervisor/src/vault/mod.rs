@@ -242,7 +242,7 @@ impl VaultStore {
             }
         }
         if applied > 0 {
-            tracing::info!(
+            tracing::warn!(
                 "vault of {component}: {applied} requests left unread by the dead supervisor applied"
             );
         }

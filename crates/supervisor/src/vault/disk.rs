@@ -167,10 +167,51 @@ pub(crate) struct Loaded {
     pub frames: u64,
 }
 
+/// The log's open file, and which file it is (device, inode). Its
+/// descriptor is one number among every other the supervisor holds (and
+/// the keeper's, which shares the table): a fault that closed it (a
+/// flipped register in another thread) would let the next descriptor
+/// opened, a client's connection received from netd say, take its number,
+/// and every later frame would be written into that connection (seen once
+/// in a campaign of register flips into the supervisor).
+struct Log {
+    file: File,
+    id: (u64, u64),
+}
+
+impl Log {
+    fn new(file: File, what: impl std::fmt::Display) -> Result<Self, String> {
+        let st = rustix::fs::fstat(&file).map_err(|e| io(what, e.into()))?;
+        Ok(Self {
+            file,
+            id: (st.st_dev, st.st_ino),
+        })
+    }
+
+    /// The file, if its descriptor names the log still.
+    fn checked(&mut self) -> Option<&mut File> {
+        let st = rustix::fs::fstat(&self.file);
+        (st.map(|s| (s.st_dev, s.st_ino)).ok() == Some(self.id)).then_some(&mut self.file)
+    }
+
+    /// The file, checked; one whose descriptor names another file now
+    /// aborts the supervisor (under a keeper another starts, and reads the
+    /// log from the disk) rather than write the log elsewhere.
+    fn or_abort(&mut self) -> &mut File {
+        if self.checked().is_none() {
+            tracing::error!(
+                "vault: the log's descriptor no longer names the log (a fault closed it, and another file took its number); stopping rather than write the log elsewhere"
+            );
+            std::process::abort();
+        }
+        &mut self.file
+    }
+}
+
 /// The open directory.
 pub(crate) struct Disk {
     dir: PathBuf,
-    log: File,
+    log: Log,
     fsync: FsyncPolicy,
     /// The vault's files by (device, inode), and how many records hold each.
     ids: HashMap<(u64, u64), u64>,
@@ -220,7 +261,10 @@ impl Disk {
         } = fold(frames);
         let present = file_ids(&dir)?;
         let mut disk = Disk {
-            log: File::open("/dev/null").map_err(|e| io("/dev/null", e))?,
+            log: Log::new(
+                File::open("/dev/null").map_err(|e| io("/dev/null", e))?,
+                "/dev/null",
+            )?,
             next_file: present.iter().max().map_or(1, |m| m + 1),
             dir,
             fsync: storage.fsync,
@@ -398,9 +442,10 @@ impl Disk {
             })
             .collect();
         let frame = encode(component, ops)?;
-        self.log.write_all(&frame).map_err(|e| io("vault log", e))?;
+        let log = self.log.or_abort();
+        log.write_all(&frame).map_err(|e| io("vault log", e))?;
         if self.fsync == FsyncPolicy::Always {
-            rustix::fs::fdatasync(&self.log).map_err(|e| io("vault log", e.into()))?;
+            rustix::fs::fdatasync(&*log).map_err(|e| io("vault log", e.into()))?;
         }
         self.log_len += frame.len() as u64;
         for (_, after) in &changes {
@@ -472,11 +517,12 @@ impl Disk {
         file.sync_all().map_err(|e| io(new.display(), e))?;
         std::fs::rename(&new, &path).map_err(|e| io(path.display(), e))?;
         sync_dir(&self.dir)?;
-        self.log = OpenOptions::new()
+        let log = OpenOptions::new()
             .append(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
             .map_err(|e| io(path.display(), e))?;
+        self.log = Log::new(log, path.display())?;
         self.log_len = bytes.len() as u64;
         self.compacted_len = self.log_len;
         Ok(())
@@ -485,7 +531,7 @@ impl Disk {
     /// Makes every later log write fail, as a full or failing disk would.
     #[cfg(test)]
     pub(crate) fn break_log(&mut self) {
-        self.log = File::open("/dev/null").expect("/dev/null");
+        self.log = Log::new(File::open("/dev/null").expect("/dev/null"), "/dev/null").unwrap();
     }
 
     fn quarantine_record(&self, component: &str, key: &str, value: &serde_json::Value, why: &str) {
@@ -730,6 +776,22 @@ fn sync_dir(d: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_descriptor_that_names_another_file_is_found() {
+        let dir = std::env::temp_dir().join(format!("kintsugi-log-id-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = File::create(dir.join("log")).unwrap();
+        let b = File::create(dir.join("other")).unwrap();
+        let mut log = Log::new(a, "log").unwrap();
+        assert!(log.checked().is_some(), "the log, as opened");
+        // Its number closed and taken by another file, as a fault would.
+        let mut fd = std::os::fd::OwnedFd::from(log.file);
+        rustix::io::dup2(&b, &mut fd).unwrap();
+        log.file = File::from(fd);
+        assert!(log.checked().is_none(), "another file at the log's number");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// The log reader on damaged logs (bytes flipped, inserted, cut; a
     /// seeded xorshift, seed printed): it never panics, and every frame it

@@ -1528,7 +1528,9 @@ fn register_flips_into_the_supervisor_lose_no_system_and_lose_few_requests() {
         "the keeper's exit: {status:?}\n{stdout}\n{log}"
     );
     assert!(
-        failures.iter().all(|f| !f.contains("differ")),
+        failures
+            .iter()
+            .all(|f| !f.contains("differ") && !f.contains("malformed")),
         "a wrong answer: {failures:?}\n{log}"
     );
     assert!(

@@ -974,6 +974,22 @@ impl KeptWeb {
     }
 }
 
+/// SIGKILLs the supervisor under `keeper` and waits for the next (`what`
+/// names the death in a failure).
+fn kill_supervisor(keeper: u32, what: &str) {
+    let old = supervisor_of(keeper).expect("a supervisor runs");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(old as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while supervisor_of(keeper).is_none_or(|p| p == old) {
+        assert!(Instant::now() < deadline, "no supervisor after {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Issue 17: connections netd has accepted and not yet posted to the vault
 /// as the supervisor dies (netd posting 64 to a message here, or at its
 /// reaper's tick of 250 ms, so that most deaths find some), each holding
@@ -1002,20 +1018,7 @@ fn connections_not_yet_in_the_vault_outlive_the_supervisor() {
         }
         // Accepted, handed to httpd's workers, and owed to the vault.
         std::thread::sleep(Duration::from_millis(30));
-        let old = supervisor_of(keeper).expect("a supervisor runs");
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(old as i32).unwrap(),
-            rustix::process::Signal::KILL,
-        )
-        .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while supervisor_of(keeper).is_none_or(|p| p == old) {
-            assert!(
-                Instant::now() < deadline,
-                "no supervisor after round {round}"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        kill_supervisor(keeper, &format!("round {round}"));
         for (i, s) in halves.iter_mut().enumerate() {
             let answered =
                 write!(s, "Connection: close\r\n\r\n").and_then(|()| read_response(s, false));
@@ -1095,20 +1098,7 @@ fn a_response_cut_by_the_supervisors_death_goes_on_byte_for_byte() {
             all.extend(part);
             // The next incarnations have begun sending it again.
             std::thread::sleep(Duration::from_millis(200));
-            let old = supervisor_of(keeper).expect("a supervisor runs");
-            rustix::process::kill_process(
-                rustix::process::Pid::from_raw(old as i32).unwrap(),
-                rustix::process::Signal::KILL,
-            )
-            .unwrap();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while supervisor_of(keeper).is_none_or(|p| p == old) {
-                assert!(
-                    Instant::now() < deadline,
-                    "no supervisor after {round}.{death}"
-                );
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            kill_supervisor(keeper, &format!("round {round}, death {death}"));
         }
         s.read_to_end(&mut all).unwrap();
         let head = all.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;

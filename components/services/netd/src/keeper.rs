@@ -34,8 +34,6 @@ use kintsugi_runtime::abi::shm::Region;
 use kintsugi_runtime::vault::Vault;
 use rustix::process::{Pid, PidfdFlags, PidfdGetfdFlags, Signal};
 
-use crate::conn::{Holder, Kept};
-
 /// The keeper's pid, for netd's SIGTERM handler (0: none).
 static KEEPER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
@@ -159,16 +157,8 @@ pub fn post_unposted(vault: &Vault, arena: &Region, port: u16) {
         if !same || !accepted_on(fd, port) {
             continue;
         }
-        let kept = Kept {
-            holder: Holder::Worker {
-                client: u.client,
-                worker: u.worker,
-            },
-            rb: 0,
-            tb: 0,
-        };
         let key = crate::conn_key_in(u.id, &mut key);
-        let _ = vault.post_put_unallocated(&mut buf, key, &kept, fd);
+        let _ = vault.post_put_unallocated(&mut buf, key, &u.kept(), fd);
     }
 }
 
@@ -282,6 +272,7 @@ fn accepted_on(fd: BorrowedFd<'_>, port: u16) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conn::{Holder, Kept};
     use std::os::fd::FromRawFd;
 
     #[test]

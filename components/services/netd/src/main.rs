@@ -879,14 +879,7 @@ fn just_accepted(arena: &kintsugi_runtime::abi::shm::Region) -> Option<Unposted>
 /// A connection the previous incarnation accepted for a worker and had not
 /// posted, restored as one from the vault is (and posted now).
 fn restore_unposted(rt: &Arc<Runtime>, table: &mut Table, u: Unposted, fd: OwnedFd, marks: &Marks) {
-    let kept = Kept {
-        holder: Holder::Worker {
-            client: u.client,
-            worker: u.worker,
-        },
-        rb: 0,
-        tb: 0,
-    };
+    let kept = u.kept();
     if let Err(e) = rt.vault().post(vec![put(u.id, kept, true)], &[fd.as_fd()]) {
         tracing::warn!("vault: {e}");
     }

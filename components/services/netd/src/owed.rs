@@ -85,6 +85,20 @@ pub struct Unposted {
     pub inode: u64,
 }
 
+impl Unposted {
+    /// Its record, as netd posts a connection it has just accepted.
+    pub fn kept(&self) -> Kept {
+        Kept {
+            holder: Holder::Worker {
+                client: self.client,
+                worker: self.worker,
+            },
+            rb: 0,
+            tb: 0,
+        }
+    }
+}
+
 /// The connections the arena names as accepted and not posted (by a dead
 /// incarnation), and the slots cleared for this one. Nothing read here is
 /// trusted further than a descriptor number to look at and an inode it

@@ -27,7 +27,6 @@
 
 use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-
 use std::time::{Duration, Instant};
 
 use kintsugi_runtime::abi::shm::Region;
@@ -147,9 +146,10 @@ pub fn post_unposted(vault: &Vault, arena: &Region, port: u16) {
     let mut buf = [0u8; 1024];
     let mut key = [0u8; crate::CONN_KEY_LEN];
     for u in crate::owed::named(arena).chain(crate::just_accepted(arena)) {
-        // SAFETY: netd is dead and the table is this process's alone:
-        // nothing closes the number while it is borrowed here. A number
-        // that names nothing, or another socket, fails the checks below
+        // SAFETY: netd is dead (unless it outlived NETD_DIES) and the
+        // table is this process's alone: nothing closes the number while
+        // it is borrowed here. A number that names nothing, or another
+        // socket (a netd that lived on and closed it), fails the checks below
         // (the one being accepted has no inode yet: its number was stored
         // as the kernel gave it, and nothing closed it since).
         let fd = unsafe { BorrowedFd::borrow_raw(u.fd) };

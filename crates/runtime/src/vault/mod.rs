@@ -537,7 +537,6 @@ struct Page {
     seq: u64,
 }
 
-/// `message` as sent, refused here if the vault could not read it whole.
 /// Borrowing twins of [`VaultMessage`], [`VaultRequest`] and [`VaultOp`]
 /// for one post of one `Put`, which serialize to what the owned ones do
 /// (checked by a test) without a `String` or a `Value` to allocate.
@@ -565,6 +564,7 @@ mod unallocated {
     }
 }
 
+/// `message` as sent, refused here if the vault could not read it whole.
 fn encoded(message: &VaultMessage) -> Result<Vec<u8>, VaultError> {
     let bytes = serde_json::to_vec(message).map_err(|e| VaultError::Protocol(e.to_string()))?;
     if bytes.len() > fdpass::MAX_MESSAGE {

@@ -232,6 +232,60 @@ fn run_watching(
     (stdout, stderr)
 }
 
+/// A standby has every thread its incarnation will have once active, so
+/// that a checkpoint taken at once after an activation finds them all and
+/// restores into any later incarnation. One that found the thread that
+/// watches for clients' deaths still to start (it was started after the
+/// activation) could be restored into none: every try failed on the
+/// thread count, and the ladder dropped kv's state (CI, 2026-12-07).
+#[test]
+fn a_standby_has_every_thread_its_incarnation_will_have() {
+    let seed = seed("kv_threads");
+    let system = kv_and_w1(
+        "kv_threads",
+        seed,
+        1000,
+        "threads = 1\nops = 0\nthink_us = 1000",
+        "",
+    );
+    let mut counts = None;
+    run_watching("kv_threads", &system, 2, |e| match e {
+        Event::Started { component, pid, .. } if component == "kv" && counts.is_none() => {
+            // Its standby is forked once it is active.
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            counts = Some((threads(pid), standby_beside(pid).map(threads)));
+        }
+        _ => {}
+    });
+    let (live, standby) = counts.expect("kv started");
+    assert!(live > 1, "kv runs {live} threads");
+    assert_eq!(standby, Some(live), "the standby's threads, the live one's");
+}
+
+/// How many threads process `pid` runs.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// The other child of process `pid`'s parent (the supervisor) that runs
+/// the same program with threads (not its zygote, which runs one).
+fn standby_beside(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let parent: u32 = stat
+        .rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    let comm = |p: u32| std::fs::read_to_string(format!("/proc/{p}/comm")).ok();
+    std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+        .ok()?
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .find(|&p| p != pid && comm(p) == comm(pid) && threads(p) > 1)
+}
+
 /// Sends `signal` to process `pid`.
 fn signal(pid: u32, signal: rustix::process::Signal) {
     let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();

@@ -530,6 +530,11 @@ impl Boot {
             tracing::warn!("descriptor table not grown ahead: {e}");
         }
         let gate = start_workers(&info, &provided, &control, bank, journal.as_ref());
+        // Started here, not once active: a checkpoint taken right after the
+        // activation must find every thread the incarnation will have (one
+        // that found this one missing could be restored into no later
+        // incarnation: its threads never matched).
+        watch_clients(&control, &info_provides(&info), &provided, &gate, prio);
         // The control block is mapped for the rest of this process's life.
         let forever: &'static Region = Box::leak(Box::new(control.clone()));
         let forever: &'static ControlBlock = forever.at(0);
@@ -615,7 +620,6 @@ impl Boot {
         if let Some(reader) = ahead {
             reader.unpark(); // it ends at once, its copy of no more use
         }
-        watch_clients(&control, &info_provides(&runtime), &provided, &gate, prio);
         if eager {
             runtime.recover_eagerly(&gate.recovery, ctl);
         }
@@ -693,16 +697,16 @@ fn read_vault_ahead(
 const SETTLE: Duration = Duration::from_millis(10);
 
 /// The provided edges' (interface, client id), in edge order.
-fn info_provides(rt: &Runtime) -> Vec<(String, u32)> {
-    rt.boot
-        .provides
+fn info_provides(info: &BootInfo) -> Vec<(String, u32)> {
+    info.provides
         .iter()
         .map(|p| (p.interface.clone(), p.client_id))
         .collect()
 }
 
 /// Starts the thread that tells this incarnation's services when one of
-/// their clients dies (the supervisor raises the edge's client epoch).
+/// their clients dies (the supervisor raises the edge's client epoch),
+/// once the services are open.
 fn watch_clients(
     control: &Arc<Region>,
     clients: &[(String, u32)],
@@ -725,7 +729,7 @@ fn watch_clients(
         .spawn(move || {
             take_priority(prio);
             let ctl: &ControlBlock = control.at(0);
-            let (services, _) = gate.services.get().expect("gate is open");
+            let (services, _) = gate.opened();
             loop {
                 let deaths = ctl.client_deaths.load(Ordering::SeqCst);
                 for (interface, client, edge) in &edges {

@@ -876,11 +876,19 @@ impl Line<'_> {
                     fatal(&format!("lifeline: {e}"));
                 }
                 gate.registered.fetch_add(1, Ordering::SeqCst);
+                futex::wake_all(&gate.registered);
                 body(ctl);
             })
             .unwrap_or_else(|e| fatal(&format!("spawn runtime thread: {e}")));
-        while (self.gate.registered.load(Ordering::SeqCst) as usize) < line {
-            std::thread::yield_now();
+        // Asleep, not yielding: beside CPU-bound work each yield gave the
+        // CPU away for a whole time slice, and a standby's 18 threads
+        // took tens of milliseconds to start (2026-12-07).
+        loop {
+            let registered = self.gate.registered.load(Ordering::SeqCst);
+            if registered as usize >= line {
+                break;
+            }
+            futex::wait(&self.gate.registered, registered, None);
         }
     }
 }

@@ -396,6 +396,8 @@ pub(crate) struct Tracked {
     next_due: Option<Instant>,
     taken: u64,
     skipped: u64,
+    /// Periodic checkpoints skipped since the last one taken.
+    skipped_in_a_row: u32,
     /// Cold copies written for `keep`, oldest first.
     files: VecDeque<PathBuf>,
 }
@@ -455,6 +457,7 @@ impl Tracked {
             next_due: None,
             taken: 0,
             skipped: 0,
+            skipped_in_a_row: 0,
             files: VecDeque::new(),
         }
     }
@@ -592,6 +595,7 @@ fn periodic(c: &mut Tracked, dir: &Path) {
     match take(c, out.clone(), PERIODIC_HOLD) {
         Ok(_) => {
             c.taken += 1;
+            c.skipped_in_a_row = 0;
             if let Some(path) = out {
                 c.files.push_back(path);
                 while c.files.len() > policy.keep as usize {
@@ -603,10 +607,21 @@ fn periodic(c: &mut Tracked, dir: &Path) {
         }
         Err(e) => {
             c.skipped += 1;
+            c.skipped_in_a_row += 1;
+            let retry = RETRY_FIRST * 2u32.saturating_pow(c.skipped_in_a_row - 1);
+            c.next_due = Some(Instant::now() + retry.min(policy.every));
             tracing::debug!("periodic checkpoint of {} skipped: {e}", c.name);
         }
     }
 }
+
+/// How soon a skipped periodic checkpoint is tried again, doubled with
+/// each skip in a row up to the period. Not a whole period: a checkpoint
+/// due at once after a replay (the log then holds what was replayed) that
+/// found no safe point would otherwise wait that long, and one killed
+/// every 20–60 ms beside two CPU hogs was never checkpointed again
+/// (2026-12-07).
+const RETRY_FIRST: Duration = Duration::from_millis(5);
 
 /// Holds the component's calls and waits up to `hold` for a safe point;
 /// returns the process frozen at it, with the hold (to be dropped after

@@ -68,7 +68,9 @@ static SPIN_NS: AtomicU64 = AtomicU64::new(UNSET);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Spin {
-    /// Always, up to the budget.
+    /// Always, up to the budget; but a thread whose yields are being lost
+    /// to CPU-bound work beside the system sleeps at once for a while
+    /// (see `Yields`).
     #[default]
     Always,
     /// Not while the machine is [`oversubscribed`].
@@ -149,7 +151,7 @@ thread_local! {
 /// [`Spin::Adaptive`], counts one of the waits it skips).
 fn spin_pointless(site: u32) -> bool {
     match policy() {
-        Spin::Always => false,
+        Spin::Always => spins_off(),
         Spin::UnlessOversubscribed => oversubscribed(),
         Spin::Adaptive => BACKOFF.with_borrow_mut(|b| b[site as usize % SITES].skips()),
     }
@@ -214,7 +216,9 @@ fn parse_runnable(loadavg: &[u8]) -> Option<usize> {
 /// Spins until `done(word value)` or the budget runs out; returns the last value
 /// seen and whether it satisfied `done`. After the first microsecond the spin
 /// yields the CPU between checks: on a machine with as few cores as these, the
-/// peer that must answer may be waiting for this very core. Under
+/// peer that must answer may be waiting for this very core; and under
+/// [`Spin::Always`] a thread whose yields are lost to other work stops
+/// spinning for a while (see `Yields`). Under
 /// [`Spin::UnlessOversubscribed`], no spin at all while the machine is
 /// [`oversubscribed`]; under [`Spin::Adaptive`], none at a `site` where
 /// spinning has not been paying.
@@ -259,9 +263,99 @@ fn spin(
             return (v, done(v));
         }
         if rounds > 4 && elapsed >= Duration::from_micros(1) {
-            rustix::thread::sched_yield();
+            // Copied out and back, never borrowed across the yield: a
+            // checkpoint restore starts a spinning worker's loop over,
+            // which would leave a borrow taken for good.
+            if policy() != Spin::Always {
+                rustix::thread::sched_yield();
+                continue;
+            }
+            let mut yields = YIELDS.get();
+            let yielded = yields.maybe_yield(crate::clock::monotonic_ns);
+            YIELDS.set(yields);
+            if !yielded {
+                // Spinning only keeps the CPU from the others: sleep.
+                let v = word.load(Ordering::Acquire);
+                return (v, done(v));
+            }
         }
     }
+}
+
+/// A yield that kept its thread off the CPU this long gave the CPU to a
+/// thread that ran most of a time slice (about 1.5 ms on 2 CPUs), not to
+/// a peer answering in microseconds.
+const LOST_YIELD_NS: u64 = 500_000;
+
+/// Of a thread's last 8 yields, how many lost before its spins stop.
+const LOST_OF_8: u32 = 6;
+
+/// How long a thread's waits sleep at once after [`LOST_OF_8`].
+const NO_SPIN_NS: u64 = 30_000_000;
+
+/// Whether this thread's spins are off (see [`Yields`]): under
+/// [`Spin::Always`] only. The other policies answer CPU-bound work beside
+/// the system their own way (no spin on an oversubscribed machine, or a
+/// site's spins skipped after one that took longer than 25 µs, as a lost
+/// yield does), and `adaptive` lost 15 % of the web system's requests
+/// under `wrk` with this on top (a CPU-bound load generator is the
+/// server's peer, not a hog).
+fn spins_off() -> bool {
+    let until = YIELDS.get().off_until_ns;
+    until != 0 && crate::clock::monotonic_ns() < until
+}
+
+/// A thread's spin yields and how they fared. Beside CPU-bound threads
+/// that are not the system's (two CPU hogs), most yields give the CPU to
+/// one for its whole slice, and each call then costs its spinner a slice:
+/// kv's four client threads at full speed made 10,000–40,000 calls in 3 s
+/// beside two hogs, against 1.4–1.8 million on an idle machine
+/// (2026-12-07). On an idle machine the same yields are what makes
+/// spinning pay, for the peer that answers often runs on the spinner's
+/// CPU, and few of them are lost (about 5 % of kv's and its clients' last
+/// 500 µs or more, in bursts). So a thread that lost 6 of its last 8
+/// yields stops spinning for 30 ms (its waits sleep at once, to be woken
+/// as the peer answers); then it spins again, and a lost yield stops it
+/// again at once while its history holds 6 lost. Spinning on without
+/// yields instead, or stopping every thread of the process at once, was
+/// worse both beside the hogs and on the idle machine, where the
+/// detection also fires now and then (docs/benchmarks.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Yields {
+    /// The last 8 yields, the latest in the lowest bit: 1 if lost.
+    lost: u8,
+    /// No spinning before this instant (CLOCK_MONOTONIC ns).
+    off_until_ns: u64,
+}
+
+impl Yields {
+    /// Yields the CPU unless spinning is off (returns whether it
+    /// yielded), and puts spinning off if the yield was the sixth of eight
+    /// lost; `now` reads the clock.
+    fn maybe_yield(&mut self, now: impl Fn() -> u64) -> bool {
+        let before = now();
+        if before < self.off_until_ns {
+            return false;
+        }
+        rustix::thread::sched_yield();
+        self.yielded(before, now());
+        true
+    }
+
+    /// Notes a yield from `before` to `after`.
+    fn yielded(&mut self, before: u64, after: u64) {
+        let lost = after.saturating_sub(before) >= LOST_YIELD_NS;
+        self.lost = (self.lost << 1) | u8::from(lost);
+        if self.lost.count_ones() >= LOST_OF_8 {
+            self.off_until_ns = after + NO_SPIN_NS;
+        }
+    }
+}
+
+thread_local! {
+    static YIELDS: std::cell::Cell<Yields> = const {
+        std::cell::Cell::new(Yields { lost: 0, off_until_ns: 0 })
+    };
 }
 
 #[cfg(test)]
@@ -284,6 +378,34 @@ mod tests {
         b.note(true);
         assert_eq!(b, Backoff::default());
         assert!(!b.skips());
+    }
+
+    #[test]
+    fn six_of_eight_yields_lost_stop_the_spins_for_a_while() {
+        let lost = LOST_YIELD_NS;
+        let mut y = Yields::default();
+        // Five of every eight lost: spins go on.
+        for i in 0..40u64 {
+            let took = if i % 8 >= 3 { lost } else { lost - 1 };
+            y.yielded(i * 2 * lost, i * 2 * lost + took);
+        }
+        assert_eq!(y.off_until_ns, 0, "{y:?}");
+        // Six of eight: off for NO_SPIN_NS from the sixth.
+        let t = 100 * lost;
+        y.yielded(t, t + lost);
+        assert_eq!(y.off_until_ns, t + lost + NO_SPIN_NS);
+        // Meanwhile no yield: the clock is read, nothing noted.
+        let before = y;
+        assert!(!y.maybe_yield(|| t + 2 * lost));
+        assert_eq!(y, before);
+        // Then a lost one stops them again at once; kept ones do not.
+        let later = y.off_until_ns;
+        y.yielded(later, later + lost);
+        assert_eq!(y.off_until_ns, later + lost + NO_SPIN_NS);
+        for i in 0..8 {
+            y.yielded(later + i, later + i);
+        }
+        assert_eq!(y.lost, 0);
     }
 
     #[test]

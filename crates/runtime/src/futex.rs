@@ -263,13 +263,13 @@ fn spin(
             return (v, done(v));
         }
         if rounds > 4 && elapsed >= Duration::from_micros(1) {
-            // Copied out and back, never borrowed across the yield: a
-            // checkpoint restore starts a spinning worker's loop over,
-            // which would leave a borrow taken for good.
             if policy() != Spin::Always {
                 rustix::thread::sched_yield();
                 continue;
             }
+            // Copied out and back, never borrowed across the yield: a
+            // checkpoint restore starts a spinning worker's loop over,
+            // which would leave a borrow taken for good.
             let mut yields = YIELDS.get();
             let yielded = yields.maybe_yield(crate::clock::monotonic_ns);
             YIELDS.set(yields);
@@ -308,8 +308,8 @@ fn spins_off() -> bool {
 /// A thread's spin yields and how they fared. Beside CPU-bound threads
 /// that are not the system's (two CPU hogs), most yields give the CPU to
 /// one for its whole slice, and each call then costs its spinner a slice:
-/// kv's four client threads at full speed made 10,000–40,000 calls in 3 s
-/// beside two hogs, against 1.4–1.8 million on an idle machine
+/// kv's four client threads at full speed made 8,000–65,000 calls in 3 s
+/// beside two hogs, against 1.7–1.8 million on an idle machine
 /// (2026-12-07). On an idle machine the same yields are what makes
 /// spinning pay, for the peer that answers often runs on the spinner's
 /// CPU, and few of them are lost (about 5 % of kv's and its clients' last

@@ -607,8 +607,8 @@ fn periodic(c: &mut Tracked, dir: &Path) {
         }
         Err(e) => {
             c.skipped += 1;
-            c.skipped_in_a_row += 1;
-            let retry = RETRY_FIRST * 2u32.saturating_pow(c.skipped_in_a_row - 1);
+            c.skipped_in_a_row = c.skipped_in_a_row.saturating_add(1);
+            let retry = RETRY_FIRST.saturating_mul(2u32.saturating_pow(c.skipped_in_a_row - 1));
             c.next_due = Some(Instant::now() + retry.min(policy.every));
             tracing::debug!("periodic checkpoint of {} skipped: {e}", c.name);
         }

@@ -284,8 +284,10 @@ fn spin(
 
 /// A yield that kept its thread off the CPU this long gave the CPU to a
 /// thread that ran most of a time slice (about 1.5 ms on 2 CPUs), not to
-/// a peer answering in microseconds.
-const LOST_YIELD_NS: u64 = 500_000;
+/// a peer answering in microseconds. 500 µs caught more beside the hogs
+/// but fired on the idle machine often enough to cost kv 13–15 %; 1 ms
+/// costs it nothing measurable (docs/benchmarks.md).
+const LOST_YIELD_NS: u64 = 1_000_000;
 
 /// Of a thread's last 8 yields, how many lost before its spins stop.
 const LOST_OF_8: u32 = 6;
@@ -308,15 +310,16 @@ fn spins_off() -> bool {
 /// A thread's spin yields and how they fared. Beside CPU-bound threads
 /// that are not the system's (two CPU hogs), most yields give the CPU to
 /// one for its whole slice, and each call then costs its spinner a slice:
-/// kv's four client threads at full speed made 8,000–65,000 calls in 3 s
+/// kv's four client threads at full speed made 8,000–85,000 calls in 3 s
 /// beside two hogs, against 1.7–1.8 million on an idle machine
 /// (2026-12-07). On an idle machine the same yields are what makes
 /// spinning pay, for the peer that answers often runs on the spinner's
-/// CPU, and few of them are lost (about 5 % of kv's and its clients' last
-/// 500 µs or more, in bursts). So a thread that lost 6 of its last 8
+/// CPU, and few of them are lost (about 1.5 % of kv's and its clients' last
+/// 1 ms or more, in bursts). So a thread that lost 6 of its last 8
 /// yields stops spinning for 30 ms (its waits sleep at once, to be woken
 /// as the peer answers); then it spins again, and a lost yield stops it
-/// again at once while its history holds 6 lost. Spinning on without
+/// again at once while its history holds 6 lost: beside two hogs 3.3 ×
+/// the calls, idle 3.8 % fewer, inside the spread. Spinning on without
 /// yields instead, or stopping every thread of the process at once, was
 /// worse both beside the hogs and on the idle machine, where the
 /// detection also fires now and then (docs/benchmarks.md).

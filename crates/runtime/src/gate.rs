@@ -2,14 +2,13 @@
 //! exist, and how they are let through at activation without waking them
 //! all.
 //!
-//! C3 bounds a micro-reboot by the re-initialization that must precede
-//! any other recovery, and leaves the rest to the calls that need it
-//! (004_3ccfb766519ab98a.txt §III, "Support for μ-reboot" and on-demand
-//! recovery). A standby starts its worker threads long before it is
-//! needed; woken together at activation, they cost more than the rest of a
-//! small service's initialization: lock's 16 workers took 50–190 µs of
-//! its 120–250 µs, 3–12 µs a wake-up on this VM (measured with timestamps
-//! around the opening, 2026-12-07). A cascade of wake-ups (each
+//! A standby starts its worker threads long before it is needed (C3's
+//! micro-reboot keeps a rebooted component's threads ready, 004_*.txt
+//! §III). Woken together at activation, they cost more than the rest of a
+//! small service's initialization: each wake-up is about 8 µs of this VM's
+//! time (an inter-processor interrupt to an idle vCPU, a context switch),
+//! and lock's 16 workers took 50–190 µs of its 120–250 µs (measured with
+//! timestamps around the opening, 2026-12-07). A cascade of wake-ups (each
 //! woken worker waking two more) only moved that time from the
 //! initialization to what follows it: the same total reboot in
 //! `kintsugi bench recovery`.

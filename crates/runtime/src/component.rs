@@ -24,9 +24,10 @@
 //!
 //! Every thread the runtime starts takes the component's priority.
 
+use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -41,7 +42,6 @@ use crate::client::{Connection, Supervision};
 use crate::counters::{Counter, CounterError, WorkloadCounters};
 use crate::durable::Durable;
 use crate::futex;
-use crate::gate::{Gate, Opening};
 use crate::journal::{Journal, Served};
 use crate::priority::{self, Priority};
 use crate::process;
@@ -788,14 +788,7 @@ fn start_workers(
         fatal(&format!("lifeline: {e}"));
     }
     crate::restart::publish(&ctl.restarts);
-    let opening = match journal {
-        Some(_) => Opening::All,
-        None => Opening::Lazy,
-    };
-    let every_slot = provided
-        .iter()
-        .flat_map(|edge| (0..edge.slot_count()).map(move |slot| (edge.clone(), slot)));
-    let gate = Arc::new(Gate::new(every_slot.collect(), opening));
+    let gate = Arc::new(Gate::default());
     let slots = provided
         .iter()
         .zip(&info.provides)
@@ -815,7 +808,7 @@ fn start_workers(
         let body = {
             let (gate, name) = (gate.clone(), name.clone());
             move || {
-                let (service, epoch) = gate.worker_wait(line - 1, &interface);
+                let (service, epoch) = gate.wait(&interface);
                 crate::watchdog::register_worker(line - 1, &name);
                 worker.run_gated(service.as_ref(), epoch, &gate.recovery);
             }
@@ -930,4 +923,52 @@ fn open_services(
         edge.register_functions(service.interface());
     }
     Ok(inc)
+}
+
+/// The services of an incarnation by interface name, and its epoch.
+type Services = (HashMap<&'static str, Arc<dyn Service>>, u64);
+
+/// Holds parked workers until the incarnation's services exist.
+#[derive(Default)]
+struct Gate {
+    open: AtomicU32,
+    /// Workers that hold their lifeline.
+    registered: AtomicU32,
+    services: OnceLock<Services>,
+    /// Closed during eager recovery.
+    recovery: RecoveryGate,
+}
+
+impl Gate {
+    fn open(&self, services: Vec<Arc<dyn Service>>, epoch: u64) {
+        let map = services
+            .into_iter()
+            .map(|s| (s.interface().name, s))
+            .collect();
+        let _ = self.services.set((map, epoch));
+        self.open.store(1, Ordering::SeqCst);
+        futex::wake_all(&self.open);
+    }
+
+    /// Waits until the gate is open; returns the services and the epoch.
+    fn opened(&self) -> &Services {
+        while self.open.load(Ordering::SeqCst) == 0 {
+            futex::wait(&self.open, 0, None);
+        }
+        self.services.get().expect("gate opened without services")
+    }
+
+    /// Every service, once the gate is open.
+    fn all(&self) -> Vec<Arc<dyn Service>> {
+        self.opened().0.values().cloned().collect()
+    }
+
+    fn wait(&self, interface: &str) -> (Arc<dyn Service>, u64) {
+        let (map, epoch) = self.opened();
+        match map.get(interface) {
+            Some(s) => (s.clone(), *epoch),
+            // open_services checked this before the gate opened.
+            None => unreachable!("no service for a provided interface"),
+        }
+    }
 }

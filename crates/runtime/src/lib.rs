@@ -37,7 +37,6 @@ pub mod counters;
 mod durable;
 mod field_table;
 pub mod futex;
-mod gate;
 mod journal;
 pub mod logging;
 #[allow(unsafe_code)] // each block has a SAFETY comment (README: unsafe)

@@ -538,7 +538,11 @@ impl Boot {
         // The control block is mapped for the rest of this process's life.
         let forever: &'static Region = Box::leak(Box::new(control.clone()));
         let forever: &'static ControlBlock = forever.at(0);
-        let vault = Arc::new(Vault::new(vault).noting_lists(&forever.lists_vault));
+        let mut vault = Vault::new(vault).noting_lists(&forever.lists_vault);
+        if let Some(builder) = crate::vault::registered_builder() {
+            vault = vault.building_ahead(builder);
+        }
+        let vault = Arc::new(vault);
         // Only for a component that lists its vault (its incarnations
         // raise the flag).
         let lists = forever.lists_vault.load(Ordering::Relaxed) != 0;
@@ -618,7 +622,7 @@ impl Boot {
         ctl.report(generation, true);
         runtime.vault.forget_ahead();
         if let Some(reader) = ahead {
-            reader.unpark(); // it ends at once, its copy of no more use
+            reader.unpark(); // it drops what the listing left unused, a while later, and ends
         }
         if eager {
             runtime.recover_eagerly(&gate.recovery, ctl);
@@ -683,6 +687,9 @@ fn read_vault_ahead(
             if let Err(e) = vault.read_ahead_until(|| ctl.activated(generation)) {
                 tracing::debug!("standby: vault not read ahead: {e}");
             }
+            // Unparked once the incarnation has reported ready.
+            std::thread::sleep(SETTLE);
+            vault.drop_spent();
         });
     match spawned {
         Ok(t) => Some(t.thread().clone()),

@@ -5,7 +5,9 @@
 //! made for that record (a memfd; a file in the vault's directory when the
 //! system keeps its vault on disk, so that the files outlive the system). A crash of ramfs therefore loses nothing:
 //! the next incarnation lists the vault and rebuilds its tree, and the
-//! clients' stubs reopen their descriptors through the interface. Each
+//! clients' stubs reopen their descriptors through the interface (a warm
+//! standby builds the tree ahead, so that a reboot finds it built unless
+//! the vault changed since). Each
 //! metadata change is one atomic vault request, so a crash leaves the tree
 //! as it was before or after the change.
 
@@ -20,6 +22,8 @@ use kintsugi_interfaces::fs;
 use kintsugi_runtime::Incarnation;
 
 fn main() {
+    // Its standbys build the tree ahead from the records they read ahead.
+    kintsugi_runtime::vault::prepare_ahead(tree::Built::from_records);
     kintsugi_runtime::run(|rt| {
         let fs = tree::RamFs::restore(rt.clone())?;
         tracing::debug!(epoch = rt.epoch(), "ramfs restored");

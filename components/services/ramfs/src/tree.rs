@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use kintsugi_interfaces::fs::{self, Error, Stat};
 use kintsugi_interfaces::fs_changes::{FIRST_FILE, NAMES};
 use kintsugi_runtime::abi::channel::CHANGE_COUNTERS;
-use kintsugi_runtime::vault::{VaultOp, VaultRecord};
+use kintsugi_runtime::vault::{Listing, VaultOp, VaultRecord};
 use kintsugi_runtime::wire::ReplyBudget;
 use kintsugi_runtime::{Caller, Runtime};
 use serde::{Deserialize, Serialize};
@@ -98,11 +98,17 @@ fn split(path: &str) -> Result<Vec<&str>, Error> {
     Ok(names)
 }
 
-impl RamFs {
-    /// Rebuilds the tree from the vault (empty on the first incarnation).
-    /// Records it cannot use are quarantined and logged, not fatal: see
-    /// [`crate::restore`].
-    pub fn restore(rt: Arc<Runtime>) -> anyhow::Result<Self> {
+/// The tree built from the vault's records, and the records it could not
+/// use. A standby builds it ahead ([`kintsugi_runtime::vault::prepare_ahead`]),
+/// so it must not touch the vault: the incarnation quarantines.
+pub struct Built {
+    state: State,
+    rejected: Vec<(VaultRecord, String)>,
+    quarantined: usize,
+}
+
+impl Built {
+    pub fn from_records(records: Vec<VaultRecord>) -> Self {
         let mut state = State {
             next_ino: ROOT + 1,
             next_fd: 1,
@@ -116,14 +122,7 @@ impl RamFs {
                 kind: Kind::Dir(BTreeMap::new()),
             },
         );
-        let sorted = restore::sort(rt.vault().list()?);
-        for (rec, why) in sorted.rejected {
-            tracing::error!(key = rec.key, value = %rec.value, "quarantining a vault record: {why}");
-            quarantine(&rt, rec, &why);
-        }
-        if sorted.quarantined > 0 {
-            tracing::warn!("{} vault records are in quarantine", sorted.quarantined);
-        }
+        let sorted = restore::sort(records);
         for n in sorted.nodes {
             let kind = match n.data {
                 Some(fd) => Kind::File(Arc::new(File::from(fd))),
@@ -142,9 +141,34 @@ impl RamFs {
             );
             state.next_ino = state.next_ino.max(n.ino.saturating_add(1));
         }
+        Self {
+            state,
+            rejected: sorted.rejected,
+            quarantined: sorted.quarantined,
+        }
+    }
+}
+
+impl RamFs {
+    /// Rebuilds the tree from the vault (empty on the first incarnation),
+    /// or takes it as its standby built it if the vault has not changed
+    /// since. Records it cannot use are quarantined and logged, not fatal:
+    /// see [`crate::restore`].
+    pub fn restore(rt: Arc<Runtime>) -> anyhow::Result<Self> {
+        let built = match rt.vault().list_prepared::<Built>()? {
+            Listing::Prepared(built) => built,
+            Listing::Records(records) => Built::from_records(records),
+        };
+        for (rec, why) in built.rejected {
+            tracing::error!(key = rec.key, value = %rec.value, "quarantining a vault record: {why}");
+            quarantine(&rt, rec, &why);
+        }
+        if built.quarantined > 0 {
+            tracing::warn!("{} vault records are in quarantine", built.quarantined);
+        }
         Ok(Self {
             rt,
-            state: Mutex::new(state),
+            state: Mutex::new(built.state),
         })
     }
 }

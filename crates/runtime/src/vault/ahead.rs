@@ -18,19 +18,47 @@
 //! Sockets (netd's connections) are never held ahead: a peer must see one
 //! closed when its record goes. Their records come with the changes.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use super::{records, Vault, VaultError, VaultRecord, VaultRequest};
+use super::{records, Builder, Vault, VaultError, VaultRecord, VaultRequest};
 
 /// How often a standby brings its copy up to date.
 pub const REFRESH: Duration = Duration::from_millis(200);
 
-/// The records as read ahead, as of change `seq`.
+/// The records as read ahead, as of change `seq`, and the state built
+/// from them ([`prepared`]).
 pub(super) struct Snapshot {
     seq: u64,
     records: BTreeMap<String, VaultRecord>,
+    built: Option<Box<dyn Any + Send>>,
+}
+
+impl Snapshot {
+    /// Builds the state again (the records changed, or it was never built).
+    fn rebuild(&mut self, builder: Option<&Builder>) {
+        self.built = None; // its descriptors closed before the new copies
+        self.built = builder.and_then(|b| b.build(self.records.values()));
+    }
+}
+
+/// What bringing a snapshot up to date found.
+#[derive(PartialEq)]
+enum Caught {
+    Unchanged,
+    Changed,
+    /// The vault cannot say what changed: list again.
+    Relist,
+}
+
+/// What a standby's snapshot gives its incarnation's first listing.
+pub(super) enum FirstListing {
+    /// The records, up to date.
+    Records(Vec<VaultRecord>),
+    /// The state built from records that did not change since.
+    Built(Box<dyn Any + Send>),
 }
 
 /// What a [`Vault`] holds for its first listing.
@@ -38,8 +66,10 @@ pub(super) enum Ahead {
     /// Nothing (yet, or while the standby brings its copy up to date).
     Unread,
     Ready(Snapshot),
-    /// The incarnation has listed: what is read after is of no use.
-    Taken,
+    /// The incarnation has listed: what is read after is of no use. What
+    /// its listing did not use waits here to be dropped a while after its
+    /// activation ([`Vault::drop_spent`]).
+    Taken(Option<Box<dyn Any + Send>>),
 }
 
 impl Vault {
@@ -49,7 +79,9 @@ impl Vault {
     /// unpark: the caller's way to end it sooner).
     pub fn read_ahead_until(&self, activated: impl Fn() -> bool) -> Result<(), VaultError> {
         let reader = self.reader()?;
+        let builder = self.builder.as_ref();
         let mut snapshot = reader.snapshot()?;
+        snapshot.rebuild(builder);
         loop {
             if !self.publish(snapshot) {
                 return Ok(());
@@ -61,8 +93,13 @@ impl Vault {
             let Some(mut held) = self.take_back() else {
                 return Ok(());
             };
-            if !reader.catch_up(&mut held)? {
-                held = reader.snapshot()?;
+            match reader.catch_up(&mut held)? {
+                Caught::Unchanged => {}
+                Caught::Changed => held.rebuild(builder),
+                Caught::Relist => {
+                    held = reader.snapshot()?;
+                    held.rebuild(builder);
+                }
             }
             snapshot = held;
         }
@@ -95,18 +132,26 @@ impl Vault {
             records.extend(page.records.into_iter().map(|r| (r.key.clone(), r)));
             if !page.more {
                 let seq = seq.unwrap_or_default();
-                return Ok(Snapshot { seq, records });
+                let built = None;
+                return Ok(Snapshot {
+                    seq,
+                    records,
+                    built,
+                });
             }
         }
     }
 
-    /// Brings `snapshot` up to what the vault holds now; false if the
-    /// vault cannot say what changed (then list again).
-    fn catch_up(&self, snapshot: &mut Snapshot) -> Result<bool, VaultError> {
+    /// Brings `snapshot` up to what the vault holds now.
+    fn catch_up(&self, snapshot: &mut Snapshot) -> Result<Caught, VaultError> {
         let since = snapshot.seq;
         let (reply, fds) = self.round_trip(|id| VaultRequest::Changes { id, since }, &[])?;
         if reply.relist {
-            return Ok(false);
+            return Ok(Caught::Relist);
+        }
+        if reply.deleted.is_empty() && reply.records.is_empty() {
+            snapshot.seq = reply.seq;
+            return Ok(Caught::Unchanged);
         }
         for key in &reply.deleted {
             snapshot.records.remove(key);
@@ -115,13 +160,13 @@ impl Vault {
             snapshot.records.insert(r.key.clone(), r);
         }
         snapshot.seq = reply.seq;
-        Ok(true)
+        Ok(Caught::Changed)
     }
 
     /// Offers `snapshot` to the first listing; false if it is done.
     fn publish(&self, snapshot: Snapshot) -> bool {
         let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
-        if matches!(*ahead, Ahead::Taken) {
+        if matches!(*ahead, Ahead::Taken(_)) {
             return false;
         }
         *ahead = Ahead::Ready(snapshot);
@@ -141,27 +186,71 @@ impl Vault {
         }
     }
 
-    /// Drops what was read ahead and not listed: the incarnation is
-    /// initialized, and later listings ask the vault.
+    /// Ends the reading ahead: the incarnation is initialized, and later
+    /// listings ask the vault. What was read and never listed is dropped;
+    /// what the first listing left unused stays for [`Vault::drop_spent`].
     pub fn forget_ahead(&self) {
-        let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
-        *ahead = Ahead::Taken;
+        let unlisted = {
+            let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+            match std::mem::replace(&mut *ahead, Ahead::Taken(None)) {
+                Ahead::Taken(spent) => {
+                    *ahead = Ahead::Taken(spent);
+                    None
+                }
+                other => Some(other),
+            }
+        };
+        drop(unlisted); // outside the lock
+    }
+
+    /// Drops what the first listing left unused (the records a state was
+    /// built from, or a state built from records that changed since):
+    /// a standby's reader thread does it a while after the activation, off
+    /// the path of the incarnation's first calls (closing a thousand
+    /// descriptors at once, right after its report, had doubled the
+    /// supervisor's wait for it).
+    pub fn drop_spent(&self) {
+        let spent = {
+            let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+            match &mut *ahead {
+                Ahead::Taken(spent) => spent.take(),
+                _ => None,
+            }
+        };
+        drop(spent);
     }
 
     /// The incarnation's first listing, made from what its standby read
-    /// ahead and what changed since; None if it read nothing or the vault
-    /// cannot say what changed.
-    pub(super) fn caught_up(&self) -> Result<Option<Vec<VaultRecord>>, VaultError> {
+    /// ahead and what changed since (the state built from it if nothing
+    /// did); None if it read nothing or the vault cannot say what changed.
+    pub(super) fn caught_up(&self) -> Result<Option<FirstListing>, VaultError> {
         let taken = {
             let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
-            std::mem::replace(&mut *ahead, Ahead::Taken)
+            std::mem::replace(&mut *ahead, Ahead::Taken(None))
         };
         let Ahead::Ready(mut snapshot) = taken else {
             return Ok(None);
         };
-        if !self.catch_up(&mut snapshot)? {
-            return Ok(None);
+        let caught = self.catch_up(&mut snapshot)?;
+        let (listing, spent): (_, Option<Box<dyn Any + Send>>) = match (caught, snapshot.built) {
+            (Caught::Relist, _) => return Ok(None),
+            (Caught::Unchanged, Some(built)) => {
+                (FirstListing::Built(built), Some(Box::new(snapshot.records)))
+            }
+            (_, built) => (
+                FirstListing::Records(snapshot.records.into_values().collect()),
+                built.map(|b| Box::new(b) as Box<dyn Any + Send>),
+            ),
+        };
+        self.drop_later(spent);
+        Ok(Some(listing))
+    }
+
+    /// Keeps `spent` until [`Vault::drop_spent`] (after the activation).
+    fn drop_later(&self, spent: Option<Box<dyn Any + Send>>) {
+        let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        if let Ahead::Taken(held) = &mut *ahead {
+            *held = spent;
         }
-        Ok(Some(snapshot.records.into_values().collect()))
     }
 }

@@ -15,8 +15,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 mod ahead;
-use ahead::Ahead;
+mod prepared;
 pub use ahead::REFRESH;
+use ahead::{Ahead, FirstListing};
+pub(crate) use prepared::registered as registered_builder;
+pub use prepared::{prepare_ahead, Builder, Listing};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -248,6 +251,8 @@ pub struct Vault {
     ahead: Mutex<Ahead>,
     /// Raised by a listing: see [`Vault::noting_lists`].
     lists: Option<&'static AtomicU32>,
+    /// How a standby builds the component's state ahead ([`prepared`]).
+    builder: Option<Builder>,
 }
 
 struct Conn {
@@ -271,6 +276,7 @@ impl Vault {
             }),
             ahead: Mutex::new(Ahead::Unread),
             lists: None,
+            builder: None,
         }
     }
 
@@ -427,10 +433,12 @@ impl Vault {
         if let Some(flag) = self.lists {
             flag.store(1, Ordering::Relaxed);
         }
-        if let Some(listed) = self.caught_up()? {
-            return Ok(listed);
+        match self.caught_up()? {
+            Some(FirstListing::Records(listed)) => Ok(listed),
+            // Built by a standby of a component that names how, yet lists:
+            // the records it was built from are not kept, so ask again.
+            Some(FirstListing::Built(_)) | None => self.list_prefix(""),
         }
-        self.list_prefix("")
     }
 
     /// The records whose keys start with `prefix`, in key order (chosen by

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use kintsugi_runtime::abi::fdpass;
-use kintsugi_runtime::vault::{Vault, VaultError, VaultMessage, VaultRecord, VaultRequest};
+use kintsugi_runtime::vault::{
+    Builder, Listing, Vault, VaultError, VaultMessage, VaultRecord, VaultRequest,
+};
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 
 use super::tests::served;
@@ -197,4 +199,92 @@ fn a_copy_with_more_changes_than_a_reply_holds_is_listed_again() {
     assert_eq!(listed, seen(live.list_prefix("").unwrap()));
     assert_eq!(listed.len(), 210);
     assert_eq!(requests, 1 + 2, "asked what changed, then two pages");
+}
+
+/// The state a standby builds from what it read ahead: taken as built if
+/// the records did not change since, the records given otherwise, built
+/// again when a refresh finds them changed.
+#[test]
+fn a_state_built_ahead_is_taken_only_while_its_records_stand() {
+    type Seen = Vec<(String, String, Option<String>)>;
+    let c = component();
+    let live = &c.live;
+    for i in 0..20 {
+        file(live, &format!("f{i:02}"), &format!("contents {i}"));
+        live.put(&format!("p{i:02}"), serde_json::json!(i), None)
+            .unwrap();
+    }
+    let building = || {
+        let vault = Vault::new(c.sock.try_clone().unwrap());
+        Arc::new(vault.building_ahead(Builder::new(seen)))
+    };
+    let first_listing = |standby: &Vault| {
+        let before = c.activity.taking.load(Ordering::SeqCst);
+        let listing = standby.list_prepared::<Seen>().unwrap();
+        (listing, c.activity.taking.load(Ordering::SeqCst) - before)
+    };
+
+    // Nothing changed since it read: the state as built, one request.
+    let standby = building();
+    read_once(&standby);
+    let (listing, requests) = first_listing(&standby);
+    let Listing::Prepared(state) = listing else {
+        panic!("the records did not change, yet the state was not taken");
+    };
+    assert_eq!(state, seen(live.list_prefix("").unwrap()));
+    assert_eq!(state.len(), 40);
+    assert_eq!(requests, 1, "asked what changed, once");
+
+    // A record changed after it read: the records, up to date.
+    let standby = building();
+    read_once(&standby);
+    live.put("p03", serde_json::json!("changed"), None).unwrap();
+    live.delete("f07").unwrap();
+    let (listing, _) = first_listing(&standby);
+    let Listing::Records(records) = listing else {
+        panic!("the records changed, yet the state built before was taken");
+    };
+    let truth = seen(live.list_prefix("").unwrap());
+    assert_eq!(seen(records), truth);
+
+    // Changed while it waited: built again at its refresh.
+    let standby = building();
+    let activated = Arc::new(AtomicBool::new(false));
+    let reading = {
+        let (standby, activated) = (standby.clone(), activated.clone());
+        std::thread::spawn(move || {
+            standby
+                .read_ahead_until(|| activated.load(Ordering::SeqCst))
+                .unwrap()
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    file(live, "f99", "made while the standby waited");
+    std::thread::sleep(kintsugi_runtime::vault::REFRESH * 2 + kintsugi_runtime::vault::REFRESH / 2);
+    activated.store(true, Ordering::SeqCst);
+    reading.thread().unpark();
+    reading.join().unwrap();
+    let Listing::Prepared(state) = first_listing(&standby).0 else {
+        panic!("the state was not built again at the refresh");
+    };
+    assert_eq!(state, seen(live.list_prefix("").unwrap()));
+    assert!(state.contains(&(
+        "f99".into(),
+        "\"f99\"".into(),
+        Some("made while the standby waited".into())
+    )));
+
+    // Asked as another type than built: the records.
+    let standby = building();
+    read_once(&standby);
+    let listing = standby.list_prepared::<u32>().unwrap();
+    assert!(matches!(&listing, Listing::Records(r) if r.len() == state.len()));
+}
+
+/// A standby's read of its records that stops at its first refresh.
+fn read_once(standby: &Arc<Vault>) {
+    let standby = standby.clone();
+    std::thread::spawn(move || standby.read_ahead_until(|| true).unwrap())
+        .join()
+        .unwrap();
 }

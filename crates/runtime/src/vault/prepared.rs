@@ -9,8 +9,9 @@
 //! further and hold the state already built. A component names, before
 //! [`crate::run`] (so that it is part of the pristine image), how its state
 //! is built from its records ([`prepare_ahead`]); the standby builds it from
-//! every copy of the records it reads ahead, and builds it again when they
-//! change. At activation, [`Vault::list_prepared`] asks the vault what
+//! the copy of the records it reads ahead once they have stood unchanged
+//! for one refresh ([`super::REFRESH`]), drops it when they change, and
+//! builds it again once they stand. At activation, [`Vault::list_prepared`] asks the vault what
 //! changed since: if nothing did, the incarnation takes the state as built;
 //! otherwise it gets the records, as [`Vault::list`] gives them.
 //!

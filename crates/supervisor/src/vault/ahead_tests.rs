@@ -201,12 +201,13 @@ fn a_copy_with_more_changes_than_a_reply_holds_is_listed_again() {
     assert_eq!(requests, 1 + 2, "asked what changed, then two pages");
 }
 
-/// The state a standby builds from what it read ahead: taken as built if
-/// the records did not change since, the records given otherwise, built
-/// again when a refresh finds them changed.
+/// The state a standby builds from what it read ahead: built once the
+/// records stood for a refresh, taken as built if they did not change
+/// since, the records given otherwise.
 #[test]
 fn a_state_built_ahead_is_taken_only_while_its_records_stand() {
     type Seen = Vec<(String, String, Option<String>)>;
+    let refresh = kintsugi_runtime::vault::REFRESH;
     let c = component();
     let live = &c.live;
     for i in 0..20 {
@@ -224,48 +225,43 @@ fn a_state_built_ahead_is_taken_only_while_its_records_stand() {
         (listing, c.activity.taking.load(Ordering::SeqCst) - before)
     };
 
-    // Nothing changed since it read: the state as built, one request.
+    // Activated before a refresh: not built yet, the records.
     let standby = building();
-    read_once(&standby);
+    read_ahead_for(&standby, refresh / 2, || {});
+    let (listing, requests) = first_listing(&standby);
+    assert!(matches!(&listing, Listing::Records(r) if r.len() == 40));
+    assert_eq!(requests, 1, "asked what changed, once");
+
+    // The records stood for a refresh, and nothing changed since: the state
+    // as built, one request.
+    let standby = building();
+    read_ahead_for(&standby, refresh * 2, || {});
     let (listing, requests) = first_listing(&standby);
     let Listing::Prepared(state) = listing else {
-        panic!("the records did not change, yet the state was not taken");
+        panic!("the records stood, yet the state was not taken");
     };
     assert_eq!(state, seen(live.list_prefix("").unwrap()));
     assert_eq!(state.len(), 40);
     assert_eq!(requests, 1, "asked what changed, once");
 
-    // A record changed after it read: the records, up to date.
+    // A record changed after it built: the records, up to date.
     let standby = building();
-    read_once(&standby);
+    read_ahead_for(&standby, refresh * 2, || {});
     live.put("p03", serde_json::json!("changed"), None).unwrap();
     live.delete("f07").unwrap();
-    let (listing, _) = first_listing(&standby);
-    let Listing::Records(records) = listing else {
+    let Listing::Records(records) = first_listing(&standby).0 else {
         panic!("the records changed, yet the state built before was taken");
     };
-    let truth = seen(live.list_prefix("").unwrap());
-    assert_eq!(seen(records), truth);
+    assert_eq!(seen(records), seen(live.list_prefix("").unwrap()));
 
-    // Changed while it waited: built again at its refresh.
+    // Changed while it waited, then stood: built again.
     let standby = building();
-    let activated = Arc::new(AtomicBool::new(false));
-    let reading = {
-        let (standby, activated) = (standby.clone(), activated.clone());
-        std::thread::spawn(move || {
-            standby
-                .read_ahead_until(|| activated.load(Ordering::SeqCst))
-                .unwrap()
-        })
-    };
-    std::thread::sleep(std::time::Duration::from_millis(50));
-    file(live, "f99", "made while the standby waited");
-    std::thread::sleep(kintsugi_runtime::vault::REFRESH * 2 + kintsugi_runtime::vault::REFRESH / 2);
-    activated.store(true, Ordering::SeqCst);
-    reading.thread().unpark();
-    reading.join().unwrap();
+    read_ahead_for(&standby, refresh * 3, || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        file(live, "f99", "made while the standby waited");
+    });
     let Listing::Prepared(state) = first_listing(&standby).0 else {
-        panic!("the state was not built again at the refresh");
+        panic!("the state was not built again once the records stood");
     };
     assert_eq!(state, seen(live.list_prefix("").unwrap()));
     assert!(state.contains(&(
@@ -276,15 +272,27 @@ fn a_state_built_ahead_is_taken_only_while_its_records_stand() {
 
     // Asked as another type than built: the records.
     let standby = building();
-    read_once(&standby);
+    read_ahead_for(&standby, refresh * 2, || {});
     let listing = standby.list_prepared::<u32>().unwrap();
     assert!(matches!(&listing, Listing::Records(r) if r.len() == state.len()));
 }
 
-/// A standby's read of its records that stops at its first refresh.
-fn read_once(standby: &Arc<Vault>) {
-    let standby = standby.clone();
-    std::thread::spawn(move || standby.read_ahead_until(|| true).unwrap())
-        .join()
-        .unwrap();
+/// A standby's read of its records ahead, activated after `wait`, while
+/// `meanwhile` runs.
+fn read_ahead_for(standby: &Arc<Vault>, wait: std::time::Duration, meanwhile: impl FnOnce()) {
+    let activated = Arc::new(AtomicBool::new(false));
+    let reading = {
+        let (standby, activated) = (standby.clone(), activated.clone());
+        std::thread::spawn(move || {
+            standby
+                .read_ahead_until(|| activated.load(Ordering::SeqCst))
+                .unwrap()
+        })
+    };
+    let start = std::time::Instant::now();
+    meanwhile();
+    std::thread::sleep(wait.saturating_sub(start.elapsed()));
+    activated.store(true, Ordering::SeqCst);
+    reading.thread().unpark();
+    reading.join().unwrap();
 }

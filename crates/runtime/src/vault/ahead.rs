@@ -92,9 +92,8 @@ impl Vault {
                 return Ok(());
             };
             // The state is built once the records stood for a refresh: a
-            // component that writes its vault all the time would have it
-            // built again and again, for nothing (a workload writing 12,000
-            // files ran twice as long beside two CPU hogs).
+            // component that writes its vault all the time would otherwise
+            // have it built again at every refresh, and never taken.
             match reader.catch_up(&mut held)? {
                 Caught::Unchanged if held.built.is_none() => held.build(builder),
                 Caught::Unchanged => {}

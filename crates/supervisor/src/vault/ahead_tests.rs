@@ -101,29 +101,21 @@ fn a_copy_read_ahead_and_kept_up_to_date_lists_what_the_vault_holds_in_one_reque
     drop(peer);
 
     let standby = c.standby();
-    let activated = Arc::new(AtomicBool::new(false));
-    let reading = {
-        let (standby, activated) = (standby.clone(), activated.clone());
-        std::thread::spawn(move || {
-            standby
-                .read_ahead_until(|| activated.load(Ordering::SeqCst))
-                .unwrap()
-        })
-    };
-    // Changes while it reads and between its refreshes.
-    std::thread::sleep(std::time::Duration::from_millis(50));
-    for i in 0..10 {
-        live.delete(&format!("f{i:03}")).unwrap();
-        live.put(&format!("p{i:03}"), serde_json::json!("new"), None)
-            .unwrap();
-    }
-    file(live, "f900", "made while the standby waited");
-    std::thread::sleep(kintsugi_runtime::vault::REFRESH * 2 + kintsugi_runtime::vault::REFRESH / 2);
-    live.delete("p149").unwrap();
-    file(live, "f010", "written again");
-    activated.store(true, Ordering::SeqCst);
-    reading.thread().unpark();
-    reading.join().unwrap();
+    read_ahead_for(&standby, std::time::Duration::ZERO, || {
+        // Changes while it reads and between its refreshes.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        for i in 0..10 {
+            live.delete(&format!("f{i:03}")).unwrap();
+            live.put(&format!("p{i:03}"), serde_json::json!("new"), None)
+                .unwrap();
+        }
+        file(live, "f900", "made while the standby waited");
+        std::thread::sleep(
+            kintsugi_runtime::vault::REFRESH * 2 + kintsugi_runtime::vault::REFRESH / 2,
+        );
+        live.delete("p149").unwrap();
+        file(live, "f010", "written again");
+    });
 
     let (listed, requests) = c.listed_by(&standby);
     let truth = seen(live.list_prefix("").unwrap());
@@ -277,8 +269,8 @@ fn a_state_built_ahead_is_taken_only_while_its_records_stand() {
     assert!(matches!(&listing, Listing::Records(r) if r.len() == state.len()));
 }
 
-/// A standby's read of its records ahead, activated after `wait`, while
-/// `meanwhile` runs.
+/// A standby's read of its records ahead, activated after `wait` or once
+/// `meanwhile` has run, whichever is later.
 fn read_ahead_for(standby: &Arc<Vault>, wait: std::time::Duration, meanwhile: impl FnOnce()) {
     let activated = Arc::new(AtomicBool::new(false));
     let reading = {

@@ -44,7 +44,6 @@ impl Snapshot {
 }
 
 /// What bringing a snapshot up to date found.
-#[derive(PartialEq)]
 enum Caught {
     Unchanged,
     Changed,
@@ -205,9 +204,9 @@ impl Vault {
     /// Drops what the first listing left unused (the records a state was
     /// built from, or a state built from records that changed since):
     /// a standby's reader thread does it a while after the activation, off
-    /// the path of the incarnation's first calls (closing a thousand
-    /// descriptors at once, right after its report, had doubled the
-    /// supervisor's wait for it).
+    /// the path of the incarnation's first calls (closing ramfs's 1,001
+    /// descriptors on the main thread right after its report had raised
+    /// the reboot's memory part from about 130 to 400–600 µs).
     pub fn drop_spent(&self) {
         let spent = {
             let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());

@@ -21,6 +21,7 @@
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{records, Builder, Vault, VaultError, VaultRecord, VaultRequest};
@@ -130,11 +131,10 @@ impl Vault {
             records.extend(page.records.into_iter().map(|r| (r.key.clone(), r)));
             if !page.more {
                 let seq = seq.unwrap_or_default();
-                let built = None;
                 return Ok(Snapshot {
                     seq,
                     records,
-                    built,
+                    built: None,
                 });
             }
         }
@@ -202,7 +202,8 @@ impl Vault {
     }
 
     /// Drops what the first listing left unused (the records a state was
-    /// built from, or a state built from records that changed since):
+    /// built from, a state built from records that changed since, or a
+    /// copy the vault could not bring up to date):
     /// a standby's reader thread does it a while after the activation, off
     /// the path of the incarnation's first calls (closing ramfs's 1,001
     /// descriptors on the main thread right after its report had raised
@@ -221,7 +222,11 @@ impl Vault {
     /// The incarnation's first listing, made from what its standby read
     /// ahead and what changed since (the state built from it if nothing
     /// did); None if it read nothing or the vault cannot say what changed.
+    /// Every listing comes here first, and is noted.
     pub(super) fn caught_up(&self) -> Result<Option<FirstListing>, VaultError> {
+        if let Some(flag) = self.lists {
+            flag.store(1, Ordering::Relaxed); // see `Vault::noting_lists`
+        }
         let taken = {
             let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
             std::mem::replace(&mut *ahead, Ahead::Taken(None))
@@ -231,17 +236,20 @@ impl Vault {
         };
         let caught = self.catch_up(&mut snapshot)?;
         let (listing, spent): (_, Option<Box<dyn Any + Send>>) = match (caught, snapshot.built) {
-            (Caught::Relist, _) => return Ok(None),
-            (Caught::Unchanged, Some(built)) => {
-                (FirstListing::Built(built), Some(Box::new(snapshot.records)))
-            }
+            (Caught::Relist, built) => (None, Some(Box::new((snapshot.records, built)))),
+            (Caught::Unchanged, Some(built)) => (
+                Some(FirstListing::Built(built)),
+                Some(Box::new(snapshot.records)),
+            ),
             (_, built) => (
-                FirstListing::Records(snapshot.records.into_values().collect()),
+                Some(FirstListing::Records(
+                    snapshot.records.into_values().collect(),
+                )),
                 built.map(|b| Box::new(b) as Box<dyn Any + Send>),
             ),
         };
         self.drop_later(spent);
-        Ok(Some(listing))
+        Ok(listing)
     }
 
     /// Keeps `spent` until [`Vault::drop_spent`] (after the activation).

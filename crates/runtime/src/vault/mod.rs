@@ -11,7 +11,7 @@
 //! be queued on the socket when its successor starts.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::sync::Mutex;
 
 mod ahead;
@@ -430,9 +430,6 @@ impl Vault {
     /// The first call in an incarnation whose standby read them ahead
     /// ([`Vault::read_ahead_until`]) asks the vault only what changed since.
     pub fn list(&self) -> Result<Vec<VaultRecord>, VaultError> {
-        if let Some(flag) = self.lists {
-            flag.store(1, Ordering::Relaxed);
-        }
         match self.caught_up()? {
             Some(FirstListing::Records(listed)) => Ok(listed),
             // Built by a standby of a component that names how, yet lists:

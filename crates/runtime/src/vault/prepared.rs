@@ -20,7 +20,6 @@
 //! travels in the built state for the incarnation to act on.
 
 use std::any::Any;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
 use super::{FirstListing, Vault, VaultError, VaultRecord};
@@ -96,9 +95,6 @@ impl Vault {
     /// ([`prepare_ahead`]): the state its standby built, if the records
     /// have not changed since, else the records.
     pub fn list_prepared<P: 'static>(&self) -> Result<Listing<P>, VaultError> {
-        if let Some(flag) = self.lists {
-            flag.store(1, Ordering::Relaxed);
-        }
         match self.caught_up()? {
             Some(FirstListing::Built(built)) => match built.downcast::<P>() {
                 Ok(state) => Ok(Listing::Prepared(*state)),
